@@ -1,0 +1,1 @@
+"""dm_env_rpc_client."""

@@ -1,0 +1,249 @@
+"""One exception tree for the whole SDK.
+
+Every error the SDK raises derives from :class:`DmEnvRpcClientError`. Where a
+built-in exception describes the problem too, the SDK error also subclasses it,
+so ``except ValueError`` keeps working::
+
+    DmEnvRpcClientError
+    +-- TensorError
+    |   +-- TensorTypeError (TypeError)
+    |   |   +-- UnsupportedDtypeError
+    |   +-- TensorValueError (ValueError)
+    |       +-- RaggedArrayError
+    |       +-- IntegerRangeError
+    |       +-- ShapeError
+    |       +-- EmptyTensorError
+    +-- SpecError (ValueError)
+    |   +-- UnknownNameError
+    |   +-- UnknownUidError
+    |   +-- DuplicateNameError
+    |   +-- SpecValidationError
+    |   +-- BoundsError
+    +-- DmEnvRpcError                  a server answered with an error Status
+    |   +-- NotFoundError (KeyError)
+    |   +-- PermissionDeniedError (PermissionError)
+    |   +-- InvalidArgumentError (ValueError)
+    +-- DmEnvRpcConnectionError (ConnectionError)
+    |   +-- ConnectionClosedError      the stream ended or broke; carries the gRPC status
+    |   +-- ConnectTimeoutError (TimeoutError)
+    +-- RequestTimeoutError (TimeoutError)
+    +-- ProtocolError                  the server broke the protocol
+    +-- WorldError                     one world of a batch failed; names index and address
+
+Transport errors are converted at the boundary with ``raise ... from exc``: no
+raw ``grpc.RpcError`` or ``StopIteration`` reaches a user. Server errors keep
+their code, message and details and survive pickling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+
+class DmEnvRpcClientError(Exception):
+    """The root of every error raised by dm_env_rpc_client."""
+
+
+# --- Tensors --------------------------------------------------------------------------
+
+
+class TensorError(DmEnvRpcClientError):
+    """A value cannot be packed into, or unpacked from, a Tensor."""
+
+
+class TensorTypeError(TensorError, TypeError):
+    """A value has a type the Tensor codec does not support."""
+
+
+class UnsupportedDtypeError(TensorTypeError):
+    """A NumPy dtype (or Python type) that dm_env_rpc has no payload for."""
+
+
+class TensorValueError(TensorError, ValueError):
+    """A value of a supported type that is still not a valid Tensor."""
+
+
+class RaggedArrayError(TensorValueError):
+    """Nested sequences of unequal lengths."""
+
+
+class IntegerRangeError(TensorValueError):
+    """An integer does not fit the requested integer dtype."""
+
+
+class ShapeError(TensorValueError):
+    """A shape is invalid or does not match the element count."""
+
+
+class EmptyTensorError(TensorValueError):
+    """A Tensor message with no payload set."""
+
+
+# --- Specs ----------------------------------------------------------------------------
+
+
+class SpecError(DmEnvRpcClientError, ValueError):
+    """A problem with TensorSpecs or with values checked against them."""
+
+
+class UnknownNameError(SpecError):
+    """A name that is not in the specs; the message lists the known names."""
+
+
+class UnknownUidError(SpecError):
+    """A UID that is not in the specs; the message lists the known UIDs."""
+
+
+class DuplicateNameError(SpecError):
+    """Two specs share a name."""
+
+
+class SpecValidationError(SpecError):
+    """A value has the wrong dtype, shape or bounds for its spec."""
+
+
+class BoundsError(SpecError):
+    """Invalid bounds: non-numeric dtype, min > max, NaN, or unrepresentable."""
+
+
+# --- Server errors --------------------------------------------------------------------
+
+
+def _status_code(code: int | grpc.StatusCode) -> grpc.StatusCode:
+    if isinstance(code, grpc.StatusCode):
+        return code
+    for status in grpc.StatusCode:
+        if status.value[0] == code:
+            return status
+    return grpc.StatusCode.UNKNOWN
+
+
+class DmEnvRpcError(DmEnvRpcClientError):
+    """The server answered a request with an error ``google.rpc.Status``.
+
+    Only the request that got the error fails; the connection stays usable.
+
+    Attributes:
+      code: the status code as a ``grpc.StatusCode``.
+      message: the server's message.
+      details: the status details (``google.protobuf.Any`` messages).
+    """
+
+    def __init__(
+        self,
+        code: int | grpc.StatusCode,
+        message: str,
+        details: Sequence[Any] = (),
+    ) -> None:
+        self.code = _status_code(code)
+        self.message = message
+        self.details = list(details)
+        super().__init__(code, message, details)
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code.name}, message={self.message!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        details = [(d.type_url, d.value) for d in self.details]
+        return (_rebuild_server_error, (type(self), self.code.value[0], self.message, details))
+
+    @classmethod
+    def from_status(cls, status: Any) -> DmEnvRpcError:
+        """Builds the most specific error for a ``google.rpc.Status``."""
+        code = _status_code(status.code)
+        error_cls = _ERROR_BY_CODE.get(code, DmEnvRpcError)
+        return error_cls(code, status.message, list(status.details))
+
+
+def _rebuild_server_error(
+    cls: type[DmEnvRpcError], code: int, message: str, details: list[tuple[str, bytes]]
+) -> DmEnvRpcError:
+    from google.protobuf import any_pb2
+
+    return cls(code, message, [any_pb2.Any(type_url=t, value=v) for t, v in details])
+
+
+class NotFoundError(DmEnvRpcError, KeyError):
+    """The server answered NOT_FOUND (for example an unknown property key)."""
+
+    __str__ = DmEnvRpcError.__str__
+
+
+class PermissionDeniedError(DmEnvRpcError, PermissionError):
+    """The server answered PERMISSION_DENIED (for example a read-only property)."""
+
+    __str__ = DmEnvRpcError.__str__
+
+
+class InvalidArgumentError(DmEnvRpcError, ValueError):
+    """The server answered INVALID_ARGUMENT (for example a bad value)."""
+
+    __str__ = DmEnvRpcError.__str__
+
+
+_ERROR_BY_CODE: dict[grpc.StatusCode, type[DmEnvRpcError]] = {
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+}
+
+
+# --- Transport ------------------------------------------------------------------------
+
+
+class DmEnvRpcConnectionError(DmEnvRpcClientError, ConnectionError):
+    """The connection to the server failed."""
+
+
+class ConnectionClosedError(DmEnvRpcConnectionError):
+    """The stream ended, broke, or was closed; pending and later requests fail.
+
+    Attributes:
+      code: the gRPC status code of the stream's end, or None after ``close()``.
+      details: the gRPC status details string, if any.
+    """
+
+    def __init__(
+        self, message: str, code: grpc.StatusCode | None = None, details: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.code, self.details))
+
+
+class ConnectTimeoutError(DmEnvRpcConnectionError, TimeoutError):
+    """The server could not be reached before the timeout."""
+
+
+class RequestTimeoutError(DmEnvRpcClientError, TimeoutError):
+    """A request got no response before its timeout."""
+
+
+class ProtocolError(DmEnvRpcClientError):
+    """The server broke the dm_env_rpc protocol (for example a mismatched response)."""
+
+
+class WorldError(DmEnvRpcClientError):
+    """One world of a batch failed.
+
+    Attributes:
+      index: the world's index in the batch.
+      address: the server address of that world.
+    """
+
+    def __init__(self, message: str, index: int, address: str | None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.address = address
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.index, self.address))

@@ -1,0 +1,55 @@
+"""Packaging for dm_env_rpc_client. Tool configuration lives in pyproject.toml."""
+
+import pathlib
+
+import setuptools
+
+ROOT = pathlib.Path(__file__).parent
+
+# Floors: the generated code (grpcio-tools 1.70.0, protobuf gencode 5.29.0)
+# needs grpcio >= 1.70.0 and protobuf >= 5.29.0 at run time. tests/test_floors.py
+# installs exactly these floors into a fresh virtual environment and runs a
+# round trip against the embedded server.
+INSTALL_REQUIRES = [
+    "grpcio>=1.70.0",
+    "protobuf>=5.29.0",
+    "numpy>=1.24.0",
+    "dm-env>=1.6",
+    "dm-tree>=0.1.8",
+    "googleapis-common-protos>=1.63.2",
+    "tqdm>=4.60",
+]
+
+TEST_REQUIRES = [
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+    "hypothesis>=6.100",
+    # Pinned exactly: tests/test_protos.py regenerates the committed code and
+    # compares byte for byte.
+    "grpcio-tools==1.70.0",
+    "mypy-protobuf==3.6.0",
+    "ruff==0.17.6",
+    "mypy>=1.10",
+    "types-protobuf",
+    # Test-only interoperability peer; the library never imports it.
+    "dm-env-rpc==1.1.7",
+]
+
+setuptools.setup(
+    name="dm_env_rpc_client",
+    version="0.1.0",
+    description="A fast, dependable Python client SDK for dm_env_rpc environments.",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["dm_env_rpc_client", "dm_env_rpc_client.*"]),
+    package_data={"dm_env_rpc_client": ["py.typed", "_proto/*.pyi"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+    entry_points={"console_scripts": ["dm-env-rpc-client=dm_env_rpc_client.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Typing :: Typed",
+    ],
+)
