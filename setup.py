@@ -7,12 +7,13 @@ import setuptools
 ROOT = pathlib.Path(__file__).parent
 
 # Floors: the generated code (grpcio-tools 1.70.0, protobuf gencode 5.29.0)
-# needs grpcio >= 1.70.0 and protobuf >= 5.29.0 at run time. tests/test_floors.py
+# needs grpcio >= 1.70.0 and protobuf >= 5.29.0 at run time (5.29.0 itself
+# is yanked, so the floor is 5.29.1). tests/test_floors.py
 # installs exactly these floors into a fresh virtual environment and runs a
 # round trip against the embedded server.
 INSTALL_REQUIRES = [
     "grpcio>=1.70.0",
-    "protobuf>=5.29.0",
+    "protobuf>=5.29.1",
     "numpy>=1.24.0",
     "dm-env>=1.6",
     "dm-tree>=0.1.8",
