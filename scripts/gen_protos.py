@@ -24,7 +24,6 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -54,12 +53,12 @@ Produced by ``scripts/gen_protos.py`` from ``protos/``.
 
 
 def _include_dirs() -> list[str]:
-    import grpc_tools  # noqa: PLC0415 - a generation-time dependency only
+    import grpc_tools
 
     dirs = [str(PROTO_ROOT), str(pathlib.Path(grpc_tools.__file__).parent / "_proto")]
     # google/rpc/status.proto ships inside googleapis-common-protos; find it
     # without importing (its generated module may need a newer runtime).
-    import importlib.util  # noqa: PLC0415
+    import importlib.util
 
     spec = importlib.util.find_spec("google.rpc")
     for location in (spec.submodule_search_locations or []) if spec else []:
@@ -95,7 +94,7 @@ def _rewrite(text: str) -> str:
 
 def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
     """Generates the package into ``out_dir``; returns the files written."""
-    from grpc_tools import protoc  # noqa: PLC0415
+    from grpc_tools import protoc
 
     with tempfile.TemporaryDirectory() as tmp:
         args = [

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pathlib
 import re
 import subprocess
-import sys
 import textwrap
 import venv
 
@@ -43,10 +42,7 @@ def _floors() -> list[str]:
     text = (ROOT / "setup.py").read_text()
     block = re.search(r"INSTALL_REQUIRES = \[(.*?)\]", text, re.S)
     assert block is not None
-    pins = [
-        req.replace(">=", "==")
-        for req in re.findall(r'"([^"]+)"', block.group(1))
-    ]
+    pins = [req.replace(">=", "==") for req in re.findall(r'"([^"]+)"', block.group(1))]
     assert all("==" in pin for pin in pins), pins
     return pins
 

@@ -76,7 +76,10 @@ def _file(file: descriptor.FileDescriptor) -> dict[str, Any]:
         "messages": [_message(m) for m in file.message_types_by_name.values()],
         "enums": [_enum(e) for e in file.enum_types_by_name.values()],
         "services": [
-            (s.full_name, [(m.name, m.input_type.full_name, m.output_type.full_name) for m in s.methods])
+            (
+                s.full_name,
+                [(m.name, m.input_type.full_name, m.output_type.full_name) for m in s.methods],
+            )
             for s in file.services_by_name.values()
         ],
     }
@@ -87,7 +90,10 @@ def test_descriptors_equal_reference(ours: str, theirs: str) -> None:
     ours_file = importlib.import_module(ours).DESCRIPTOR
     theirs_file = importlib.import_module(theirs).DESCRIPTOR
     assert _file(ours_file) == _file(theirs_file)
-    ours_proto, theirs_proto = descriptor_pb2.FileDescriptorProto(), descriptor_pb2.FileDescriptorProto()
+    ours_proto, theirs_proto = (
+        descriptor_pb2.FileDescriptorProto(),
+        descriptor_pb2.FileDescriptorProto(),
+    )
     ours_file.CopyToProto(ours_proto)
     theirs_file.CopyToProto(theirs_proto)
     assert ours_proto == theirs_proto
