@@ -49,6 +49,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -60,7 +61,7 @@ from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
 DataType = dm_env_rpc_pb2.DataType
 
-DATA_TYPE_TO_NUMPY: Mapping[int, np.dtype] = {
+DATA_TYPE_TO_NUMPY: Mapping[int, np.dtype] = {  # keyed by DataType values
     DataType.FLOAT: np.dtype(np.float32),
     DataType.DOUBLE: np.dtype(np.float64),
     DataType.INT8: np.dtype(np.int8),
@@ -80,7 +81,7 @@ NUMPY_TO_DATA_TYPE: Mapping[type, int] = {
 }
 
 # DataType -> (Tensor payload field name, Tensor field number, TensorSpec.Value field number)
-_PAYLOAD = {
+_PAYLOAD: dict[int, tuple[str, int, int | None]] = {
     DataType.FLOAT: ("floats", 1, 9),
     DataType.DOUBLE: ("doubles", 2, 10),
     DataType.INT8: ("int8s", 3, 11),
@@ -93,10 +94,28 @@ _PAYLOAD = {
     DataType.STRING: ("strings", 10, None),
     DataType.PROTO: ("protos", 11, None),
 }
-_FIELD_TO_DATA_TYPE = {field: data_type for data_type, (field, _, _) in _PAYLOAD.items()}
-_FIXED = {DataType.FLOAT: "<f4", DataType.DOUBLE: "<f8"}
-_BYTES = {DataType.INT8, DataType.UINT8}
-_VARINT = {DataType.INT32, DataType.INT64, DataType.UINT32, DataType.UINT64, DataType.BOOL}
+_FIELD_TO_DATA_TYPE: dict[str, int] = {
+    field: data_type for data_type, (field, _, _) in _PAYLOAD.items()
+}
+_FIXED: dict[int, str] = {DataType.FLOAT: "<f4", DataType.DOUBLE: "<f8"}
+_BYTES: set[int] = {DataType.INT8, DataType.UINT8}
+_VARINT: set[int] = {
+    DataType.INT32,
+    DataType.INT64,
+    DataType.UINT32,
+    DataType.UINT64,
+    DataType.BOOL,
+}
+
+# Native-byte-order numeric dtypes that pack as they are.
+_NATIVE_NUMERIC: dict[np.dtype, int] = {
+    DATA_TYPE_TO_NUMPY[data_type]: data_type for data_type in (*_FIXED, *_BYTES, *_VARINT)
+}
+
+
+def _name(data_type: int) -> str:
+    return dm_env_rpc_pb2.DataType.Name(data_type)  # type: ignore[arg-type]
+
 
 OnOverflow = Literal["error", "wrap", "clip"]
 
@@ -175,14 +194,14 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
-
-
 def _encode_varints(values: np.ndarray) -> bytes:
     """Vectorized varint encoding of a 1-D integer or bool array.
 
     Signed values are sign-extended to 64 bits first, as protobuf does for
-    int32 and int64 (a negative number takes ten bytes).
+    int32 and int64. Every element is written with the same number of bytes,
+    the width of the largest: protobuf parsers accept such over-long varints,
+    and ``pack_tensor`` parses its bytes into a message, whose serialization is
+    canonical again (so the wire bytes still equal the reference package's).
     """
     if values.dtype == np.bool_ or values.size == 0:
         return values.astype(np.uint8).tobytes()
@@ -194,32 +213,58 @@ def _encode_varints(values: np.ndarray) -> bytes:
     if top < 0x80:
         return wide.astype(np.uint8).tobytes()
     width = (top.bit_length() + 6) // 7
-    shifts = _SHIFTS[:width]
-    groups = ((wide[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
-    # Bytes needed per value: ceil(bit_length / 7), at least one.
-    more = (wide[:, None] >> shifts[1:]) != 0 if width > 1 else np.zeros((wide.size, 0), bool)
-    groups[:, :-1] |= more.astype(np.uint8) << np.uint8(7)
-    keep = np.ones_like(groups, dtype=bool)
-    keep[:, 1:] = more
-    return groups[keep].tobytes()
+    out = np.empty((wide.size, width), dtype=np.uint8)
+    # Bits above 32 of an int32 are copies of its sign: compute the low five
+    # bytes from a 32-bit view, and the rest from the sign alone.
+    low = (
+        values.astype(np.int32, copy=False).view(np.uint32) if values.dtype.itemsize <= 4 else wide
+    )
+    computed = min(width, 5) if low is not wide else width
+    for k in range(computed):
+        column = out[:, k]
+        np.bitwise_and((low >> low.dtype.type(7 * k)).astype(np.uint8), np.uint8(0x7F), out=column)
+        if k < width - 1:
+            column |= np.uint8(0x80)
+    if computed < width:
+        negative = (values < 0).view(np.uint8)
+        # byte 4 holds bits 28..34: bits 32..34 are the sign.
+        out[:, 4] |= negative * np.uint8(0x70)
+        for k in range(5, width):
+            fill = np.uint8(0x01) if k == width - 1 else np.uint8(0x7F)
+            np.multiply(negative, fill, out=out[:, k])
+            if k < width - 1:
+                out[:, k] |= np.uint8(0x80)
+    return out.tobytes()
 
 
 def _decode_varints(data: bytes | memoryview, dtype: np.dtype) -> np.ndarray:
     """Vectorized decoding of packed varints into an array of ``dtype``."""
     raw = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero(raw < 0x80)
-    if ends.size == raw.size:  # every value fits one byte
+    count = ends.size
+    if count == raw.size:  # every value fits one byte
         return raw.astype(dtype)
+    index_type = np.int32 if raw.size < 2**31 - 16 else np.int64
+    ends = ends.astype(index_type, copy=False)
     starts = np.empty_like(ends)
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
     lengths = ends - starts + 1
-    position = np.arange(raw.size, dtype=np.int64) - np.repeat(starts, lengths)
-    parts = (raw & 0x7F).astype(np.uint64) << (position.astype(np.uint64) * np.uint64(7))
-    wide = np.bitwise_or.reduceat(parts, starts)
+    width = int(lengths.max())
+    # 32-bit results need only the low 35 bits: the first five bytes.
+    narrow = dtype.itemsize <= 4
+    acc_type = np.uint32 if narrow else np.uint64
+    used = min(width, 5) if narrow else width
+    wide = (raw[starts] & np.uint8(0x7F)).astype(acc_type)
+    last = raw.size - 1
+    for k in range(1, used):
+        index = np.minimum(starts + k, last)
+        part = raw[index] & np.uint8(0x7F)
+        part *= lengths > k
+        wide |= part.astype(acc_type) << acc_type(7 * k)
     if dtype.kind == "i":
-        return wide.view(np.int64).astype(dtype)
-    return wide.astype(dtype)
+        return wide.view(np.int32 if narrow else np.int64).astype(dtype, copy=False)
+    return wide.astype(dtype, copy=False)
 
 
 # --- payload (sub-message) encoding -------------------------------------------------------
@@ -292,8 +337,7 @@ def array_to_value_bytes(data_type: int, flat: np.ndarray) -> bytes:
     """
     _, _, value_field = _PAYLOAD[data_type]
     assert value_field is not None
-    inner = _numeric_payload(data_type, flat)
-    return _varint(value_field << 3 | 2) + _varint(len(inner)) + inner
+    return bytes(_build(value_field, data_type, flat, b""))
 
 
 # --- dtype handling -------------------------------------------------------------------------
@@ -442,10 +486,14 @@ def pack_tensor(
       IntegerRangeError: for integers that do not fit ``dtype``.
       TensorTypeError: for non-str elements of a STRING tensor, or mixed objects.
     """
+    if dtype is None and type(value) is np.ndarray and not try_compress:
+        data_type = _NATIVE_NUMERIC.get(value.dtype)
+        if data_type is not None:  # the fast path: a numeric array as it is
+            return _pack_numeric(value.shape, value.reshape(-1), data_type)
     if on_overflow not in ("error", "wrap", "clip"):
         raise ValueError(_BAD_OVERFLOW.format(value=on_overflow))
     array = _as_array(value)
-    requested = None if dtype is None else _resolve_dtype(dtype)
+    requested: int | None = None if dtype is None else _resolve_dtype(dtype)
     kind = array.dtype.kind
     if kind == "O":
         data_type = _check_objects(array)
@@ -455,22 +503,22 @@ def pack_tensor(
                     _NOT_A_STRING.format(index=0, type_name=type(array.flat[0]).__name__)
                 )
             raise errors.TensorTypeError(
-                f"Cannot pack {DataType.Name(data_type)} elements as "
-                f"{DataType.Name(requested)}; pass dtype=None or convert the elements."
+                f"Cannot pack {_name(data_type)} elements as "
+                f"{_name(requested)}; pass dtype=None or convert the elements."
             )
         data_type = requested if requested is not None else data_type
     elif kind == "U":
         data_type = DataType.STRING
         if requested not in (None, DataType.STRING):
             raise errors.TensorTypeError(
-                f"Cannot pack str values as {DataType.Name(requested)}; convert them first."
+                f"Cannot pack str values as {_name(requested)}; convert them first."
             )
     else:
         if kind not in "biuf" or array.dtype.type not in NUMPY_TO_DATA_TYPE:
             raise _unsupported(array.dtype)
         if requested in (DataType.STRING, DataType.PROTO):
             raise errors.TensorTypeError(
-                f"Cannot pack {array.dtype} values as {DataType.Name(requested)}; "
+                f"Cannot pack {array.dtype} values as {_name(requested)}; "
                 "pass str or protobuf message values."
             )
         data_type = requested if requested is not None else NUMPY_TO_DATA_TYPE[array.dtype.type]
@@ -496,12 +544,39 @@ def pack_tensor(
                     payload.array.add().Pack(item)
         return tensor
 
-    inner = _numeric_payload(data_type, flat)
-    data = _varint(number << 3 | 2) + _varint(len(inner)) + inner
+    return _pack_numeric(shape, flat, data_type)
+
+
+def _pack_numeric(
+    shape: tuple[int, ...], flat: np.ndarray, data_type: int
+) -> dm_env_rpc_pb2.Tensor:
+    shape_bytes = b""
     if shape:
-        dims = _encode_varints(np.asarray(shape, dtype=np.int64))
-        data += b"\x7a" + _varint(len(dims)) + dims
-    return dm_env_rpc_pb2.Tensor.FromString(data)
+        dims = b"".join([_varint(dim & 0xFFFFFFFFFFFFFFFF) for dim in shape])
+        shape_bytes = b"\x7a" + _varint(len(dims)) + dims
+    number = _PAYLOAD[data_type][1]
+    return dm_env_rpc_pb2.Tensor.FromString(_build(number, data_type, flat, shape_bytes))  # type: ignore[arg-type]
+
+
+def _build(number: int, data_type: int, flat: np.ndarray, trailer: bytes) -> bytearray:
+    """Serializes ``field number { array: flat }`` + trailer into one buffer.
+
+    Fixed-width and byte payloads are written straight into the preallocated
+    buffer with a single NumPy copy (converting to little-endian on the way).
+    """
+    if data_type in _FIXED or data_type in _BYTES:
+        target = _FIXED.get(data_type, DATA_TYPE_TO_NUMPY[data_type])
+        size = flat.size * np.dtype(target).itemsize
+        inner_head = b"\x0a" + _varint(size) if size else b""
+        head = _varint(number << 3 | 2) + _varint(len(inner_head) + size) + inner_head
+        buffer = bytearray(len(head) + size + len(trailer))
+        buffer[: len(head)] = head
+        if size:
+            np.frombuffer(buffer, dtype=target, count=flat.size, offset=len(head))[:] = flat
+        buffer[len(head) + size :] = trailer
+        return buffer
+    inner = _numeric_payload(data_type, flat)
+    return bytearray(_varint(number << 3 | 2) + _varint(len(inner)) + inner + trailer)
 
 
 def _resolve_shape(shape: list[int], count: int) -> tuple[int, ...]:
@@ -519,7 +594,7 @@ def _resolve_shape(shape: list[int], count: int) -> tuple[int, ...]:
         resolved = list(shape)
         resolved[negative[0]] = count // known
         return tuple(resolved)
-    return tuple(shape)
+    raise errors.ShapeError(_COUNT_MISMATCH.format(count=count, shape=shape, detail=""))
 
 
 def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
@@ -537,21 +612,19 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
       ShapeError: for two variable dimensions, or an element count that fits no shape.
     """
     field = tensor.WhichOneof("payload")
-    shape = list(tensor.shape)
     if field is None:
-        raise errors.EmptyTensorError(_NO_PAYLOAD.format(shape=shape))
+        raise errors.EmptyTensorError(_NO_PAYLOAD.format(shape=list(tensor.shape)))
     flat = payload_to_array(tensor, field)
+    dims = tuple(tensor.shape)
     count = flat.size
-    if not shape:
+    if not dims:
         if count != 1:
             raise errors.ShapeError(_COUNT_MISMATCH.format(count=count, shape=[], detail=""))
         item = flat[0]
         return str(item) if isinstance(item, np.str_) else item
-    if count == 1:
-        full = tuple(max(dim, 1) if dim < 0 else dim for dim in shape)
-        if len(full) != 1 or full[0] != 1:
-            return np.full(full, flat[0], dtype=flat.dtype)
-    resolved = _resolve_shape(shape, count)
-    if int(np.prod(resolved, dtype=np.int64)) != count:
-        raise errors.ShapeError(_COUNT_MISMATCH.format(count=count, shape=shape, detail=""))
-    return flat.reshape(resolved)
+    if min(dims) >= 0 and math.prod(dims) == count:
+        return flat.reshape(dims)
+    if count == 1:  # a broadcast
+        full = tuple(max(dim, 1) for dim in dims)
+        return np.full(full, flat[0], dtype=flat.dtype)
+    return flat.reshape(_resolve_shape(list(dims), count))

@@ -1,0 +1,247 @@
+"""The tensor codec: round trips, byte equality with the reference package, errors."""
+
+from __future__ import annotations
+
+import datetime
+
+import numpy as np
+import pytest
+from dm_env_rpc.v1 import tensor_utils as reference
+from google.protobuf import any_pb2, struct_pb2
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+
+DataType = dm_env_rpc_pb2.DataType
+NUMERIC = [np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint32, np.uint64]
+
+
+def _wire(tensor: dm_env_rpc_pb2.Tensor) -> bytes:
+    return tensor.SerializeToString(deterministic=True)
+
+
+def _arrays(dtype: type) -> st.SearchStrategy[np.ndarray]:
+    shapes = hnp.array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=4)
+    if np.dtype(dtype).kind == "f":
+        elements = st.floats(width=np.finfo(dtype).bits, allow_nan=False)
+        return hnp.arrays(dtype, shapes, elements=elements)
+    return hnp.arrays(dtype, shapes)
+
+
+@settings(max_examples=40, derandomize=True, deadline=None)
+@given(data=st.data(), dtype=st.sampled_from([*NUMERIC, np.bool_]))
+def test_round_trip_numeric(data: st.DataObject, dtype: type) -> None:
+    value = data.draw(_arrays(dtype))
+    tensor = tensors.pack_tensor(value)
+    assert tensor.WhichOneof("payload") == tensors._PAYLOAD[tensors.np_type_to_data_type(dtype)][0]
+    out = tensors.unpack_tensor(tensor)
+    assert np.asarray(out).dtype == np.dtype(dtype)
+    assert np.array_equal(out, value)
+    if value.shape == ():
+        assert isinstance(out, np.generic)
+    assert _wire(tensor) == _wire(reference.pack_tensor(value))
+
+
+@settings(max_examples=25, derandomize=True, deadline=None)
+@given(
+    value=hnp.arrays(
+        np.str_,
+        hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3),
+        elements=st.text(max_size=5).filter(lambda s: "\x00" not in s),
+    )
+)
+def test_round_trip_strings(value: np.ndarray) -> None:
+    tensor = tensors.pack_tensor(value)
+    out = tensors.unpack_tensor(tensor)
+    if value.shape == ():
+        assert isinstance(out, str) and out == value.item()
+    else:
+        assert out.shape == value.shape and out.tolist() == value.tolist()
+    assert _wire(tensor) == _wire(reference.pack_tensor(value))
+
+
+@settings(max_examples=30, derandomize=True, deadline=None)
+@given(
+    dtype=st.sampled_from(NUMERIC),
+    shape=hnp.array_shapes(min_dims=1, max_dims=4, min_side=2, max_side=4),
+)
+def test_broadcast_round_trip(dtype: type, shape: tuple[int, ...]) -> None:
+    value = np.full(shape, 3, dtype=dtype)
+    tensor = tensors.pack_tensor(value, try_compress=True)
+    assert list(tensor.shape) == list(shape)
+    assert len(getattr(tensor, tensor.WhichOneof("payload")).array) == 1
+    out = tensors.unpack_tensor(tensor)
+    assert out.shape == shape and out.dtype == np.dtype(dtype) and np.all(out == 3)
+    assert _wire(tensor) == _wire(reference.pack_tensor(value, try_compress=True))
+
+
+@settings(max_examples=30, derandomize=True, deadline=None)
+@given(
+    shape=hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4),
+    axis=st.integers(0, 3),
+)
+def test_variable_dimension_is_inferred(shape: tuple[int, ...], axis: int) -> None:
+    value = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    tensor = tensors.pack_tensor(value)
+    tensor.shape[axis % len(shape)] = -1
+    assert np.array_equal(tensors.unpack_tensor(tensor), value)
+
+
+REFERENCE_CASES = [
+    np.float32(1.5),
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.array([-1, 0, 1, 2**31 - 1, -(2**31)], np.int32),
+    np.array([-(2**63), 2**63 - 1, 0, 300], np.int64),
+    np.array([0, 2**32 - 1, 128, 16384], np.uint32),
+    np.array([0, 2**64 - 1, 2**63], np.uint64),
+    np.array([[True, False], [False, True]]),
+    np.arange(-5, 5, dtype=np.int8),
+    np.arange(200, dtype=np.uint8).reshape(10, 20),
+    np.zeros((0, 3), np.float64),
+    np.array([], np.int32),
+    "hello",
+    ["a", "bb", "ccc"],
+    7,
+    -7,
+    2.25,
+    True,
+    [[1.0, 2.0], [3.0, 4.0]],
+]
+
+
+@pytest.mark.parametrize("value", REFERENCE_CASES, ids=repr)
+def test_wire_bytes_equal_reference(value: object) -> None:
+    assert _wire(tensors.pack_tensor(value)) == _wire(reference.pack_tensor(value))
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype"),
+    [
+        ([1, 2, 3], np.float32),
+        ([1, 2, 3], DataType.INT8),
+        (np.arange(4, dtype=np.int64), np.uint32),
+        (np.array([1.0, 2.0]), DataType.INT64),
+        (np.float64(0.5), np.float32),
+        ([True, False], np.int32),
+    ],
+)
+def test_explicit_dtype_matches_reference(value: object, dtype: object) -> None:
+    assert _wire(tensors.pack_tensor(value, dtype)) == _wire(reference.pack_tensor(value, dtype))
+
+
+def test_protos_are_packed_into_any_and_any_stays_any() -> None:
+    message = struct_pb2.Value(string_value="x")
+    packed = any_pb2.Any()
+    packed.Pack(struct_pb2.Value(number_value=2.0))
+    tensor = tensors.pack_tensor([message, packed])
+    out = tensors.unpack_tensor(tensor)
+    assert out.dtype == object and all(isinstance(item, any_pb2.Any) for item in out)
+    unpacked = struct_pb2.Value()
+    assert out[0].Unpack(unpacked) and unpacked.string_value == "x"
+    assert out[1] == packed
+    scalar = tensors.unpack_tensor(tensors.pack_tensor(message))
+    assert isinstance(scalar, any_pb2.Any)
+
+
+def test_uint8_unpacks_read_only_view_and_float_writable() -> None:
+    out = tensors.unpack_tensor(tensors.pack_tensor(np.arange(4, dtype=np.uint8)))
+    assert not out.flags.writeable
+    floats = tensors.unpack_tensor(tensors.pack_tensor(np.arange(4, dtype=np.float32)))
+    assert floats.flags.writeable
+
+
+def test_dtype_maps_are_inverse() -> None:
+    for data_type, dtype in tensors.DATA_TYPE_TO_NUMPY.items():
+        assert tensors.np_type_to_data_type(dtype) == data_type
+        assert tensors.data_type_to_np_type(data_type) == dtype.type
+    assert tensors.get_tensor_type(tensors.pack_tensor(np.float32(1))) is np.float32
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (np.zeros(3, np.float16), "float16.*astype\\(np.float32\\)"),
+        (np.zeros(3, np.int16), "int16.*astype\\(np.int32\\)"),
+        (np.zeros(3, np.uint16), "uint16"),
+        (np.zeros(3, np.complex64), "complex"),
+        (b"raw", "bytes.*decode"),
+        (np.array([b"a"]), "decode bytes"),
+        (np.array([np.datetime64("2024-01-01")]), "datetime"),
+        (np.array([datetime.timedelta(1)], dtype="m8[s]"), "timedelta"),
+    ],
+)
+def test_unsupported_dtypes(value: object, match: str) -> None:
+    with pytest.raises(errors.UnsupportedDtypeError, match=match) as info:
+        tensors.pack_tensor(value)
+    assert isinstance(info.value, TypeError)
+
+
+def test_object_arrays_must_be_all_str_or_all_messages() -> None:
+    with pytest.raises(errors.TensorTypeError, match="element 1 is int"):
+        tensors.pack_tensor(np.array(["a", 1], dtype=object))
+    with pytest.raises(errors.TensorTypeError, match="element 1 is str"):
+        tensors.pack_tensor(np.array([struct_pb2.Value(), "a"], dtype=object))
+    with pytest.raises(errors.TensorTypeError, match="element 0 is int"):
+        tensors.pack_tensor(np.array([1, 2], dtype=object), DataType.STRING)
+
+
+def test_ragged_input() -> None:
+    with pytest.raises(errors.RaggedArrayError, match="ragged") as info:
+        tensors.pack_tensor([[1, 2], [3]])
+    assert isinstance(info.value, ValueError)
+
+
+def test_integers_that_do_not_fit_are_refused_unless_asked() -> None:
+    with pytest.raises(errors.IntegerRangeError, match=r"int8.*\[300, 300\].*\[-128, 127\]"):
+        tensors.pack_tensor([300], np.int8)
+    with pytest.raises(errors.IntegerRangeError, match="uint32"):
+        tensors.pack_tensor([-1], DataType.UINT32)
+    assert tensors.unpack_tensor(tensors.pack_tensor([300], np.int8, on_overflow="wrap"))[0] == 44
+    clipped = tensors.unpack_tensor(tensors.pack_tensor([300, -300], np.int8, on_overflow="clip"))
+    assert clipped.tolist() == [127, -128]
+    with pytest.raises(errors.TensorValueError, match="fractional"):
+        tensors.pack_tensor([1.5], np.int32)
+    with pytest.raises(ValueError, match="on_overflow"):
+        tensors.pack_tensor([1], np.int8, on_overflow="saturate")  # type: ignore[arg-type]
+
+
+def test_bad_dtype_argument() -> None:
+    with pytest.raises(errors.UnsupportedDtypeError, match="Unknown dtype 99"):
+        tensors.pack_tensor(1, 99)
+    with pytest.raises(errors.UnsupportedDtypeError, match="INVALID|Unknown"):
+        tensors.data_type_to_np_type(DataType.INVALID_DATA_TYPE)
+
+
+def test_shape_errors() -> None:
+    tensor = tensors.pack_tensor(np.arange(6, dtype=np.float32))
+    tensor.shape[:] = [-1, -1]
+    with pytest.raises(errors.ShapeError, match="more than one negative"):
+        tensors.unpack_tensor(tensor)
+    tensor.shape[:] = [4, -1]
+    with pytest.raises(errors.ShapeError, match="6 element.*\\[4, -1\\]"):
+        tensors.unpack_tensor(tensor)
+    tensor.shape[:] = [4]
+    with pytest.raises(errors.ShapeError, match="6 element.*\\[4\\]"):
+        tensors.unpack_tensor(tensor)
+    tensor.shape[:] = []
+    with pytest.raises(errors.ShapeError, match="6 element"):
+        tensors.unpack_tensor(tensor)
+
+
+def test_tensor_without_payload() -> None:
+    with pytest.raises(errors.EmptyTensorError, match="no payload"):
+        tensors.unpack_tensor(dm_env_rpc_pb2.Tensor(shape=[2]))
+
+
+def test_large_varints_round_trip_with_mixed_lengths() -> None:
+    rng = np.random.default_rng(0)
+    for dtype in (np.int32, np.int64, np.uint32, np.uint64):
+        info = np.iinfo(dtype)
+        value = rng.integers(info.min, info.max, 5000, dtype=dtype, endpoint=True)
+        value[::7] = rng.integers(0, 200, value[::7].size)
+        tensor = tensors.pack_tensor(value)
+        assert np.array_equal(tensors.unpack_tensor(tensor), value)
+        assert _wire(tensor) == _wire(reference.pack_tensor(value))
