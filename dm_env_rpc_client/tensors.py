@@ -529,7 +529,7 @@ def pack_tensor(
     if try_compress and flat.size > 1 and bool(np.all(flat == flat[0])):
         flat = flat[:1]
 
-    field, number, _ = _PAYLOAD[data_type]
+    field = _PAYLOAD[data_type][0]
     if data_type == DataType.STRING or data_type == DataType.PROTO:
         tensor = dm_env_rpc_pb2.Tensor(shape=shape)
         payload = getattr(tensor, field)
