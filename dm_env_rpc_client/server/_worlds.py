@@ -1,0 +1,225 @@
+"""Worlds of the embedded server: a dm_env.Environment with its wire specs.
+
+A ``World`` owns one environment and everything needed to speak about it on the
+wire: ``{uid: TensorSpec}`` maps for actions and observations (dotted names from
+the nested dm_env specs, UIDs numbered from 1 in sorted-name order, so they are
+stable), action decoding with validation, and observation encoding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import dm_env
+import grpc
+import numpy as np
+from dm_env import specs as dm_specs
+
+from dm_env_rpc_client import specs, tensors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+
+
+class ServerError(Exception):
+    """A request failed; answered as an error Status with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _flatten_specs(nested: Any, fallback: str) -> dict[str, dm_specs.Array]:
+    if isinstance(nested, dm_specs.Array):
+        return {fallback: nested}
+    return specs.flatten_dm_env_specs(nested)
+
+
+class _WireSpec:
+    """One action or observation: its dm_env spec, TensorSpec and NumPy dtype."""
+
+    __slots__ = ("dm_spec", "dtype", "name", "shape", "tensor_spec", "uid")
+
+    def __init__(self, uid: int, name: str, dm_spec: dm_specs.Array) -> None:
+        self.uid = uid
+        self.name = name
+        self.dm_spec = dm_spec
+        self.tensor_spec = specs.dm_env_spec_to_tensor_spec(dm_spec, name)
+        self.dtype = tensors.DATA_TYPE_TO_NUMPY[self.tensor_spec.dtype]
+        self.shape = tuple(dm_spec.shape)
+
+
+def _number(flat: Mapping[str, dm_specs.Array]) -> dict[int, _WireSpec]:
+    return {uid: _WireSpec(uid, name, flat[name]) for uid, name in enumerate(sorted(flat), start=1)}
+
+
+class World:
+    """One environment behind the protocol."""
+
+    def __init__(self, name: str, env: dm_env.Environment, creator: object) -> None:
+        self.name = name
+        self.env = env
+        self.creator = creator
+        self.joined_by: object | None = None
+        self.epoch = 0  # bumped by ResetWorld
+        self.lock = threading.Lock()
+        self.destroyed = False
+        action_spec = env.action_spec()
+        self._single_action = isinstance(action_spec, dm_specs.Array)
+        self.actions = _number(_flatten_specs(action_spec, "action"))
+        observations = _flatten_specs(env.observation_spec(), "observation")
+        for extra, getter in (("reward", env.reward_spec), ("discount", env.discount_spec)):
+            if extra not in observations:
+                observations[extra] = getter()
+        self._single_observation = isinstance(env.observation_spec(), dm_specs.Array)
+        self.observations = _number(observations)
+        self.observation_by_name = {spec.name: spec for spec in self.observations.values()}
+        self.specs = dm_env_rpc_pb2.ActionObservationSpecs(
+            actions={uid: spec.tensor_spec for uid, spec in self.actions.items()},
+            observations={uid: spec.tensor_spec for uid, spec in self.observations.items()},
+        )
+
+    def decode_actions(self, actions: Mapping[int, dm_env_rpc_pb2.Tensor]) -> Any:
+        """Unpacks and validates the actions of a StepRequest into the env's structure.
+
+        Actions the request leaves out take their spec's ``generate_value()``.
+
+        Raises:
+          ServerError: INVALID_ARGUMENT naming the action and what was expected.
+        """
+        values: dict[str, Any] = {}
+        for uid, tensor in actions.items():
+            spec = self.actions.get(uid)
+            if spec is None:
+                known = ", ".join(f"{u} ({s.name})" for u, s in self.actions.items())
+                raise ServerError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Unknown action UID {uid}. Known action UIDs: {known}.",
+                )
+            values[spec.name] = self._decode(spec, tensor)
+        for spec in self.actions.values():
+            if spec.name not in values:
+                values[spec.name] = spec.dm_spec.generate_value()
+        if self._single_action:
+            return values["action"]
+        return specs.unflatten(values)
+
+    @staticmethod
+    def _decode(spec: _WireSpec, tensor: dm_env_rpc_pb2.Tensor) -> Any:
+        try:
+            sent = tensors.get_tensor_type(tensor)
+            if sent != spec.dtype.type:
+                raise ValueError(f"expected dtype {spec.dtype} but got {np.dtype(sent)}")
+            value = np.asarray(tensors.unpack_tensor(tensor))
+            if spec.dtype.kind == "U":
+                value = value.astype(object)
+            spec.dm_spec.validate(value)
+        except (TypeError, ValueError) as exc:
+            raise ServerError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Invalid action {spec.name!r} (UID {spec.uid}): {exc}. Expected {spec.dm_spec!r}.",
+            ) from exc
+        return value
+
+    def encode_observations(
+        self, timestep: dm_env.TimeStep, uids: Any
+    ) -> dict[int, dm_env_rpc_pb2.Tensor]:
+        """Packs the requested observations of a TimeStep.
+
+        Raises:
+          ServerError: INVALID_ARGUMENT for an unknown observation UID.
+        """
+        observation = timestep.observation
+        flat: Mapping[str, Any]
+        if self._single_observation:
+            flat = {"observation": observation}
+        elif isinstance(observation, Mapping):
+            flat = specs.flatten(observation)
+        else:
+            flat = {}
+        out = {}
+        for uid in uids:
+            spec = self.observations.get(uid)
+            if spec is None:
+                known = ", ".join(f"{u} ({s.name})" for u, s in self.observations.items())
+                raise ServerError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Unknown observation UID {uid}. Known observation UIDs: {known}.",
+                )
+            if spec.name in flat:
+                value = flat[spec.name]
+            elif spec.name == "reward":
+                value = timestep.reward
+            elif spec.name == "discount":
+                value = timestep.discount
+            else:
+                value = None
+            if value is None:
+                continue  # e.g. reward and discount on the first step
+            if spec.dtype.kind in "UO":
+                out[uid] = tensors.pack_tensor(value)
+            else:
+                out[uid] = tensors.pack_tensor(np.asarray(value, dtype=spec.dtype))
+        return out
+
+
+class Registry:
+    """All worlds of one server, by name."""
+
+    def __init__(self, make_env: Callable[[dict[str, Any]], dm_env.Environment]) -> None:
+        self._make_env = make_env
+        self._worlds: dict[str, World] = {}
+        self._lock = threading.Lock()
+        self._counter = 0
+
+    def create(self, settings: dict[str, Any], creator: object, name: str | None = None) -> World:
+        """Creates a world with ``make_env(settings)``.
+
+        Raises:
+          ServerError: INVALID_ARGUMENT naming the settings when make_env raises
+            TypeError or ValueError; INTERNAL for other exceptions.
+        """
+        try:
+            env = self._make_env(settings)
+        except (TypeError, ValueError) as exc:
+            names = ", ".join(repr(key) for key in sorted(specs.flatten(settings))) or "(none)"
+            raise ServerError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Bad world settings {names}: {type(exc).__name__}: {exc}",
+            ) from exc
+        with self._lock:
+            if name is None:
+                self._counter += 1
+                name = f"world-{self._counter}"
+            world = World(name, env, creator)
+            self._worlds[name] = world
+        return world
+
+    def get(self, name: str) -> World | None:
+        with self._lock:
+            return self._worlds.get(name)
+
+    def require(self, name: str) -> World:
+        world = self.get(name)
+        if world is None:
+            with self._lock:
+                known = ", ".join(repr(n) for n in sorted(self._worlds)) or "(none)"
+            raise ServerError(
+                grpc.StatusCode.NOT_FOUND, f"Unknown world {name!r}. Known worlds: {known}."
+            )
+        return world
+
+    def remove(self, world: World) -> None:
+        with self._lock:
+            if self._worlds.get(world.name) is world:
+                del self._worlds[world.name]
+        world.destroyed = True
+        with contextlib.suppress(Exception):
+            world.env.close()
+
+    def close(self) -> None:
+        with self._lock:
+            worlds = list(self._worlds.values())
+        for world in worlds:
+            self.remove(world)

@@ -1,0 +1,140 @@
+"""Catch: a small, deterministic ``dm_env.Environment`` to try the protocol on.
+
+A ball falls from a random column of the top row, one row a step; the agent
+moves a paddle along the bottom row. When the ball reaches the bottom row the
+episode ends with reward ``+1`` if the paddle is under it and ``-1`` otherwise
+(``discount`` 0, so the server reports TERMINATED).
+
+- Observation ``board``: float32 ``[rows, columns]``, 1.0 at the ball and the paddle.
+- Action ``paddle``: int8 in ``[-1, 1]``: move left, stay, move right.
+- Settings: ``rows`` (default 10), ``columns`` (default 5), ``seed`` (default 0),
+  and ``max_steps`` (default none): when set, an episode that runs that many steps
+  is truncated (``discount`` 1, so the server reports INTERRUPTED).
+
+Properties (see ``dm_env_rpc_client.server.Property``): ``rows``, ``columns``,
+``seed`` and ``stats.episodes`` are read-only; ``stats.catch_reward`` and
+``stats.miss_reward`` are writable float32 scalars.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dm_env
+import numpy as np
+from dm_env import specs
+
+from dm_env_rpc_client.server.properties import Property
+
+_BAD_SETTING = "Catch setting {name!r} must be {what}, got {value!r}."
+
+
+def _int_setting(name: str, value: Any, minimum: int) -> int:
+    array = np.asarray(value)
+    if array.shape != () or array.dtype.kind not in "iu" or int(array) < minimum:
+        raise ValueError(
+            _BAD_SETTING.format(name=name, what=f"an integer >= {minimum}", value=value)
+        )
+    return int(array)
+
+
+class Catch(dm_env.Environment):
+    """The Catch game. See the module docstring."""
+
+    def __init__(
+        self, rows: int = 10, columns: int = 5, seed: int = 0, max_steps: int | None = None
+    ) -> None:
+        self._rows = _int_setting("rows", rows, 2)
+        self._columns = _int_setting("columns", columns, 1)
+        self._seed = _int_setting("seed", seed, 0)
+        self._max_steps = None if max_steps is None else _int_setting("max_steps", max_steps, 1)
+        self._rng = np.random.default_rng(self._seed)
+        self._board = np.zeros((self._rows, self._columns), np.float32)
+        self._ball = (0, 0)
+        self._paddle = self._columns // 2
+        self._steps = 0
+        self._episodes = 0
+        self._catch_reward = np.float32(1.0)
+        self._miss_reward = np.float32(-1.0)
+        self._reset_next = True
+
+    def _observation(self) -> dict[str, np.ndarray]:
+        self._board.fill(0.0)
+        self._board[self._ball] = 1.0
+        self._board[self._rows - 1, self._paddle] = 1.0
+        return {"board": self._board.copy()}
+
+    def reset(self) -> dm_env.TimeStep:
+        self._ball = (0, int(self._rng.integers(self._columns)))
+        self._paddle = self._columns // 2
+        self._steps = 0
+        self._reset_next = False
+        self._episodes += 1
+        return dm_env.restart(self._observation())
+
+    def step(self, action: Any) -> dm_env.TimeStep:
+        if self._reset_next:
+            return self.reset()
+        move = int(np.asarray(action["paddle"] if isinstance(action, dict) else action))
+        self._paddle = min(max(self._paddle + move, 0), self._columns - 1)
+        self._ball = (self._ball[0] + 1, self._ball[1])
+        self._steps += 1
+        observation = self._observation()
+        if self._ball[0] == self._rows - 1:
+            self._reset_next = True
+            caught = self._ball[1] == self._paddle
+            reward = self._catch_reward if caught else self._miss_reward
+            return dm_env.termination(np.float32(reward), observation)
+        if self._max_steps is not None and self._steps >= self._max_steps:
+            self._reset_next = True
+            return dm_env.truncation(np.float32(0.0), observation, np.float32(1.0))
+        return dm_env.transition(np.float32(0.0), observation, np.float32(1.0))
+
+    def observation_spec(self) -> dict[str, specs.Array]:
+        return {
+            "board": specs.BoundedArray(
+                (self._rows, self._columns), np.float32, 0.0, 1.0, name="board"
+            )
+        }
+
+    def action_spec(self) -> dict[str, specs.Array]:
+        return {"paddle": specs.BoundedArray((), np.int8, -1, 1, name="paddle")}
+
+    def reward_spec(self) -> specs.Array:
+        return specs.Array((), np.float32, name="reward")
+
+    def discount_spec(self) -> specs.BoundedArray:
+        return specs.BoundedArray((), np.float32, 0.0, 1.0, name="discount")
+
+    def _set_catch_reward(self, value: Any) -> None:
+        self._catch_reward = np.float32(value)
+
+    def _set_miss_reward(self, value: Any) -> None:
+        self._miss_reward = np.float32(value)
+
+    def dm_env_rpc_properties(self) -> dict[str, Property]:
+        """The properties hook of the embedded server."""
+        scalar_int = specs.Array((), np.int64)
+        scalar_float = specs.Array((), np.float32)
+        return {
+            "rows": Property(scalar_int, lambda: np.int64(self._rows), description="Board rows."),
+            "columns": Property(
+                scalar_int, lambda: np.int64(self._columns), description="Board columns."
+            ),
+            "seed": Property(scalar_int, lambda: np.int64(self._seed), description="RNG seed."),
+            "stats.episodes": Property(
+                scalar_int, lambda: np.int64(self._episodes), description="Episodes started."
+            ),
+            "stats.catch_reward": Property(
+                scalar_float,
+                lambda: self._catch_reward,
+                self._set_catch_reward,
+                description="Reward for a catch.",
+            ),
+            "stats.miss_reward": Property(
+                scalar_float,
+                lambda: self._miss_reward,
+                self._set_miss_reward,
+                description="Reward for a miss.",
+            ),
+        }

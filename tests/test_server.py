@@ -1,0 +1,355 @@
+"""The embedded server, driven with raw EnvironmentRequests over a plain gRPC stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dm_env
+import grpc
+import numpy as np
+import pytest
+from conftest import wait_for
+from dm_env import specs as dm_specs
+from google.protobuf import any_pb2, struct_pb2
+from raw_stream import RawStream, uid_of
+
+from dm_env_rpc_client import tensors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client.server import Server, serve
+
+State = dm_env_rpc_pb2.EnvironmentStateType
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
+FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
+INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+
+
+@pytest.fixture
+def stream(catch_server: Server) -> Iterator[RawStream]:
+    raw = RawStream(catch_server.address)
+    yield raw
+    raw.close()
+
+
+@pytest.fixture
+def joined(stream: RawStream) -> tuple[RawStream, Any]:
+    world = stream.create(rows=4, columns=3, seed=1)
+    return stream, stream.join(world)
+
+
+def test_create_world_names_are_unique(stream: RawStream) -> None:
+    names = {stream.create() for _ in range(3)}
+    assert len(names) == 3
+
+
+def test_bad_create_settings_are_named(stream: RawStream) -> None:
+    error = stream.error(
+        create_world=dm_env_rpc_pb2.CreateWorldRequest(
+            settings={"colour": tensors.pack_tensor("red")}
+        )
+    )
+    assert error.code == INVALID_ARGUMENT
+    assert "'colour'" in error.message and "TypeError" in error.message
+    error = stream.error(
+        create_world=dm_env_rpc_pb2.CreateWorldRequest(settings={"rows": tensors.pack_tensor(1)})
+    )
+    assert "'rows'" in error.message and "integer >= 2" in error.message
+
+
+def test_join_gives_flattened_specs_with_reward_and_discount(joined) -> None:
+    _, specs = joined
+    assert {s.name for s in specs.actions.values()} == {"paddle"}
+    assert sorted(s.name for s in specs.observations.values()) == ["board", "discount", "reward"]
+    board = specs.observations[uid_of(specs.observations, "board")]
+    assert list(board.shape) == [4, 3] and board.dtype == dm_env_rpc_pb2.DataType.FLOAT
+    paddle = specs.actions[uid_of(specs.actions, "paddle")]
+    assert paddle.dtype == dm_env_rpc_pb2.DataType.INT8
+    assert paddle.min.int8s.array == b"\xff" and paddle.max.int8s.array == b"\x01"
+
+
+def test_join_errors(catch_server: Server) -> None:
+    first, second = RawStream(catch_server.address), RawStream(catch_server.address)
+    try:
+        world = first.create()
+        first.join(world)
+        error = second.error(join_world=dm_env_rpc_pb2.JoinWorldRequest(world_name=world))
+        assert error.code == FAILED_PRECONDITION and repr(world) in error.message
+        error = second.error(join_world=dm_env_rpc_pb2.JoinWorldRequest(world_name="nope"))
+        assert error.code == NOT_FOUND and "'nope'" in error.message
+        error = first.error(join_world=dm_env_rpc_pb2.JoinWorldRequest(world_name=world))
+        assert error.code == FAILED_PRECONDITION and "already joined" in error.message
+        request = dm_env_rpc_pb2.JoinWorldRequest(
+            world_name=world, settings={"team": tensors.pack_tensor(1)}
+        )
+        assert "'team'" in second.error(join_world=request).message
+    finally:
+        first.close()
+        second.close()
+
+
+def test_default_world_is_joined_without_create(stream: RawStream) -> None:
+    specs = stream.join("")
+    response = stream.step(observations=[uid_of(specs.observations, "board")])
+    assert response.state == State.RUNNING
+    assert tensors.unpack_tensor(next(iter(response.observations.values()))).shape == (10, 5)
+
+
+def _paddle(specs: Any, value: Any, dtype: Any = np.int8) -> dict[int, Any]:
+    return {uid_of(specs.actions, "paddle"): tensors.pack_tensor(value, dtype)}
+
+
+def test_step_sequence_terminates_and_restarts(joined) -> None:
+    stream, specs = joined
+    board, reward = uid_of(specs.observations, "board"), uid_of(specs.observations, "reward")
+    discount = uid_of(specs.observations, "discount")
+    first = stream.step(actions={999: tensors.pack_tensor(0)}, observations=[board, reward])
+    assert first.state == State.RUNNING
+    assert set(first.observations) == {board}  # no reward on the first step
+    states = []
+    for _ in range(3):
+        response = stream.step(_paddle(specs, 0), observations=[reward, discount])
+        states.append(response.state)
+    assert states == [State.RUNNING, State.RUNNING, State.TERMINATED]
+    assert tensors.unpack_tensor(response.observations[discount]) == 0.0
+    assert tensors.unpack_tensor(response.observations[reward]) in (-1.0, 1.0)
+    restarted = stream.step(actions={999: tensors.pack_tensor(0)}, observations=[board])
+    assert restarted.state == State.RUNNING
+
+
+def test_only_requested_observations_and_unknown_uid(joined) -> None:
+    stream, specs = joined
+    assert stream.step().observations == {}
+    error = stream.error(step=dm_env_rpc_pb2.StepRequest(requested_observations=[77]))
+    assert error.code == INVALID_ARGUMENT and "observation UID 77" in error.message
+
+
+@pytest.mark.parametrize(
+    ("actions", "match"),
+    [
+        (lambda s: {999: tensors.pack_tensor(np.int8(0))}, "Unknown action UID 999"),
+        (lambda s: _paddle(s, 0, np.float32), "'paddle'.*expected dtype int8 but got float32"),
+        (lambda s: _paddle(s, [0, 0], np.int8), "'paddle'.*shape"),
+        (lambda s: _paddle(s, 2, np.int8), "'paddle'.*(bound|minimum|maximum)"),
+    ],
+)
+def test_bad_actions_are_named(joined, actions, match: str) -> None:
+    stream, specs = joined
+    stream.step()  # start the sequence: its actions are ignored
+    error = stream.error(step=dm_env_rpc_pb2.StepRequest(actions=actions(specs)))
+    assert error.code == INVALID_ARGUMENT
+    assert __import__("re").search(match, error.message), error.message
+    assert stream.step(_paddle(specs, 1)).state == State.RUNNING  # the stream goes on
+
+
+def test_truncation_is_interrupted(stream: RawStream) -> None:
+    stream.join(stream.create(rows=10, max_steps=2))
+    states = [stream.step().state for _ in range(4)]
+    assert states == [State.RUNNING, State.RUNNING, State.INTERRUPTED, State.RUNNING]
+
+
+def test_reset_and_reset_world(joined) -> None:
+    stream, specs = joined
+    stream.step()
+    reset = stream.ok(reset=dm_env_rpc_pb2.ResetRequest())
+    assert reset.specs == specs
+    assert stream.step().state == State.RUNNING
+    error = stream.error(reset=dm_env_rpc_pb2.ResetRequest(settings={"x": tensors.pack_tensor(1)}))
+    assert "'x'" in error.message
+    stream.ok(leave_world=dm_env_rpc_pb2.LeaveWorldRequest())
+    error = stream.error(reset=dm_env_rpc_pb2.ResetRequest())
+    assert error.code == FAILED_PRECONDITION and "JoinWorldRequest" in error.message
+    world = stream.create()
+    stream.ok(reset_world=dm_env_rpc_pb2.ResetWorldRequest(world_name=world))
+    error = stream.error(reset_world=dm_env_rpc_pb2.ResetWorldRequest(world_name="nope"))
+    assert error.code == NOT_FOUND
+
+
+def test_reset_world_interrupts_the_other_connection(catch_server: Server) -> None:
+    agent, host = RawStream(catch_server.address), RawStream(catch_server.address)
+    try:
+        world = host.create()
+        agent.join(world)
+        assert [agent.step().state for _ in range(2)] == [State.RUNNING] * 2
+        host.ok(reset_world=dm_env_rpc_pb2.ResetWorldRequest(world_name=world))
+        assert agent.step().state == State.INTERRUPTED
+        assert agent.step().state == State.RUNNING
+    finally:
+        agent.close()
+        host.close()
+
+
+def test_leave_and_destroy(stream: RawStream) -> None:
+    stream.ok(leave_world=dm_env_rpc_pb2.LeaveWorldRequest())  # not joined: a no-op
+    world = stream.create()
+    stream.join(world)
+    error = stream.error(destroy_world=dm_env_rpc_pb2.DestroyWorldRequest(world_name=world))
+    assert error.code == FAILED_PRECONDITION and "leave it" in error.message
+    stream.ok(leave_world=dm_env_rpc_pb2.LeaveWorldRequest())
+    stream.ok(destroy_world=dm_env_rpc_pb2.DestroyWorldRequest(world_name=world))
+    error = stream.error(destroy_world=dm_env_rpc_pb2.DestroyWorldRequest(world_name=world))
+    assert error.code == NOT_FOUND
+
+
+def test_properties_extension(joined) -> None:
+    stream, _ = joined
+
+    def ok(**payload: Any) -> properties_pb2.PropertyResponse:
+        response = stream.properties(**payload)
+        assert response.WhichOneof("payload") == "extension", response.error
+        out = properties_pb2.PropertyResponse()
+        assert response.extension.Unpack(out)
+        return out
+
+    read = properties_pb2.ReadPropertyRequest
+    assert tensors.unpack_tensor(ok(read_property=read(key="rows")).read_property.value) == 4
+    listed = ok(list_property=properties_pb2.ListPropertyRequest()).list_property.values
+    by_key = {value.spec.name: value for value in listed}
+    assert set(by_key) == {"rows", "columns", "seed", "stats"}
+    assert by_key["stats"].is_listable and not by_key["rows"].is_writable
+    nested = ok(list_property=properties_pb2.ListPropertyRequest(key="stats"))
+    writable = {v.spec.name for v in nested.list_property.values if v.is_writable}
+    assert writable == {"stats.catch_reward", "stats.miss_reward"}
+    write = properties_pb2.WritePropertyRequest
+    ok(write_property=write(key="stats.catch_reward", value=tensors.pack_tensor(np.float32(5))))
+    value = ok(read_property=read(key="stats.catch_reward")).read_property.value
+    assert tensors.unpack_tensor(value) == 5.0
+
+    cases = [
+        ({"read_property": read(key="nope")}, NOT_FOUND, "'nope'"),
+        (
+            {"write_property": write(key="rows", value=tensors.pack_tensor(3))},
+            PERMISSION_DENIED,
+            "read-only",
+        ),
+        (
+            {"write_property": write(key="stats.miss_reward", value=tensors.pack_tensor("x"))},
+            INVALID_ARGUMENT,
+            "float32",
+        ),
+    ]
+    for payload, code, text in cases:
+        response = stream.properties(**payload)
+        assert response.error.code == code and text in response.error.message, response
+
+
+def test_unsupported_extension(joined) -> None:
+    stream, _ = joined
+    other = any_pb2.Any()
+    other.Pack(struct_pb2.Value(number_value=1))
+    error = stream.error(extension=other)
+    assert error.code == UNIMPLEMENTED and "not supported" in error.message
+
+
+class _Nested(dm_env.Environment):
+    """Nested, string and variable-length observations; raises on a magic action."""
+
+    def __init__(self) -> None:
+        self._count = 0
+
+    def reset(self) -> dm_env.TimeStep:
+        self._count = 0
+        return dm_env.restart(self._obs())
+
+    def step(self, action: Any) -> dm_env.TimeStep:
+        if int(action["arm"]["force"]) == 7:
+            raise RuntimeError("the arm broke")
+        self._count += 1
+        return dm_env.transition(np.float32(1.0), self._obs(), np.float32(0.5))
+
+    def _obs(self) -> dict[str, Any]:
+        return {
+            "arm": {"angle": np.float64(self._count), "name": "left"},
+            "trace": np.arange(self._count, dtype=np.int32),
+        }
+
+    def observation_spec(self) -> dict[str, Any]:
+        return {
+            "arm": {
+                "angle": dm_specs.Array((), np.float64, name="angle"),
+                "name": dm_specs.StringArray((), name="name"),
+            },
+            "trace": dm_specs.Array((-1,), np.int32, name="trace"),
+        }
+
+    def action_spec(self) -> dict[str, Any]:
+        return {"arm": {"force": dm_specs.BoundedArray((), np.int32, 0, 10, name="force")}}
+
+
+def test_nested_string_and_variable_observations_and_env_exceptions() -> None:
+    with serve(lambda settings: _Nested()) as server:
+        stream = RawStream(server.address)
+        try:
+            specs = stream.join("")
+            names = {uid: s.name for uid, s in specs.observations.items()}
+            assert sorted(names.values()) == [
+                "arm.angle",
+                "arm.name",
+                "discount",
+                "reward",
+                "trace",
+            ]
+            trace_spec = specs.observations[uid_of(specs.observations, "trace")]
+            assert list(trace_spec.shape) == [-1]
+            stream.step()
+            force = uid_of(specs.actions, "arm.force")
+            response = stream.step(
+                {force: tensors.pack_tensor(np.int32(3))}, observations=list(names)
+            )
+            values = {
+                names[uid]: tensors.unpack_tensor(t) for uid, t in response.observations.items()
+            }
+            assert values["arm.name"] == "left" and values["arm.angle"] == 1.0
+            assert values["trace"].tolist() == [0] and values["discount"] == 0.5
+            error = stream.error(
+                step=dm_env_rpc_pb2.StepRequest(actions={force: tensors.pack_tensor(np.int32(7))})
+            )
+            assert error.code == INTERNAL and "RuntimeError: the arm broke" in error.message
+            response = stream.step(
+                {force: tensors.pack_tensor(np.int32(1))}, observations=list(names)
+            )
+            values = {
+                names[uid]: tensors.unpack_tensor(t) for uid, t in response.observations.items()
+            }
+            assert values["trace"].tolist() == [0, 1]
+            error = stream.properties(read_property=properties_pb2.ReadPropertyRequest(key="x"))
+            assert (
+                error.error.code == UNIMPLEMENTED and "offers no properties" in error.error.message
+            )
+        finally:
+            stream.close()
+
+
+def test_two_clients_keep_separate_worlds(catch_server: Server) -> None:
+    a, b = RawStream(catch_server.address), RawStream(catch_server.address)
+    try:
+        specs_a = a.join(a.create(rows=3, columns=3, seed=0))
+        specs_b = b.join(b.create(rows=6, columns=4, seed=0))
+        board_a = uid_of(specs_a.observations, "board")
+        board_b = uid_of(specs_b.observations, "board")
+        shape_a = tensors.unpack_tensor(a.step(observations=[board_a]).observations[board_a]).shape
+        shape_b = tensors.unpack_tensor(b.step(observations=[board_b]).observations[board_b]).shape
+        assert (shape_a, shape_b) == ((3, 3), (6, 4))
+        assert [a.step().state for _ in range(2)][-1] == State.TERMINATED
+        assert b.step().state == State.RUNNING
+    finally:
+        a.close()
+        b.close()
+
+
+def test_disconnect_leaves_and_destroys_created_worlds(catch_server: Server) -> None:
+    owner, other = RawStream(catch_server.address), RawStream(catch_server.address)
+    try:
+        world = owner.create()
+        owner.join(world)
+        owner.close()
+
+        def gone() -> bool:
+            response = other.send(join_world=dm_env_rpc_pb2.JoinWorldRequest(world_name=world))
+            return response.error.code == NOT_FOUND
+
+        assert wait_for(gone, timeout=10)
+    finally:
+        other.close()
