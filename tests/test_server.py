@@ -120,7 +120,7 @@ def test_step_sequence_terminates_and_restarts(joined) -> None:
 
 
 def test_only_requested_observations_and_unknown_uid(joined) -> None:
-    stream, specs = joined
+    stream, _ = joined
     assert stream.step().observations == {}
     error = stream.error(step=dm_env_rpc_pb2.StepRequest(requested_observations=[77]))
     assert error.code == INVALID_ARGUMENT and "observation UID 77" in error.message
