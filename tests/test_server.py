@@ -107,7 +107,8 @@ def test_step_sequence_terminates_and_restarts(joined) -> None:
     discount = uid_of(specs.observations, "discount")
     first = stream.step(actions={999: tensors.pack_tensor(0)}, observations=[board, reward])
     assert first.state == State.RUNNING
-    assert set(first.observations) == {board}  # no reward on the first step
+    assert set(first.observations) == {board, reward}
+    assert tensors.unpack_tensor(first.observations[reward]) == 0.0  # neutral on FIRST
     states = []
     for _ in range(3):
         response = stream.step(_paddle(specs, 0), observations=[reward, discount])

@@ -18,7 +18,8 @@ Behaviour, in the protocol's terms:
 - Specs: the environment's ``action_spec()`` and ``observation_spec()``,
   flattened to dotted names, numbered from UID 1 in sorted-name order; the
   ``reward_spec()`` and ``discount_spec()`` are offered as the observations
-  ``reward`` and ``discount`` (left out of a response when the TimeStep has None).
+  ``reward`` and ``discount``; on the first step of a sequence, where dm_env
+  gives None, they are sent as 0 and 1.
 - A step that LASTs with discount 0 reports TERMINATED; with discount > 0
   (truncation) INTERRUPTED. Actions a StepRequest leaves out take their spec's
   ``generate_value()``.

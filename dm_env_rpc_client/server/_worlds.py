@@ -150,13 +150,16 @@ class World:
             if spec.name in flat:
                 value = flat[spec.name]
             elif spec.name == "reward":
-                value = timestep.reward
+                # dm_env gives None on the first step; the wire gets a neutral 0.
+                value = 0 if timestep.reward is None else timestep.reward
             elif spec.name == "discount":
-                value = timestep.discount
+                value = 1 if timestep.discount is None else timestep.discount
             else:
-                value = None
-            if value is None:
-                continue  # e.g. reward and discount on the first step
+                raise ServerError(
+                    grpc.StatusCode.INTERNAL,
+                    f"The environment's observation has no {spec.name!r} although its "
+                    "observation_spec() lists it.",
+                )
             if spec.dtype.kind in "UO":
                 out[uid] = tensors.pack_tensor(value)
             else:
