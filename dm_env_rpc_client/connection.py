@@ -1,0 +1,368 @@
+"""The pipelined, thread-safe connection to a dm_env_rpc server.
+
+One ``Connection`` is one gRPC bidirectional stream. ``send_async`` writes a
+request and returns a ``concurrent.futures.Future`` at once; a reader thread
+matches each response to the oldest pending request, so many requests can be
+in flight::
+
+    import dm_env_rpc_client as dmr
+    from dm_env_rpc_client import dm_env_rpc_pb2
+
+    with dmr.connect("127.0.0.1:50051", timeout=10) as conn:
+        futures = [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(8)]
+        responses = [future.result(timeout=10) for future in futures]
+
+A server error fails only its own request (``DmEnvRpcError``). When the stream
+ends or breaks, every pending and later request fails promptly with
+``ConnectionClosedError`` carrying the gRPC status. ``close()`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ipaddress
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import grpc
+from google.protobuf import message
+
+from dm_env_rpc_client import errors, messages
+
+# Channel options: unlimited message sizes; keepalive pings no more often than a
+# default gRPC server accepts (5 minutes), and only while a call is open; quick
+# reconnect backoff so connect() notices a server that comes up late.
+DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.keepalive_time_ms", 300_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+)
+
+_CLOSED = "The connection is closed; open a new one with dmr.connect()."
+_STREAM_ENDED = "The server ended the stream ({code}: {details}); open a new connection."
+_CONNECT_TIMEOUT = (
+    "Could not connect to {address} within {timeout} s. Check that the server is running "
+    "and the address is right, or pass a longer timeout."
+)
+_NEEDS_CREDENTIALS = (
+    "Refusing a plaintext connection to the remote host {address}. Pass credentials= "
+    "(e.g. grpc.ssl_channel_credentials()) for TLS, or insecure=True to send plaintext."
+)
+_REQUEST_TIMEOUT = "No response to the {expected} request within {timeout} s."
+_IN_FLIGHT_TIMEOUT = (
+    "Timed out after {timeout} s waiting for room among {limit} requests in flight."
+)
+_END = object()
+
+
+class ConnectionLike(Protocol):
+    """What the environment adaptor needs of a connection."""
+
+    def send(self, request: message.Message, timeout: float | None = None) -> Any: ...
+
+    def send_async(self, request: message.Message) -> concurrent.futures.Future[Any]: ...
+
+    def close(self) -> None: ...
+
+
+def is_local(address: str) -> bool:
+    """Whether an address is a unix socket or a loopback host."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def create_channel(
+    address: str,
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    options: Sequence[tuple[str, Any]] | None = None,
+    insecure: bool = False,
+    aio: bool = False,
+) -> Any:
+    """Opens a gRPC channel with the SDK's defaults (see the module docs).
+
+    Loopback and ``unix:`` addresses get local credentials; ``credentials``
+    give TLS; a remote host in plaintext needs ``insecure=True``.
+
+    Raises:
+      DmEnvRpcConnectionError: for plaintext to a remote host without ``insecure=True``.
+    """
+    merged = dict(DEFAULT_OPTIONS)
+    merged.update(dict(options or ()))
+    opts = list(merged.items())
+    module: Any = grpc.aio if aio else grpc
+    if credentials is not None:
+        return module.secure_channel(address, credentials, opts)
+    if is_local(address):
+        kind = (
+            grpc.LocalConnectionType.UDS
+            if address.startswith("unix")
+            else grpc.LocalConnectionType.LOCAL_TCP
+        )
+        return module.secure_channel(address, grpc.local_channel_credentials(kind), opts)
+    if insecure:
+        return module.insecure_channel(address, opts)
+    raise errors.DmEnvRpcConnectionError(_NEEDS_CREDENTIALS.format(address=address))
+
+
+def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
+    """The ConnectionClosedError for a stream that ended (exc None: ended cleanly)."""
+    if exc is None:
+        return errors.ConnectionClosedError(
+            _STREAM_ENDED.format(code="OK", details="the server closed the stream"),
+            grpc.StatusCode.OK,
+            None,
+        )
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    name = code.name if code is not None else "UNKNOWN"
+    return errors.ConnectionClosedError(
+        _STREAM_ENDED.format(code=name, details=details), code, details
+    )
+
+
+def _fail(future: concurrent.futures.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _resolve(future: concurrent.futures.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+class Connection:
+    """A pipelined connection over one dm_env_rpc stream. Thread-safe.
+
+    Args:
+      channel: an open ``grpc.Channel``; the caller keeps ownership.
+      metadata: gRPC metadata for the stream.
+      max_in_flight: if set, ``send_async`` blocks while this many requests are
+        pending (backpressure).
+    """
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        metadata: Sequence[tuple[str, str]] | None = None,
+        *,
+        max_in_flight: int | None = None,
+    ) -> None:
+        self._channel = channel
+        self._owns_channel = False
+        self.address: str | None = None
+        self._lock = threading.Lock()
+        self._pending: messages.PendingQueue[concurrent.futures.Future[Any]] = (
+            messages.PendingQueue(_resolve, _fail)
+        )
+        self._closed_error: errors.ConnectionClosedError | None = None
+        self._close_called = False
+        self._limit = max_in_flight
+        self._slots = threading.BoundedSemaphore(max_in_flight) if max_in_flight else None
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        stream = channel.stream_stream(messages.METHOD)
+        self._call = stream(self._request_iterator(), metadata=metadata)
+        self._reader = threading.Thread(
+            target=self._read, name="dm_env_rpc_client-reader", daemon=True
+        )
+        self._reader.start()
+
+    def _request_iterator(self) -> Iterator[bytes]:
+        get = self._requests.get
+        while True:
+            data = get()
+            if data is _END:
+                return
+            yield data
+
+    def _read(self) -> None:
+        error: grpc.RpcError | None = None
+        pending, lock, slots = self._pending, self._lock, self._slots
+        try:
+            for data in self._call:
+                with lock:
+                    item = pending.pop()
+                pending.complete(item, data)
+                if slots is not None:
+                    slots.release()
+        except grpc.RpcError as exc:
+            error = exc
+        except errors.ProtocolError as exc:
+            self._shutdown(errors.ConnectionClosedError(str(exc)))
+            self._call.cancel()
+            return
+        self._shutdown(closed_error(error))
+
+    def _shutdown(self, exc: errors.ConnectionClosedError) -> None:
+        with self._lock:
+            if self._closed_error is None:
+                self._closed_error = exc
+            self._pending.fail_all(self._closed_error)
+        self._requests.put(_END)
+        if self._slots is not None:
+            # Wake senders blocked on backpressure; they will see the closed state.
+            for _ in range(self._limit or 0):
+                try:
+                    self._slots.release()
+                except ValueError:
+                    break
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed (by ``close()`` or because the stream ended)."""
+        return self._closed_error is not None
+
+    def send_async(
+        self,
+        request: message.Message,
+        *,
+        response_type: type | None = None,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        """Sends a request and returns a Future of its response, at once.
+
+        Args:
+          request: a dm_env_rpc request (e.g. ``StepRequest``), an
+            ``EnvironmentRequest``, or another message to send as an extension.
+          response_type: for extensions, the message class to unpack the
+            response into (otherwise the response is a ``google.protobuf.Any``).
+          timeout: with ``max_in_flight``, how long to wait for room.
+
+        Returns:
+          A Future of the response payload (e.g. a ``StepResponse``). It fails
+          with ``DmEnvRpcError`` for a server error, ``ProtocolError`` for a
+          mismatched response, ``ConnectionClosedError`` when the stream ends.
+        """
+        data, expected = messages.envelope(request)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if self._slots is not None and not self._slots.acquire(timeout=timeout):
+            raise errors.RequestTimeoutError(
+                _IN_FLIGHT_TIMEOUT.format(timeout=timeout, limit=self._limit)
+            )
+        with self._lock:
+            if self._closed_error is not None:
+                future.set_exception(self._closed_error)
+                return future
+            self._pending.push(future, expected, response_type)
+            self._requests.put(data)
+        return future
+
+    def send(
+        self,
+        request: message.Message,
+        timeout: float | None = None,
+        *,
+        response_type: type | None = None,
+    ) -> Any:
+        """Sends a request and waits for its response.
+
+        Args:
+          request: as for ``send_async``.
+          timeout: seconds to wait; None waits until the response or the stream's end.
+          response_type: as for ``send_async``.
+
+        Returns:
+          The response payload.
+
+        Raises:
+          DmEnvRpcError: the server answered with an error.
+          RequestTimeoutError: no response within ``timeout``.
+          ConnectionClosedError: the stream ended or was closed.
+          ProtocolError: the server broke the protocol.
+        """
+        future = self.send_async(request, response_type=response_type, timeout=timeout)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            name = type(request).__name__
+            raise errors.RequestTimeoutError(
+                _REQUEST_TIMEOUT.format(expected=name, timeout=timeout)
+            ) from None
+
+    def close(self) -> None:
+        """Closes the stream: half-closes it, fails pending requests, closes an owned channel.
+
+        Idempotent; never blocks for long.
+        """
+        with self._lock:
+            if self._close_called:
+                return
+            self._close_called = True
+        self._shutdown(errors.ConnectionClosedError(_CLOSED))
+        self._call.cancel()
+        if threading.current_thread() is not self._reader:
+            self._reader.join(timeout=5)
+        if self._owns_channel:
+            self._channel.close()
+            self._owns_channel = False
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._pending)} pending"
+        return f"Connection(address={self.address!r}, {state})"
+
+
+def connect(
+    address: str,
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    timeout: float | None = None,
+    metadata: Sequence[tuple[str, str]] | None = None,
+    options: Sequence[tuple[str, Any]] | None = None,
+    insecure: bool = False,
+    max_in_flight: int | None = None,
+) -> Connection:
+    """Connects to a dm_env_rpc server.
+
+    Waits until the server answers, retrying with backoff (servers in
+    containers often report ready before they serve).
+
+    Args:
+      address: ``host:port`` or ``unix:path``.
+      credentials: channel credentials for TLS. Loopback and unix addresses use
+        local credentials by default.
+      timeout: seconds to wait for the server; None waits indefinitely.
+      metadata: gRPC metadata for the stream.
+      options: extra gRPC channel options (override the defaults).
+      insecure: allow plaintext to a remote host.
+      max_in_flight: bound on pending requests (see ``Connection``).
+
+    Returns:
+      A Connection that owns its channel.
+
+    Raises:
+      ConnectTimeoutError: the server did not answer within ``timeout``.
+      DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
+    """
+    channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise errors.ConnectTimeoutError(
+            _CONNECT_TIMEOUT.format(address=address, timeout=timeout)
+        ) from None
+    connection = Connection(channel, metadata, max_in_flight=max_in_flight)
+    connection._owns_channel = True
+    connection.address = address
+    return connection
