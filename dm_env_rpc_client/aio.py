@@ -1,0 +1,232 @@
+"""The pipelined asyncio connection, on ``grpc.aio``.
+
+Same semantics as the sync ``Connection``: one stream, responses matched in
+request order, errors per request, every pending request failed promptly when
+the stream ends. Any number of tasks may ``await conn.send(...)`` at once; one
+writer task and one reader task serve them::
+
+    import asyncio
+    import dm_env_rpc_client as dmr
+    from dm_env_rpc_client import dm_env_rpc_pb2
+
+    async def main(address):
+        async with await dmr.connect_async(address, timeout=10) as conn:
+            world = (await conn.send(dm_env_rpc_pb2.CreateWorldRequest())).world_name
+            await conn.send(dm_env_rpc_pb2.JoinWorldRequest(world_name=world))
+            steps = [conn.send(dm_env_rpc_pb2.StepRequest()) for _ in range(100)]
+            return await asyncio.gather(*steps)
+
+It never calls ``asyncio.run``: it works inside a running loop (Jupyter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from google.protobuf import message
+
+from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client.connection import (
+    _CLOSED,
+    _CONNECT_TIMEOUT,
+    _IN_FLIGHT_TIMEOUT,
+    _REQUEST_TIMEOUT,
+    closed_error,
+    create_channel,
+)
+
+
+def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+class AsyncConnection:
+    """A pipelined asyncio connection over one dm_env_rpc stream.
+
+    Create it with ``await connect_async(...)``, or ``await AsyncConnection.open(channel)``
+    for a ``grpc.aio`` channel you own.
+    """
+
+    def __init__(self) -> None:
+        raise TypeError(
+            "Use `await dmr.connect_async(address)` or `await AsyncConnection.open(channel)`."
+        )
+
+    @classmethod
+    async def open(
+        cls,
+        channel: grpc.aio.Channel,
+        metadata: Sequence[tuple[str, str]] | None = None,
+        *,
+        max_in_flight: int | None = None,
+    ) -> AsyncConnection:
+        """Opens the stream on a ``grpc.aio`` channel (which the caller keeps owning)."""
+        self = object.__new__(cls)
+        self._channel = channel
+        self._owns_channel = False
+        self.address = None
+        self._pending = messages.PendingQueue(_resolve, _fail)
+        self._closed_error = None
+        self._close_called = False
+        self._limit = max_in_flight
+        self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._writes = asyncio.Queue()
+        self._call = channel.stream_stream(messages.METHOD)(metadata=metadata)
+        self._writer = asyncio.ensure_future(self._write_loop())
+        self._reader = asyncio.ensure_future(self._read_loop())
+        return self
+
+    _channel: grpc.aio.Channel
+    _owns_channel: bool
+    address: str | None
+    _pending: messages.PendingQueue[asyncio.Future[Any]]
+    _closed_error: errors.ConnectionClosedError | None
+    _close_called: bool
+    _limit: int | None
+    _slots: asyncio.Semaphore | None
+    _writes: asyncio.Queue[bytes | None]
+    _call: Any
+    _writer: asyncio.Future[None]
+    _reader: asyncio.Future[None]
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                data = await self._writes.get()
+                if data is None:
+                    await self._call.done_writing()
+                    return
+                await self._call.write(data)
+        except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+            self._shutdown(closed_error(exc if isinstance(exc, grpc.RpcError) else None))
+        except asyncio.CancelledError:
+            pass
+
+    async def _read_loop(self) -> None:
+        error: grpc.RpcError | None = None
+        try:
+            while True:
+                data = await self._call.read()
+                if data is grpc.aio.EOF:
+                    break
+                try:
+                    item = self._pending.pop()
+                except errors.ProtocolError as exc:
+                    self._shutdown(errors.ConnectionClosedError(str(exc)))
+                    self._call.cancel()
+                    return
+                self._pending.complete(item, data)
+                if self._slots is not None:
+                    self._slots.release()
+        except grpc.RpcError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            return
+        self._shutdown(closed_error(error))
+
+    def _shutdown(self, exc: errors.ConnectionClosedError) -> None:
+        if self._closed_error is None:
+            self._closed_error = exc
+        self._pending.fail_all(self._closed_error)
+        self._writes.put_nowait(None)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed."""
+        return self._closed_error is not None
+
+    async def send(
+        self,
+        request: message.Message,
+        timeout: float | None = None,
+        *,
+        response_type: type | None = None,
+    ) -> Any:
+        """Sends a request and awaits its response (see ``Connection.send``).
+
+        Raises:
+          DmEnvRpcError, RequestTimeoutError, ConnectionClosedError, ProtocolError.
+        """
+        data, expected = messages.envelope(request)
+        if self._slots is not None:
+            try:
+                await asyncio.wait_for(self._slots.acquire(), timeout)
+            except asyncio.TimeoutError:
+                raise errors.RequestTimeoutError(
+                    _IN_FLIGHT_TIMEOUT.format(timeout=timeout, limit=self._limit)
+                ) from None
+        if self._closed_error is not None:
+            raise self._closed_error
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.push(future, expected, response_type)
+        self._writes.put_nowait(data)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            raise errors.RequestTimeoutError(
+                _REQUEST_TIMEOUT.format(expected=type(request).__name__, timeout=timeout)
+            ) from None
+
+    async def aclose(self) -> None:
+        """Closes the stream and fails pending requests (idempotent)."""
+        if self._close_called:
+            return
+        self._close_called = True
+        self._shutdown(errors.ConnectionClosedError(_CLOSED))
+        self._call.cancel()
+        for task in (self._writer, self._reader):
+            task.cancel()
+        await asyncio.gather(self._writer, self._reader, return_exceptions=True)
+        if self._owns_channel:
+            await self._channel.close()
+
+    async def __aenter__(self) -> AsyncConnection:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._pending)} pending"
+        return f"AsyncConnection(address={self.address!r}, {state})"
+
+
+async def connect_async(
+    address: str,
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    timeout: float | None = None,
+    metadata: Sequence[tuple[str, str]] | None = None,
+    options: Sequence[tuple[str, Any]] | None = None,
+    insecure: bool = False,
+    max_in_flight: int | None = None,
+) -> AsyncConnection:
+    """Connects to a dm_env_rpc server with asyncio (arguments as for ``connect``).
+
+    Raises:
+      ConnectTimeoutError: the server did not answer within ``timeout``.
+      DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
+    """
+    channel = create_channel(
+        address, credentials=credentials, options=options, insecure=insecure, aio=True
+    )
+    try:
+        await asyncio.wait_for(channel.channel_ready(), timeout)
+    except asyncio.TimeoutError:
+        await channel.close()
+        raise errors.ConnectTimeoutError(
+            _CONNECT_TIMEOUT.format(address=address, timeout=timeout)
+        ) from None
+    connection = await AsyncConnection.open(channel, metadata, max_in_flight=max_in_flight)
+    connection._owns_channel = True
+    connection.address = address
+    return connection

@@ -1,0 +1,215 @@
+"""The pipelined sync Connection, against the embedded server (in-process and in a subprocess)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from conftest import wait_for
+from google.protobuf import any_pb2
+
+from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client.connection import Connection, connect
+from dm_env_rpc_client.server import Server, serve
+from dm_env_rpc_client.server.catch import Catch
+
+State = dm_env_rpc_pb2.EnvironmentStateType
+
+
+def _join(conn: Any, **settings: Any) -> Any:
+    create = dm_env_rpc_pb2.CreateWorldRequest(
+        settings={k: tensors.pack_tensor(v) for k, v in settings.items()}
+    )
+    world = conn.send(create, timeout=10).world_name
+    return conn.send(dm_env_rpc_pb2.JoinWorldRequest(world_name=world), timeout=10).specs
+
+
+@pytest.fixture
+def conn(catch_server: Server) -> Iterator[Connection]:
+    with connect(catch_server.address, timeout=10) as connection:
+        yield connection
+
+
+def _subsets(uids: list[int]) -> list[list[int]]:
+    return [[uid for bit, uid in enumerate(uids) if mask >> bit & 1] for mask in range(8)]
+
+
+def test_ten_thousand_pipelined_steps_arrive_in_order(conn: Connection) -> None:
+    specs = _join(conn, rows=4, seed=3)
+    subsets = _subsets(sorted(specs.observations))
+    futures = [
+        conn.send_async(dm_env_rpc_pb2.StepRequest(requested_observations=subsets[i % 8]))
+        for i in range(10_000)
+    ]
+    pattern = [State.RUNNING, State.RUNNING, State.RUNNING, State.TERMINATED]
+    for index, future in enumerate(futures):
+        response = future.result(timeout=60)
+        assert sorted(response.observations) == subsets[index % 8], index
+        assert response.state == pattern[index % 4], index
+
+
+def test_eight_threads_each_get_their_own_responses(conn: Connection) -> None:
+    specs = _join(conn, rows=6)
+    subsets = _subsets(sorted(specs.observations))
+    failures: list[str] = []
+
+    def worker(k: int) -> None:
+        request = dm_env_rpc_pb2.StepRequest(requested_observations=subsets[k])
+        futures = [conn.send_async(request) for _ in range(1000)]
+        for future in futures:
+            if sorted(future.result(timeout=60).observations) != subsets[k]:
+                failures.append(f"thread {k} got another thread's response")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert failures == []
+
+
+def test_an_error_mid_pipeline_fails_only_its_request(conn: Connection) -> None:
+    _join(conn, rows=100)
+    requests = [dm_env_rpc_pb2.StepRequest() for _ in range(50)]
+    requests[25] = dm_env_rpc_pb2.StepRequest(requested_observations=[999])
+    futures = [conn.send_async(request) for request in requests]
+    for index, future in enumerate(futures):
+        if index == 25:
+            error = future.exception(timeout=10)
+            assert isinstance(error, errors.InvalidArgumentError)
+            assert "observation UID 999" in str(error)
+        else:
+            assert future.result(timeout=10).state == State.RUNNING
+    assert conn.send(dm_env_rpc_pb2.StepRequest(), timeout=10).state == State.RUNNING
+
+
+def test_extension_responses_as_any_or_unpacked(conn: Connection) -> None:
+    _join(conn)
+    request = properties_pb2.PropertyRequest(
+        read_property=properties_pb2.ReadPropertyRequest(key="rows")
+    )
+    raw = conn.send(request, timeout=10)
+    assert isinstance(raw, any_pb2.Any)
+    unpacked = conn.send(request, timeout=10, response_type=properties_pb2.PropertyResponse)
+    assert tensors.unpack_tensor(unpacked.read_property.value) == 10
+    with pytest.raises(errors.ProtocolError, match="ListPropertyResponse"):
+        conn.send(request, timeout=10, response_type=properties_pb2.ListPropertyResponse)
+
+
+def test_killing_the_server_fails_pending_requests_promptly(server_process) -> None:
+    server = server_process()
+    with connect(server.address, timeout=20) as conn:
+        _join(conn)
+        os.kill(server.process.pid, signal.SIGSTOP)  # hold the requests in flight
+        futures = [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(100)]
+        assert not any(future.done() for future in futures)
+        started = time.monotonic()
+        server.kill()
+        concurrent.futures.wait(futures, timeout=5)
+        assert time.monotonic() - started < 5
+        for future in futures:
+            error = future.exception(timeout=0)
+            assert isinstance(error, errors.ConnectionClosedError)
+            assert error.code is grpc.StatusCode.UNAVAILABLE
+        assert wait_for(lambda: conn.closed, timeout=5)
+        with pytest.raises(errors.ConnectionClosedError):
+            conn.send(dm_env_rpc_pb2.StepRequest(), timeout=5)
+
+
+def test_close_with_pending_sends_timeouts_and_backpressure(server_process) -> None:
+    server = server_process()
+    conn = connect(server.address, timeout=20, max_in_flight=4)
+    _join(conn)
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(errors.RequestTimeoutError, match="StepRequest"):
+            conn.send(dm_env_rpc_pb2.StepRequest(), timeout=0.2)
+        futures = [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(3)]
+        with pytest.raises(errors.RequestTimeoutError, match="4 requests in flight"):
+            conn.send_async(dm_env_rpc_pb2.StepRequest(), timeout=0.2)
+        started = time.monotonic()
+        conn.close()
+        conn.close()  # idempotent
+        assert time.monotonic() - started < 5
+        for future in futures:
+            assert isinstance(future.exception(timeout=0), errors.ConnectionClosedError)
+        with pytest.raises(errors.ConnectionClosedError, match="closed"):
+            conn.send(dm_env_rpc_pb2.StepRequest(), timeout=1)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_no_threads_or_channels_left_after_close(server_process) -> None:
+    server = server_process()  # out of process, so every new thread here is the client's
+    before = set(threading.enumerate())
+    conn = connect(server.address, timeout=20)
+    _join(conn)
+    channel = conn._channel
+    conn.close()
+    assert wait_for(lambda: set(threading.enumerate()) <= before, timeout=10), [
+        t.name for t in set(threading.enumerate()) - before
+    ]
+    with pytest.raises(ValueError, match="closed channel"):
+        channel.unary_unary("/x/y")(b"", timeout=1)
+
+
+def test_user_owned_channel_stays_open(catch_server: Server) -> None:
+    channel = grpc.insecure_channel(catch_server.address)
+    with Connection(channel) as conn:
+        _join(conn)
+    with Connection(channel) as again:
+        _join(again)
+    channel.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_connect_timeout_names_the_address() -> None:
+    address = f"127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    with pytest.raises(errors.ConnectTimeoutError, match=address):
+        connect(address, timeout=0.5)
+    assert time.monotonic() - started < 5
+
+
+def test_connect_retries_until_a_late_server_comes_up() -> None:
+    port = _free_port()
+    result: dict[str, Any] = {}
+
+    def dial() -> None:
+        try:
+            result["conn"] = connect(f"127.0.0.1:{port}", timeout=20)
+        except Exception as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=dial)
+    thread.start()
+    assert not wait_for(lambda: bool(result), timeout=0.5)  # nothing listens yet
+    with serve(lambda settings: Catch(**settings), f"127.0.0.1:{port}"):
+        thread.join(timeout=20)
+        assert "error" not in result, result
+        with result["conn"] as conn:
+            assert _join(conn).actions
+
+
+def test_remote_plaintext_needs_an_explicit_flag() -> None:
+    with pytest.raises(errors.DmEnvRpcConnectionError, match="insecure=True"):
+        connect("192.0.2.1:50051", timeout=0.1)
+
+
+def test_non_message_requests_are_refused(conn: Connection) -> None:
+    with pytest.raises(TypeError, match="protobuf messages"):
+        conn.send_async("step")  # type: ignore[arg-type]
