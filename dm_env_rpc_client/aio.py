@@ -44,6 +44,11 @@ def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:
     if not future.done():
         future.set_result(result)
@@ -138,6 +143,9 @@ class AsyncConnection:
             self._closed_error = exc
         self._pending.fail_all(self._closed_error)
         self._writes.put_nowait(None)
+        if self._slots is not None:
+            for _ in range(self._limit or 0):  # wake senders waiting for room
+                self._slots.release()
 
     @property
     def closed(self) -> bool:
@@ -157,6 +165,8 @@ class AsyncConnection:
           DmEnvRpcError, RequestTimeoutError, ConnectionClosedError, ProtocolError.
         """
         data, expected = messages.envelope(request)
+        if self._closed_error is not None:
+            raise self._closed_error
         if self._slots is not None:
             try:
                 await asyncio.wait_for(self._slots.acquire(), timeout)
@@ -167,6 +177,7 @@ class AsyncConnection:
         if self._closed_error is not None:
             raise self._closed_error
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume)  # an abandoned (timed-out) request logs nothing
         self._pending.push(future, expected, response_type)
         self._writes.put_nowait(data)
         try:

@@ -1,0 +1,160 @@
+"""The pipelined AsyncConnection, against the embedded server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import grpc
+import pytest
+from conftest import wait_for
+
+from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client.aio import AsyncConnection, connect_async
+from dm_env_rpc_client.server import Server
+
+State = dm_env_rpc_pb2.EnvironmentStateType
+
+
+async def _join(conn: AsyncConnection, **settings: Any) -> Any:
+    create = dm_env_rpc_pb2.CreateWorldRequest(
+        settings={k: tensors.pack_tensor(v) for k, v in settings.items()}
+    )
+    world = (await conn.send(create, timeout=10)).world_name
+    return (await conn.send(dm_env_rpc_pb2.JoinWorldRequest(world_name=world), timeout=10)).specs
+
+
+def _subsets(uids: list[int]) -> list[list[int]]:
+    return [[uid for bit, uid in enumerate(uids) if mask >> bit & 1] for mask in range(8)]
+
+
+def test_hundred_tasks_pipelined_each_get_their_own(catch_server: Server) -> None:
+    async def main() -> None:
+        async with await connect_async(catch_server.address, timeout=10) as conn:
+            specs = await _join(conn, rows=4)
+            subsets = _subsets(sorted(specs.observations))
+
+            async def task(k: int) -> None:
+                request = dm_env_rpc_pb2.StepRequest(requested_observations=subsets[k % 8])
+                for _ in range(20):
+                    response = await conn.send(request, timeout=30)
+                    assert sorted(response.observations) == subsets[k % 8]
+
+            await asyncio.gather(*(task(k) for k in range(100)))
+            # Order: one task's 2,000 sends without awaiting in between.
+            sends = [
+                asyncio.ensure_future(
+                    conn.send(dm_env_rpc_pb2.StepRequest(requested_observations=subsets[i % 8]))
+                )
+                for i in range(2000)
+            ]
+            for index, response in enumerate(await asyncio.gather(*sends)):
+                assert sorted(response.observations) == subsets[index % 8]
+
+    asyncio.run(main())
+
+
+def test_error_mid_pipeline_and_extensions(catch_server: Server) -> None:
+    async def main() -> None:
+        async with await connect_async(catch_server.address, timeout=10) as conn:
+            await _join(conn, rows=100)
+            requests = [dm_env_rpc_pb2.StepRequest() for _ in range(30)]
+            requests[10] = dm_env_rpc_pb2.StepRequest(requested_observations=[999])
+            results = await asyncio.gather(
+                *(conn.send(r, timeout=10) for r in requests), return_exceptions=True
+            )
+            assert isinstance(results[10], errors.InvalidArgumentError)
+            assert all(r.state == State.RUNNING for i, r in enumerate(results) if i != 10)
+            request = properties_pb2.PropertyRequest(
+                read_property=properties_pb2.ReadPropertyRequest(key="columns")
+            )
+            response = await conn.send(
+                request, timeout=10, response_type=properties_pb2.PropertyResponse
+            )
+            assert tensors.unpack_tensor(response.read_property.value) == 5
+
+    asyncio.run(main())
+
+
+def test_killed_server_fails_pending_promptly(server_process) -> None:
+    server = server_process()
+
+    async def main() -> None:
+        conn = await connect_async(server.address, timeout=20)
+        await _join(conn)
+        os.kill(server.process.pid, signal.SIGSTOP)
+        sends = [asyncio.ensure_future(conn.send(dm_env_rpc_pb2.StepRequest())) for _ in range(100)]
+        await asyncio.sleep(0)  # let the sends enqueue
+        started = time.monotonic()
+        server.kill()
+        results = await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 5)
+        assert time.monotonic() - started < 5
+        assert all(isinstance(r, errors.ConnectionClosedError) for r in results)
+        assert results[0].code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL)
+        with pytest.raises(errors.ConnectionClosedError):
+            await conn.send(dm_env_rpc_pb2.StepRequest(), timeout=5)
+        await conn.aclose()
+
+    asyncio.run(main())
+
+
+def test_close_pending_timeouts_backpressure_and_no_threads_left(server_process) -> None:
+    server = server_process()
+
+    async def main() -> None:
+        conn = await connect_async(server.address, timeout=20, max_in_flight=4)
+        await _join(conn)
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(errors.RequestTimeoutError, match="StepRequest"):
+                await conn.send(dm_env_rpc_pb2.StepRequest(), timeout=0.2)
+            pending = [
+                asyncio.ensure_future(conn.send(dm_env_rpc_pb2.StepRequest())) for _ in range(3)
+            ]
+            with pytest.raises(errors.RequestTimeoutError, match="4 requests in flight"):
+                await conn.send(dm_env_rpc_pb2.StepRequest(), timeout=0.2)
+            started = time.monotonic()
+            await conn.aclose()
+            await conn.aclose()
+            assert time.monotonic() - started < 5
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            assert all(isinstance(r, errors.ConnectionClosedError) for r in results)
+            with pytest.raises(errors.ConnectionClosedError, match="closed"):
+                await conn.send(dm_env_rpc_pb2.StepRequest(), timeout=1)
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+
+    before = set(threading.enumerate())
+    asyncio.run(main())
+    assert wait_for(lambda: set(threading.enumerate()) <= before, timeout=10)
+
+
+def test_connect_timeout_and_constructor() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(errors.ConnectTimeoutError, match=address):
+        asyncio.run(connect_async(address, timeout=0.5))
+    with pytest.raises(TypeError, match="connect_async"):
+        AsyncConnection()
+
+
+def test_works_inside_a_running_loop_with_sync_calls_too(catch_server: Server) -> None:
+    from dm_env_rpc_client.connection import connect
+
+    async def main() -> None:
+        # As in Jupyter: a loop is running, and sync and async connections are both used.
+        with connect(catch_server.address, timeout=10) as sync_conn:
+            world = sync_conn.send(dm_env_rpc_pb2.CreateWorldRequest(), timeout=10).world_name
+            async with await connect_async(catch_server.address, timeout=10) as conn:
+                request = dm_env_rpc_pb2.JoinWorldRequest(world_name=world)
+                specs = (await conn.send(request, timeout=10)).specs
+                assert len(specs.actions) == 1
+
+    asyncio.run(main())
