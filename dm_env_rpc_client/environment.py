@@ -1,0 +1,421 @@
+"""``DmEnvAdaptor``: a remote dm_env_rpc world as a ``dm_env.Environment``, and world helpers.
+
+::
+
+    import dm_env_rpc_client as dmr
+
+    with dmr.connect(address, timeout=10) as conn:
+        env, world_name = dmr.create_and_join_world(conn, {"seed": 1}, {})
+        timestep = env.reset()
+        timestep = env.step({"paddle": 1})
+        for timestep in env.step_iter([{"paddle": 0}] * 100, in_flight=8):
+            ...
+        env.close()
+
+Step types follow the server's states in request order: RUNNING after RUNNING
+is MID, RUNNING otherwise FIRST, TERMINATED or INTERRUPTED after RUNNING LAST;
+any other transition raises ``ProtocolError``. The ``reward`` and ``discount``
+observations, when the server offers them, become ``TimeStep.reward`` and
+``TimeStep.discount`` and are left out of the observation unless requested by
+name. Without a reward observation the reward is 0.0; without a discount
+observation the discount is 1.0 while RUNNING or INTERRUPTED and 0.0 on
+TERMINATED. Reward and discount are None on FIRST, as dm_env requires (the
+reference package passes a server's discount through on FIRST). Override
+``reward()`` and ``discount()`` to change this.
+
+``reset()`` sends a ResetRequest and takes the first step. If the server's
+specs change on reset, the adaptor refreshes them (the reference package raises
+instead); requested observation names that no longer exist raise
+``UnknownNameError``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import dm_env
+import numpy as np
+from dm_env import specs as dm_specs
+
+from dm_env_rpc_client import errors, specs, tensors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client.connection import ConnectionLike
+from dm_env_rpc_client.properties import PropertiesExtension
+
+State = dm_env_rpc_pb2.EnvironmentStateType
+REWARD = "reward"
+DISCOUNT = "discount"
+
+_BAD_TRANSITION = (
+    "The server's state went from {before} to {after}, which no step type describes. "
+    "Usually the server ended a sequence that had not started (two ends in a row), or "
+    "did not start a new sequence after TERMINATED/INTERRUPTED/reset."
+)
+_INVALID_STATE = (
+    "The server sent the invalid state {state}; it must be RUNNING, TERMINATED or INTERRUPTED."
+)
+_CLOSED = "The environment is closed; create or join a world again."
+
+
+def _state_name(state: int | None) -> str:
+    return "none (no step yet)" if state is None else State.Name(state)  # type: ignore[arg-type]
+
+
+def pack_settings(settings: Mapping[str, Any] | None) -> dict[str, dm_env_rpc_pb2.Tensor]:
+    """Packs settings (nested dicts of Python or NumPy values) as ``{dotted key: Tensor}``."""
+    if not settings:
+        return {}
+    return {key: tensors.pack_tensor(value) for key, value in specs.flatten(settings).items()}
+
+
+class DmEnvAdaptor(dm_env.Environment):
+    """A joined dm_env_rpc world as a ``dm_env.Environment``.
+
+    Args:
+      connection: a ``Connection`` (or anything with ``send``/``send_async``).
+      specs: the ``ActionObservationSpecs`` from the JoinWorldResponse.
+      requested_observations: observation names to return; None returns all
+        (without ``reward`` and ``discount``, which go into the TimeStep).
+      nested_tensors: give and take nested dicts for dotted names.
+      validate: check actions against their specs before sending.
+      world_name: the joined world's name, for display and for ``close``.
+      destroy_on_close: also destroy the world on ``close()`` (set by
+        ``create_and_join_world``).
+    """
+
+    def __init__(
+        self,
+        connection: ConnectionLike,
+        specs: dm_env_rpc_pb2.ActionObservationSpecs,
+        requested_observations: Iterable[str] | None = None,
+        nested_tensors: bool = True,
+        *,
+        validate: bool = True,
+        world_name: str | None = None,
+        destroy_on_close: bool = False,
+    ) -> None:
+        self._connection = connection
+        self._nested = nested_tensors
+        self._validate = validate
+        self._requested_names = (
+            None if requested_observations is None else list(requested_observations)
+        )
+        self.world_name = world_name
+        self._destroy_on_close = destroy_on_close
+        self._last_state: int | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._properties: PropertiesExtension | None = None
+        self._set_specs(specs)
+
+    def _set_specs(self, wire_specs: dm_env_rpc_pb2.ActionObservationSpecs) -> None:
+        self._wire_specs = wire_specs
+        self._actions = specs.SpecManager(
+            wire_specs.actions, validate=self._validate, kind="action"
+        )
+        self._observations = specs.SpecManager(wire_specs.observations, kind="observation")
+        names = self._observations.names()
+        self._has_reward = REWARD in names
+        self._has_discount = DISCOUNT in names
+        if self._requested_names is None:
+            visible = [name for name in names if name not in (REWARD, DISCOUNT)]
+        else:
+            visible = list(self._requested_names)
+            for name in visible:
+                self._observations.name_to_uid(name)  # raises UnknownNameError
+        self._visible = visible
+        self._hidden = [
+            name for name in (REWARD, DISCOUNT) if name in names and name not in visible
+        ]
+        self._uids = [self._observations.name_to_uid(name) for name in visible + self._hidden]
+
+    # --- the TimeStep state machine ------------------------------------------------------
+
+    def _timestep(self, response: dm_env_rpc_pb2.StepResponse) -> dm_env.TimeStep:
+        state = response.state
+        with self._lock:
+            before = self._last_state
+            if state == State.RUNNING:
+                step_type = (
+                    dm_env.StepType.MID if before == State.RUNNING else dm_env.StepType.FIRST
+                )
+            elif state in (State.TERMINATED, State.INTERRUPTED):
+                if before != State.RUNNING:
+                    raise errors.ProtocolError(
+                        _BAD_TRANSITION.format(before=_state_name(before), after=_state_name(state))
+                    )
+                step_type = dm_env.StepType.LAST
+            else:
+                raise errors.ProtocolError(_INVALID_STATE.format(state=state))
+            self._last_state = state
+        observations = self._observations.unpack(response.observations, nested=False)
+        reward = self.reward(state, step_type, observations)
+        discount = self.discount(state, step_type, observations)
+        for name in self._hidden:
+            observations.pop(name, None)
+        if self._nested:
+            observations = specs.unflatten(observations)
+        return dm_env.TimeStep(step_type, reward, discount, observations)
+
+    def reward(
+        self, state: int, step_type: dm_env.StepType, observations: Mapping[str, Any]
+    ) -> Any:
+        """The TimeStep reward: the ``reward`` observation; None on FIRST. Override freely.
+
+        Args:
+          state: the server's EnvironmentStateType.
+          step_type: the dm_env StepType.
+          observations: the flat observations, including reward and discount.
+        """
+        if step_type == dm_env.StepType.FIRST:
+            return None
+        if self._has_reward:
+            return observations.get(REWARD)
+        return 0.0
+
+    def discount(
+        self, state: int, step_type: dm_env.StepType, observations: Mapping[str, Any]
+    ) -> Any:
+        """The TimeStep discount: None on FIRST, the ``discount`` observation, else by state.
+
+        Override freely. (The reference package passes a discount observation
+        through on FIRST steps too, which breaks dm_env's contract.)
+        """
+        if step_type == dm_env.StepType.FIRST:
+            return None
+        if self._has_discount and DISCOUNT in observations:
+            return observations[DISCOUNT]
+        return 0.0 if state == State.TERMINATED else 1.0
+
+    # --- dm_env.Environment ---------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.ConnectionClosedError(_CLOSED)
+
+    def _request(self, action: Mapping[str, Any] | None) -> dm_env_rpc_pb2.StepRequest:
+        packed = self._actions.pack(action) if action else {}
+        return dm_env_rpc_pb2.StepRequest(actions=packed, requested_observations=self._uids)
+
+    def reset(self) -> dm_env.TimeStep:
+        """Starts a new sequence: a ResetRequest, then the first step."""
+        self._check_open()
+        response = self._connection.send(dm_env_rpc_pb2.ResetRequest())
+        if response.specs != self._wire_specs:
+            self._set_specs(response.specs)
+        with self._lock:
+            self._last_state = State.INTERRUPTED
+        return self.step({})
+
+    def step(self, action: Mapping[str, Any]) -> dm_env.TimeStep:
+        """Takes one step with an action keyed by name (nested dicts for dotted names).
+
+        Raises:
+          UnknownNameError: for an action name not in the specs (lists the known ones).
+          SpecValidationError: for a wrong dtype, shape or bound.
+          DmEnvRpcError: the server refused the step.
+          ProtocolError: an impossible state transition.
+        """
+        self._check_open()
+        return self._timestep(self._connection.send(self._request(action)))
+
+    def step_async(self, action: Mapping[str, Any]) -> concurrent.futures.Future[dm_env.TimeStep]:
+        """Sends a step at once and returns a Future of its TimeStep.
+
+        Steps may be pipelined; TimeSteps are computed in request order, across
+        sequence boundaries. Use one thread per environment.
+        """
+        self._check_open()
+        result: concurrent.futures.Future[dm_env.TimeStep] = concurrent.futures.Future()
+        sent = self._connection.send_async(self._request(action))
+
+        def convert(done: concurrent.futures.Future[Any]) -> None:
+            try:
+                result.set_result(self._timestep(done.result()))
+            except BaseException as exc:
+                result.set_exception(exc)
+
+        sent.add_done_callback(convert)
+        return result
+
+    def step_iter(
+        self, actions: Iterable[Mapping[str, Any]], in_flight: int = 8
+    ) -> Iterator[dm_env.TimeStep]:
+        """Steps through ``actions`` with up to ``in_flight`` requests pending; yields in order."""
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, not {in_flight}.")
+        window: collections.deque[concurrent.futures.Future[dm_env.TimeStep]] = collections.deque()
+        for action in actions:
+            if len(window) >= in_flight:
+                yield window.popleft().result()
+            window.append(self.step_async(action))
+        while window:
+            yield window.popleft().result()
+
+    def observation_spec(self) -> dict[str, Any]:
+        converted = {
+            name: specs.tensor_spec_to_dm_env_spec(self._observations.name_to_spec(name))
+            for name in self._visible
+        }
+        return specs.unflatten(converted) if self._nested else converted
+
+    def action_spec(self) -> dict[str, Any]:
+        return self._actions.dm_env_specs(nested=self._nested)
+
+    def reward_spec(self) -> dm_specs.Array:
+        if self._has_reward:
+            return specs.tensor_spec_to_dm_env_spec(self._observations.name_to_spec(REWARD))
+        return dm_specs.Array((), np.float64, name=REWARD)
+
+    def discount_spec(self) -> dm_specs.BoundedArray:
+        if self._has_discount:
+            spec = specs.tensor_spec_to_dm_env_spec(self._observations.name_to_spec(DISCOUNT))
+            if isinstance(spec, dm_specs.BoundedArray):
+                return spec
+            return dm_specs.BoundedArray(spec.shape, spec.dtype, 0.0, 1.0, name=DISCOUNT)
+        return dm_specs.BoundedArray((), np.float64, 0.0, 1.0, name=DISCOUNT)
+
+    @property
+    def connection(self) -> ConnectionLike:
+        """The connection this environment talks over."""
+        return self._connection
+
+    @property
+    def properties(self) -> PropertiesExtension:
+        """The properties extension over this environment's connection."""
+        if self._properties is None:
+            self._properties = PropertiesExtension(self._connection)
+        return self._properties
+
+    @property
+    def action_manager(self) -> specs.SpecManager:
+        """The SpecManager of the actions."""
+        return self._actions
+
+    @property
+    def observation_manager(self) -> specs.SpecManager:
+        """The SpecManager of the observations."""
+        return self._observations
+
+    def close(self) -> None:
+        """Leaves the world (once; idempotent), and destroys it if ``destroy_on_close``."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._connection.send(dm_env_rpc_pb2.LeaveWorldRequest())
+            if self._destroy_on_close and self.world_name is not None:
+                self._connection.send(
+                    dm_env_rpc_pb2.DestroyWorldRequest(world_name=self.world_name)
+                )
+        except errors.ConnectionClosedError:
+            pass  # the server is gone: nothing left to leave
+
+    def __repr__(self) -> str:
+        address = getattr(self._connection, "address", None)
+        actions = ", ".join(self._actions.names())
+        observations = ", ".join(self._visible)
+        state = "closed" if self._closed else "open"
+        return (
+            f"DmEnvAdaptor(world={self.world_name!r}, address={address!r}, {state}, "
+            f"actions=[{actions}], observations=[{observations}])"
+        )
+
+    def _repr_html_(self) -> str:
+        from dm_env_rpc_client import display
+
+        return display.adaptor_html(self)
+
+
+# --- world helpers -----------------------------------------------------------------------------
+
+
+class CreateAndJoinResult(NamedTuple):
+    """What ``create_and_join_world`` returns."""
+
+    env: DmEnvAdaptor
+    world_name: str
+
+
+def create_world(
+    connection: ConnectionLike, create_world_settings: Mapping[str, Any] | None = None
+) -> str:
+    """Creates a world and returns its name. Settings: nested dicts of Python or NumPy values."""
+    request = dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(create_world_settings))
+    return connection.send(request).world_name
+
+
+def join_world(
+    connection: ConnectionLike,
+    world_name: str,
+    join_world_settings: Mapping[str, Any] | None = None,
+    **adaptor_kwargs: Any,
+) -> DmEnvAdaptor:
+    """Joins a world and returns it as a DmEnvAdaptor (``adaptor_kwargs`` go to it)."""
+    request = dm_env_rpc_pb2.JoinWorldRequest(
+        world_name=world_name, settings=pack_settings(join_world_settings)
+    )
+    response = connection.send(request)
+    return DmEnvAdaptor(connection, response.specs, world_name=world_name, **adaptor_kwargs)
+
+
+def create_and_join_world(
+    connection: ConnectionLike,
+    create_world_settings: Mapping[str, Any] | None = None,
+    join_world_settings: Mapping[str, Any] | None = None,
+    **adaptor_kwargs: Any,
+) -> CreateAndJoinResult:
+    """Creates a world and joins it; ``env.close()`` later leaves and destroys it.
+
+    If the join fails, the new world is destroyed and the join's error is raised
+    (never an error of that cleanup).
+    """
+    world_name = create_world(connection, create_world_settings)
+    try:
+        env = join_world(
+            connection, world_name, join_world_settings, destroy_on_close=True, **adaptor_kwargs
+        )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            destroy_world(connection, world_name)
+        raise
+    return CreateAndJoinResult(env, world_name)
+
+
+def leave_world(connection: ConnectionLike) -> None:
+    """Leaves the joined world (a no-op when not joined)."""
+    connection.send(dm_env_rpc_pb2.LeaveWorldRequest())
+
+
+def destroy_world(connection: ConnectionLike, world_name: str) -> None:
+    """Destroys a world (it must not be joined)."""
+    connection.send(dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name))
+
+
+def reset_world(
+    connection: ConnectionLike, world_name: str, settings: Mapping[str, Any] | None = None
+) -> None:
+    """Resets a world for every joined connection, optionally with new settings."""
+    request = dm_env_rpc_pb2.ResetWorldRequest(
+        world_name=world_name, settings=pack_settings(settings)
+    )
+    connection.send(request)
+
+
+def specs_table(manager: specs.SpecManager) -> list[tuple[str, int, str, tuple[int, ...], str]]:
+    """Rows of (name, uid, dtype, shape, bounds) for display."""
+    rows = []
+    for name in manager.names():
+        spec = manager.name_to_spec(name)
+        dtype = tensors.DATA_TYPE_TO_NUMPY[spec.dtype]
+        bound = ""
+        if dtype.kind in "iuf" and (spec.HasField("min") or spec.HasField("max")):
+            low, high = specs.bounds(spec)
+            bound = f"[{low}, {high}]"
+        rows.append((name, manager.name_to_uid(name), str(dtype), tuple(spec.shape), bound))
+    return rows
