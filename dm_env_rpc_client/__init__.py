@@ -1,1 +1,140 @@
-"""dm_env_rpc_client."""
+"""dm_env_rpc_client: a fast, dependable client SDK for dm_env_rpc environments.
+
+::
+
+    import dm_env_rpc_client as dmr
+
+    with dmr.connect("127.0.0.1:50051", timeout=10) as conn:
+        env, world_name = dmr.create_and_join_world(conn, {}, {})
+        timestep = env.reset()
+
+See the guide in ``docs/`` for tensors, connections, environments, batching,
+the command line and the embedded server.
+"""
+
+from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client.aio import AsyncConnection, connect_async
+from dm_env_rpc_client.connection import Connection, ConnectionLike, connect
+from dm_env_rpc_client.display import show
+from dm_env_rpc_client.environment import (
+    CreateAndJoinResult,
+    DmEnvAdaptor,
+    create_and_join_world,
+    create_world,
+    destroy_world,
+    join_world,
+    leave_world,
+    reset_world,
+)
+from dm_env_rpc_client.errors import (
+    BoundsError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    DmEnvRpcClientError,
+    DmEnvRpcConnectionError,
+    DmEnvRpcError,
+    DuplicateNameError,
+    EmptyTensorError,
+    IntegerRangeError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ProtocolError,
+    RaggedArrayError,
+    RequestTimeoutError,
+    ShapeError,
+    SpecError,
+    SpecValidationError,
+    TensorError,
+    TensorTypeError,
+    TensorValueError,
+    UnknownNameError,
+    UnknownUidError,
+    UnsupportedDtypeError,
+    WorldError,
+)
+from dm_env_rpc_client.properties import PropertiesExtension, PropertySpec
+from dm_env_rpc_client.server import Property, Server, serve
+from dm_env_rpc_client.specs import (
+    Bounds,
+    SpecManager,
+    bounds,
+    dm_env_spec_to_tensor_spec,
+    set_bounds,
+    tensor_spec_to_dm_env_spec,
+)
+from dm_env_rpc_client.tensors import (
+    DATA_TYPE_TO_NUMPY,
+    NUMPY_TO_DATA_TYPE,
+    DataType,
+    data_type_to_np_type,
+    get_tensor_type,
+    np_type_to_data_type,
+    pack_tensor,
+    unpack_tensor,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncConnection",
+    "Bounds",
+    "BoundsError",
+    "ConnectTimeoutError",
+    "Connection",
+    "ConnectionClosedError",
+    "ConnectionLike",
+    "CreateAndJoinResult",
+    "DATA_TYPE_TO_NUMPY",
+    "DataType",
+    "DmEnvAdaptor",
+    "DmEnvRpcClientError",
+    "DmEnvRpcConnectionError",
+    "DmEnvRpcError",
+    "DuplicateNameError",
+    "EmptyTensorError",
+    "IntegerRangeError",
+    "InvalidArgumentError",
+    "NUMPY_TO_DATA_TYPE",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "PropertiesExtension",
+    "Property",
+    "PropertySpec",
+    "ProtocolError",
+    "RaggedArrayError",
+    "RequestTimeoutError",
+    "Server",
+    "ShapeError",
+    "SpecError",
+    "SpecManager",
+    "SpecValidationError",
+    "TensorError",
+    "TensorTypeError",
+    "TensorValueError",
+    "UnknownNameError",
+    "UnknownUidError",
+    "UnsupportedDtypeError",
+    "WorldError",
+    "bounds",
+    "connect",
+    "connect_async",
+    "create_and_join_world",
+    "create_world",
+    "data_type_to_np_type",
+    "destroy_world",
+    "dm_env_rpc_pb2",
+    "dm_env_spec_to_tensor_spec",
+    "get_tensor_type",
+    "join_world",
+    "leave_world",
+    "np_type_to_data_type",
+    "pack_tensor",
+    "properties_pb2",
+    "reset_world",
+    "serve",
+    "set_bounds",
+    "show",
+    "tensor_spec_to_dm_env_spec",
+    "unpack_tensor",
+]
