@@ -1,0 +1,8 @@
+"""``python -m dm_env_rpc_client``: the same as the ``dm-env-rpc-client`` command."""
+
+import sys
+
+from dm_env_rpc_client.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

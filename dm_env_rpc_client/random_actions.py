@@ -1,0 +1,133 @@
+"""Random actions for any dm_env action spec, deterministic for a seed.
+
+``random_action(action_spec, rng)`` draws one action for a spec or a nested
+dict (or list) of specs:
+
+============================  ==================================================
+spec                          value
+============================  ==================================================
+``DiscreteArray``             uniform integer in ``[0, num_values)``
+bounded integers              uniform integer in ``[minimum, maximum]``
+bounded floats                uniform float in ``[minimum, maximum)``
+unbounded integers            uniform integer in ``[-100, 100]``, within the dtype
+unbounded floats              uniform float in ``[-1, 1)``
+half-bounded floats/ints      the bound and 2 (floats) or 200 (ints) beyond it
+``bool``                      ``True`` or ``False``, each with probability 1/2
+``StringArray`` / ``str``     1 to 8 lowercase ASCII letters
+variable (-1) dimension       a length drawn uniformly from ``[1, 4]``
+============================  ==================================================
+
+``rng`` is a ``numpy.random.Generator`` or an integer seed.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from dm_env import specs as dm_specs
+
+from dm_env_rpc_client import errors
+
+UNBOUNDED_INT = 100
+UNBOUNDED_FLOAT = 1.0
+VARIABLE_LENGTH = (1, 4)
+STRING_LENGTH = (1, 8)
+_LETTERS = np.array(list(string.ascii_lowercase))
+
+
+def _shape(spec: dm_specs.Array, rng: np.random.Generator) -> tuple[int, ...]:
+    low, high = VARIABLE_LENGTH
+    return tuple(int(rng.integers(low, high + 1)) if dim < 0 else dim for dim in spec.shape)
+
+
+def _limits(spec: dm_specs.Array) -> tuple[Any, Any]:
+    if isinstance(spec, dm_specs.BoundedArray):
+        return np.asarray(spec.minimum), np.asarray(spec.maximum)
+    dtype = np.dtype(spec.dtype)
+    if dtype.kind == "f":
+        return np.asarray(-np.inf), np.asarray(np.inf)
+    info = np.iinfo(dtype)
+    return np.asarray(info.min), np.asarray(info.max)
+
+
+def _numbers(spec: dm_specs.Array, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    dtype = np.dtype(spec.dtype)
+    low, high = _limits(spec)
+    if dtype.kind == "f":
+        low_f = np.broadcast_to(low.astype(np.float64), shape)
+        high_f = np.broadcast_to(high.astype(np.float64), shape)
+        finite_low, finite_high = np.isfinite(low_f), np.isfinite(high_f)
+        lo = np.where(finite_low, low_f, np.where(finite_high, high_f - 2, -UNBOUNDED_FLOAT))
+        hi = np.where(finite_high, high_f, np.where(finite_low, low_f + 2, UNBOUNDED_FLOAT))
+        return rng.uniform(lo, hi).astype(dtype).reshape(shape)
+    info = np.iinfo(dtype)
+    wide = np.int64 if dtype.kind == "i" or dtype.itemsize < 8 else np.uint64
+    typed_min, typed_max = dtype.type(info.min), dtype.type(info.max)
+    if not isinstance(spec, dm_specs.BoundedArray):
+        low = np.asarray(max(int(typed_min), -UNBOUNDED_INT))
+        high = np.asarray(min(int(typed_max), UNBOUNDED_INT))
+    elif np.all(low == typed_min) and not np.all(high == typed_max):
+        low = np.maximum(high.astype(np.float64) - 2 * UNBOUNDED_INT, int(typed_min)).astype(wide)
+    elif np.all(high == typed_max) and not np.all(low == typed_min):
+        high = np.minimum(low.astype(np.float64) + 2 * UNBOUNDED_INT, int(typed_max)).astype(wide)
+    low_b = np.broadcast_to(np.asarray(low).astype(wide), shape)
+    high_b = np.broadcast_to(np.asarray(high).astype(wide), shape)
+    return rng.integers(low_b, high_b, endpoint=True, dtype=wide).astype(dtype).reshape(shape)
+
+
+def _strings(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    low, high = STRING_LENGTH
+    out = np.empty(shape, dtype=object)
+    for index in np.ndindex(shape):
+        length = int(rng.integers(low, high + 1))
+        out[index] = "".join(rng.choice(_LETTERS, length))
+    return out
+
+
+def random_action(action_spec: Any, rng: np.random.Generator | int) -> Any:
+    """Draws a random action for a dm_env spec or a nested dict/list of specs.
+
+    Args:
+      action_spec: e.g. ``env.action_spec()``.
+      rng: a NumPy Generator, or an integer seed.
+
+    Returns:
+      Values of the same structure: NumPy arrays or scalars (``str`` for
+      scalar string specs, object arrays of ``str`` otherwise).
+
+    Raises:
+      SpecError: for a spec with no random values (object/proto dtypes).
+    """
+    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    if isinstance(action_spec, Mapping):
+        return {key: random_action(value, generator) for key, value in action_spec.items()}
+    if isinstance(action_spec, (list, tuple)):
+        return type(action_spec)(random_action(value, generator) for value in action_spec)
+    if not isinstance(action_spec, dm_specs.Array):
+        raise errors.SpecError(
+            f"Cannot draw a random action for {type(action_spec).__name__}; pass dm_env specs."
+        )
+    shape = _shape(action_spec, generator)
+    if isinstance(action_spec, dm_specs.DiscreteArray):
+        value: Any = generator.integers(0, action_spec.num_values, size=shape).astype(
+            action_spec.dtype
+        )
+    elif isinstance(action_spec, dm_specs.StringArray) or np.dtype(action_spec.dtype).kind in "US":
+        value = _strings(shape, generator)
+        return value[()] if shape == () else value
+    else:
+        kind = np.dtype(action_spec.dtype).kind
+        if kind == "b":
+            value = generator.random(shape) < 0.5
+        elif kind in "iuf":
+            value = _numbers(action_spec, shape, generator)
+        else:
+            raise errors.SpecError(
+                f"Action {action_spec.name!r} has dtype {action_spec.dtype}, which has no random "
+                "values; supply this action yourself."
+            )
+    value = np.asarray(value, dtype=action_spec.dtype)
+    return value[()] if shape == () else value
