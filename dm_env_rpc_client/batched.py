@@ -26,6 +26,7 @@ A failure of one world raises ``WorldError`` naming its index and address.
 from __future__ import annotations
 
 import collections
+import contextlib
 import concurrent.futures
 import time
 from collections.abc import Mapping, Sequence
@@ -305,10 +306,8 @@ class BatchedEnvironment:
     def close(self) -> None:
         """Leaves every world and closes the connections this batch opened. Idempotent."""
         for env in self.envs:
-            try:
+            with contextlib.suppress(errors.DmEnvRpcClientError):  # a dead world: nothing to leave
                 env.close()
-            except errors.DmEnvRpcClientError:
-                pass  # a dead world: nothing to leave
         for conn in self._connections:
             conn.close()
         self._connections = []

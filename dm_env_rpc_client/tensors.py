@@ -550,6 +550,10 @@ def pack_tensor(
 def _pack_numeric(
     shape: tuple[int, ...], flat: np.ndarray, data_type: int
 ) -> dm_env_rpc_pb2.Tensor:
+    if data_type in _BYTES:  # a ``bytes`` field: assigning it is cheapest
+        tensor = dm_env_rpc_pb2.Tensor(shape=shape)
+        getattr(tensor, _PAYLOAD[data_type][0]).array = flat.tobytes()
+        return tensor
     shape_bytes = b""
     if shape:
         dims = b"".join([_varint(dim & 0xFFFFFFFFFFFFFFFF) for dim in shape])
@@ -612,17 +616,23 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
       ShapeError: for two variable dimensions, or an element count that fits no shape.
     """
     field = tensor.WhichOneof("payload")
-    if field is None:
-        raise errors.EmptyTensorError(_NO_PAYLOAD.format(shape=list(tensor.shape)))
-    flat = payload_to_array(tensor, field)
     dims = tuple(tensor.shape)
+    if field == "floats":  # the common cases first, with the least Python overhead
+        flat = _read_fixed(tensor.floats, "<f4", _FLOAT32)
+    elif field == "uint8s":
+        flat = np.frombuffer(tensor.uint8s.array, dtype=np.uint8)
+    elif field is None:
+        raise errors.EmptyTensorError(_NO_PAYLOAD.format(shape=list(dims)))
+    else:
+        flat = payload_to_array(tensor, field)
     count = flat.size
-    if not dims:
+    if count == 1 or not dims:
         if count != 1:
             raise errors.ShapeError(_COUNT_MISMATCH.format(count=count, shape=[], detail=""))
-        item = flat[0]
-        return str(item) if isinstance(item, np.str_) else item
-    if min(dims) >= 0 and math.prod(dims) == count:
+        if not dims:
+            item = flat[0]
+            return str(item) if isinstance(item, np.str_) else item
+    if math.prod(dims) == count and min(dims) >= 0:
         return flat.reshape(dims)
     if count == 1:  # a broadcast
         full = tuple(max(dim, 1) for dim in dims)
