@@ -222,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     server_main.build_parser(serve_parser)
     serve_parser.set_defaults(handler=lambda a: server_main.run(a.env, a.host, a.port, a.size))
     for sub in (run_parser, specs_parser, serve_parser):
-        sub.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+        sub.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
     return parser
 
 

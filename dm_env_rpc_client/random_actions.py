@@ -62,7 +62,7 @@ def _numbers(spec: dm_specs.Array, shape: tuple[int, ...], rng: np.random.Genera
         finite_low, finite_high = np.isfinite(low_f), np.isfinite(high_f)
         lo = np.where(finite_low, low_f, np.where(finite_high, high_f - 2, -UNBOUNDED_FLOAT))
         hi = np.where(finite_high, high_f, np.where(finite_low, low_f + 2, UNBOUNDED_FLOAT))
-        return rng.uniform(lo, hi).astype(dtype).reshape(shape)
+        return np.asarray(rng.uniform(lo, hi)).astype(dtype).reshape(shape)
     info = np.iinfo(dtype)
     wide = np.int64 if dtype.kind == "i" or dtype.itemsize < 8 else np.uint64
     typed_min, typed_max = dtype.type(info.min), dtype.type(info.max)

@@ -1,0 +1,89 @@
+"""random_action: every dtype, bounds, variable dimensions; checked with dm_env's validate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dm_env import specs as dm_specs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dm_env_rpc_client import errors
+from dm_env_rpc_client.random_actions import UNBOUNDED_FLOAT, UNBOUNDED_INT, random_action
+from dm_env_rpc_client.specs import VariableArray, VariableBoundedArray
+
+NUMERIC = [np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint32, np.uint64]
+
+
+@st.composite
+def numeric_specs(draw: st.DrawFn) -> dm_specs.Array:
+    dtype = np.dtype(draw(st.sampled_from(NUMERIC)))
+    shape = tuple(draw(st.lists(st.integers(0, 3), max_size=3)))
+    kind = draw(st.sampled_from(["plain", "bounded", "discrete"]))
+    if kind == "discrete" and dtype.kind in "iu":
+        return dm_specs.DiscreteArray(draw(st.integers(1, 50)), dtype=dtype)
+    if kind == "plain":
+        return dm_specs.Array(shape, dtype)
+    if dtype.kind == "f":
+        low = draw(st.floats(-1e6, 1e6))
+        high = low + draw(st.floats(0, 1e6))
+    else:
+        info = np.iinfo(dtype)
+        low = draw(st.integers(int(info.min), int(info.max)))
+        high = draw(st.integers(low, int(info.max)))
+    return dm_specs.BoundedArray(shape, dtype, low, high)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(spec=numeric_specs(), seed=st.integers(0, 2**32 - 1))
+def test_random_actions_validate(spec: dm_specs.Array, seed: int) -> None:
+    value = random_action(spec, seed)
+    spec.validate(value)
+    assert np.array_equal(value, random_action(spec, seed))  # deterministic for a seed
+
+
+def test_bool_strings_and_nested_structures() -> None:
+    spec = {
+        "flag": dm_specs.Array((3,), bool),
+        "name": dm_specs.StringArray(()),
+        "names": dm_specs.StringArray((2,)),
+        "arm": [dm_specs.BoundedArray((), np.float32, -2.0, 2.0)],
+    }
+    value = random_action(spec, np.random.default_rng(3))
+    spec["flag"].validate(value["flag"])
+    assert isinstance(value["name"], str) and 1 <= len(value["name"]) <= 8
+    assert value["name"].isalpha() and value["name"].islower()
+    spec["names"].validate(value["names"])
+    spec["arm"][0].validate(value["arm"][0])
+
+
+def test_unbounded_ranges_are_documented_ones() -> None:
+    rng = np.random.default_rng(0)
+    floats = random_action(dm_specs.Array((1000,), np.float32), rng)
+    assert floats.min() >= -UNBOUNDED_FLOAT and floats.max() < UNBOUNDED_FLOAT
+    ints = random_action(dm_specs.Array((1000,), np.int64), rng)
+    assert ints.min() >= -UNBOUNDED_INT and ints.max() <= UNBOUNDED_INT
+    unsigned = random_action(dm_specs.Array((1000,), np.uint8), rng)
+    assert unsigned.max() <= UNBOUNDED_INT
+    half = random_action(dm_specs.BoundedArray((1000,), np.float64, 5.0, np.inf), rng)
+    assert half.min() >= 5.0 and half.max() < 7.0
+
+
+def test_variable_dimensions_take_a_documented_length() -> None:
+    rng = np.random.default_rng(1)
+    spec = VariableBoundedArray((-1, 2), np.float32, -1.0, 1.0, "v")
+    lengths = set()
+    for _ in range(50):
+        value = random_action(spec, rng)
+        spec.validate(value)
+        lengths.add(value.shape[0])
+    assert lengths == {1, 2, 3, 4}
+    plain = VariableArray((3, -1), np.int32, name="p")
+    plain.validate(random_action(plain, rng))
+
+
+def test_specs_without_random_values() -> None:
+    with pytest.raises(errors.SpecError, match="no random values"):
+        random_action(dm_specs.Array((), object, name="blob"), 0)
+    with pytest.raises(errors.SpecError, match="dm_env specs"):
+        random_action(3, 0)
