@@ -291,13 +291,30 @@ def _payload_body(serialized: bytes) -> bytes | memoryview:
     return memoryview(serialized)[pos : pos + length]
 
 
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _read_fixed(payload: message.Message, wire: str, dtype: np.dtype) -> np.ndarray:
+    """A fresh, aligned, writable array from a fixed-width payload (one copy, no lists).
+
+    A view of the serialized bytes would save the copy but would be read-only and
+    misaligned (the payload starts after a tag and a length), which slows every
+    NumPy operation on it and upsets libraries that take arrays zero-copy.
+    """
+    serialized = payload.SerializeToString()
+    if not serialized:
+        return np.empty(0, dtype)
+    _, pos = _read_varint(serialized, 1)
+    return np.frombuffer(serialized, dtype=wire, offset=pos).astype(dtype)
+
+
 def _unpack_numeric(data_type: int, payload: message.Message) -> np.ndarray:
     dtype = DATA_TYPE_TO_NUMPY[data_type]
     if data_type in _BYTES:
         return np.frombuffer(payload.array, dtype=dtype)  # type: ignore[attr-defined]
-    body = _payload_body(payload.SerializeToString())
     if data_type in _FIXED:
-        return np.frombuffer(body, dtype=_FIXED[data_type]).astype(dtype)
+        return _read_fixed(payload, _FIXED[data_type], dtype)
+    body = _payload_body(payload.SerializeToString())
     if data_type == DataType.BOOL:
         return np.frombuffer(body, dtype=np.uint8) != 0
     return _decode_varints(body, dtype)
@@ -626,12 +643,11 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
     else:
         flat = payload_to_array(tensor, field)
     count = flat.size
-    if count == 1 or not dims:
+    if not dims:
         if count != 1:
             raise errors.ShapeError(_COUNT_MISMATCH.format(count=count, shape=[], detail=""))
-        if not dims:
-            item = flat[0]
-            return str(item) if isinstance(item, np.str_) else item
+        item = flat[0]
+        return str(item) if isinstance(item, np.str_) else item
     if math.prod(dims) == count and min(dims) >= 0:
         return flat.reshape(dims)
     if count == 1:  # a broadcast
