@@ -113,8 +113,15 @@ def _check_bounds(name: str, dtype: np.dtype, minimum: Any, maximum: Any) -> Non
         raise errors.BoundsError(_BAD_BOUNDS.format(name=name, problem="NaN is not a bound"))
     if np.any(low > high):
         raise errors.BoundsError(
-            _BAD_BOUNDS.format(name=name, problem=f"min {minimum} is larger than max {maximum}")
+            _BAD_BOUNDS.format(
+                name=name, problem=f"min {_show(minimum)} is larger than max {_show(maximum)}"
+            )
         )
+
+
+def _show(value: Any) -> Any:
+    array = np.asarray(value)
+    return array.reshape(-1)[0] if array.size == 1 else array.tolist()
 
 
 def bounds(spec: TensorSpec) -> Bounds:
@@ -146,7 +153,7 @@ def _bound_value(spec: TensorSpec, dtype: np.dtype, value: Any, which: str) -> A
         raise errors.BoundsError(
             _BAD_BOUNDS.format(name=spec.name, problem=f"{which} {value!r} is not a number")
         )
-    if dtype.kind == "f" and np.isnan(array.astype(np.float64)).any():
+    if array.dtype.kind == "f" and np.isnan(array).any():
         raise errors.BoundsError(_BAD_BOUNDS.format(name=spec.name, problem="NaN is not a bound"))
     shape = tuple(spec.shape)
     if array.size != 1:

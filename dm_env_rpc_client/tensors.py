@@ -650,7 +650,6 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
         return str(item) if isinstance(item, np.str_) else item
     if math.prod(dims) == count and min(dims) >= 0:
         return flat.reshape(dims)
-    if count == 1:  # a broadcast
-        full = tuple(max(dim, 1) for dim in dims)
-        return np.full(full, flat[0], dtype=flat.dtype)
+    if count == 1 and min(dims) >= 0:  # a broadcast (needs a fully known shape)
+        return np.full(dims, flat[0], dtype=flat.dtype)
     return flat.reshape(_resolve_shape(list(dims), count))

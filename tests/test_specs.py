@@ -220,3 +220,22 @@ def test_bounds_check_agrees_with_dm_env(dtype: int, low: int, width: int, value
     else:
         with pytest.raises(errors.SpecValidationError):
             manager.pack({"x": array})
+
+
+def test_docs_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
+    import pathlib
+    import re
+
+    path = pathlib.Path(__file__).parent.parent / "docs" / "specs.md"
+    blocks = re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
+    assert len(blocks) >= 4
+    for index, block in enumerate(blocks):
+        exec(compile(block, f"{path.name}[{index}]", "exec"), {})
+    assert "NaN is not a bound" in capsys.readouterr().out
+
+
+def test_bound_messages_show_values_as_given() -> None:
+    with pytest.raises(errors.BoundsError, match="min 2 is larger than max 1"):
+        _spec("x", DataType.INT8, (), 2, 1)
+    with pytest.raises(errors.BoundsError, match="NaN is not a bound"):
+        _spec("x", DataType.INT32, (), float("nan"), 1)

@@ -245,3 +245,82 @@ def test_large_varints_round_trip_with_mixed_lengths() -> None:
         tensor = tensors.pack_tensor(value)
         assert np.array_equal(tensors.unpack_tensor(tensor), value)
         assert _wire(tensor) == _wire(reference.pack_tensor(value))
+
+
+ALL_KINDS = [*NUMERIC, np.bool_, np.str_, object]
+
+
+def _example(dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+    count = int(np.prod(shape))
+    if dtype is np.str_:
+        return np.array([f"s{i}" for i in range(count)], dtype=np.str_).reshape(shape)
+    if dtype is object:
+        flat = np.empty(count, dtype=object)
+        for i in range(count):
+            flat[i] = struct_pb2.Value(number_value=i)
+        return flat.reshape(shape)
+    return (
+        (np.arange(count) % 2 if dtype is np.bool_ else np.arange(count))
+        .astype(dtype)
+        .reshape(shape)
+    )
+
+
+def _same(out: object, value: np.ndarray) -> bool:
+    if value.dtype != object:
+        return bool(np.array_equal(out, value))
+    expected = np.empty(value.shape, dtype=object)
+    for index, item in np.ndenumerate(value):
+        packed = any_pb2.Any()
+        packed.Pack(item)
+        expected[index] = packed
+    return bool(np.asarray(out).shape == value.shape) and all(
+        a == b for a, b in zip(np.asarray(out).ravel(), expected.ravel(), strict=True)
+    )
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(
+    dtype=st.sampled_from(ALL_KINDS),
+    shape=hnp.array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=3),
+    data=st.data(),
+)
+def test_every_dtype_round_trips_with_variable_and_broadcast_shapes(
+    dtype: type, shape: tuple[int, ...], data: st.DataObject
+) -> None:
+    value = _example(dtype, shape)
+    tensor = tensors.pack_tensor(value)
+    assert _same(tensors.unpack_tensor(tensor), value)
+    if dtype is not object:
+        assert _wire(tensor) == _wire(reference.pack_tensor(value))
+    if shape and value.size:  # a variable dimension is inferred from the count
+        axis = data.draw(st.integers(0, len(shape) - 1))
+        variable = dm_env_rpc_pb2.Tensor()
+        variable.CopyFrom(tensor)
+        variable.shape[axis] = -1
+        assert _same(tensors.unpack_tensor(variable), value)
+    if dtype is not object and value.size > 1:  # a broadcast of the first element
+        full = np.full(shape, value.flat[0], dtype=value.dtype)
+        compressed = tensors.pack_tensor(full, try_compress=True)
+        assert len(getattr(compressed, compressed.WhichOneof("payload")).array) == 1
+        assert np.array_equal(tensors.unpack_tensor(compressed), full)
+
+
+def test_broadcast_needs_a_known_shape() -> None:
+    tensor = tensors.pack_tensor(np.float32([1.0]))
+    tensor.shape[:] = [-1, 3]
+    with pytest.raises(errors.ShapeError, match="1 element"):
+        tensors.unpack_tensor(tensor)
+    tensor.shape[:] = [-1]
+    assert tensors.unpack_tensor(tensor).shape == (1,)
+
+
+def test_docs_examples_run() -> None:
+    import pathlib
+    import re
+
+    path = pathlib.Path(__file__).parent.parent / "docs" / "tensors.md"
+    blocks = re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
+    assert len(blocks) >= 6
+    for index, block in enumerate(blocks):
+        exec(compile(block, f"{path.name}[{index}]", "exec"), {})
