@@ -418,48 +418,40 @@ class SpecManager:
                         value=f"{array[index]}{where}",
                     )
                 )
-        return tensors.pack_tensor(array, dtype)
+        # A numeric array of the spec's dtype takes pack_tensor's fast path (dtype=None).
+        return tensors.pack_tensor(array, None if array.dtype == dtype else dtype)
 
     def _numeric(self, compiled: _Compiled, value: Any) -> np.ndarray:
         dtype, name = compiled.dtype, compiled.spec.name
         if isinstance(value, (np.ndarray, np.generic)):
             array = np.asarray(value)
-            if array.dtype != dtype and not np.can_cast(array.dtype, dtype, "same_kind"):
-                raise errors.SpecValidationError(
-                    _WRONG_DTYPE.format(
-                        kind=self._kind,
-                        name=name,
-                        expected=dtype.name,
-                        actual=array.dtype,
-                        fix=f"cast it with .astype(np.{dtype.name}).",
-                    )
-                )
-            if array.dtype != dtype:
-                array = tensors.unpack_tensor(tensors.pack_tensor(array, dtype))
-            return np.asarray(array)
-        try:
-            array = np.asarray(value)
-        except ValueError as exc:
-            raise errors.RaggedArrayError(f"{self._kind} {name!r}: {exc}") from exc
-        kind = array.dtype.kind
-        ok = (
-            kind == "b"
-            or (kind in "iu" and dtype.kind in "iuf")
-            or (kind == "f" and dtype.kind == "f")
-        )
-        if not ok or (kind == "b" and dtype.kind != "b"):
+            if array.dtype == dtype:
+                return array
+            ok = np.can_cast(array.dtype, dtype, "same_kind") and (
+                array.dtype.kind != "b" or dtype.kind == "b"
+            )
+            actual: object = array.dtype
+            fix = f"cast it with .astype(np.{dtype.name})."
+        else:
+            try:
+                array = np.asarray(value)
+            except ValueError as exc:
+                raise errors.RaggedArrayError(f"{self._kind} {name!r}: {exc}") from exc
+            kind = array.dtype.kind
+            ok = (kind == "b" and dtype.kind == "b") or (
+                (kind in "iu" and dtype.kind in "iuf") or (kind == "f" and dtype.kind == "f")
+            )
+            actual = f"{type(value).__name__} ({array.dtype})"
+            fix = f"pass a value of dtype {dtype.name}."
+        if not ok:
             raise errors.SpecValidationError(
                 _WRONG_DTYPE.format(
-                    kind=self._kind,
-                    name=name,
-                    expected=dtype.name,
-                    actual=f"{type(value).__name__} ({array.dtype})",
-                    fix=f"pass a value of dtype {dtype.name}.",
+                    kind=self._kind, name=name, expected=dtype.name, actual=actual, fix=fix
                 )
             )
-        if kind in "iu" and array.size:
-            info = np.iinfo(dtype) if dtype.kind in "iu" else None
-            if info is not None and (array.min() < info.min or array.max() > info.max):
+        if dtype.kind in "iu" and array.dtype.kind in "iu" and array.size:
+            info = np.iinfo(dtype)
+            if array.min() < info.min or array.max() > info.max:
                 raise errors.SpecValidationError(
                     _OUT_OF_BOUNDS.format(
                         kind=self._kind, name=name, low=info.min, high=info.max, value=value

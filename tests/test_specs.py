@@ -239,3 +239,15 @@ def test_bound_messages_show_values_as_given() -> None:
         _spec("x", DataType.INT8, (), 2, 1)
     with pytest.raises(errors.BoundsError, match="NaN is not a bound"):
         _spec("x", DataType.INT32, (), float("nan"), 1)
+
+
+def test_numpy_values_are_range_checked_and_bools_stay_bools(
+    manager: specs.SpecManager,
+) -> None:
+    with pytest.raises(errors.SpecValidationError, match="int8 cannot hold it"):
+        manager.pack({"paddle": np.int64(300)})
+    with pytest.raises(errors.SpecValidationError, match="expects dtype int8"):
+        manager.pack({"paddle": np.bool_(True)})
+    packed = manager.pack({"paddle": np.int64(-1), "trace": np.arange(3, dtype=np.float32)})
+    assert manager.unpack(packed)["paddle"].dtype == np.int8
+    assert manager.unpack(packed)["trace"].dtype == np.float64
