@@ -108,6 +108,7 @@ _VARINT: set[int] = {
 }
 
 # Native-byte-order numeric dtypes that pack as they are.
+_BYTES_FIELD: dict[np.dtype, str] = {np.dtype(np.int8): "int8s", np.dtype(np.uint8): "uint8s"}
 _NATIVE_NUMERIC: dict[np.dtype, int] = {
     DATA_TYPE_TO_NUMPY[data_type]: data_type for data_type in (*_FIXED, *_BYTES, *_VARINT)
 }
@@ -504,6 +505,11 @@ def pack_tensor(
       TensorTypeError: for non-str elements of a STRING tensor, or mixed objects.
     """
     if dtype is None and type(value) is np.ndarray and not try_compress:
+        field = _BYTES_FIELD.get(value.dtype)
+        if field is not None:  # the fastest path: int8/uint8 into a ``bytes`` field
+            tensor = dm_env_rpc_pb2.Tensor(shape=value.shape)
+            getattr(tensor, field).array = value.tobytes()
+            return tensor
         data_type = _NATIVE_NUMERIC.get(value.dtype)
         if data_type is not None:  # the fast path: a numeric array as it is
             return _pack_numeric(value.shape, value.reshape(-1), data_type)
@@ -633,15 +639,21 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
       ShapeError: for two variable dimensions, or an element count that fits no shape.
     """
     field = tensor.WhichOneof("payload")
-    dims = tuple(tensor.shape)
+    shape = tensor.shape
     if field == "floats":  # the common cases first, with the least Python overhead
         flat = _read_fixed(tensor.floats, "<f4", _FLOAT32)
     elif field == "uint8s":
         flat = np.frombuffer(tensor.uint8s.array, dtype=np.uint8)
     elif field is None:
-        raise errors.EmptyTensorError(_NO_PAYLOAD.format(shape=list(dims)))
+        raise errors.EmptyTensorError(_NO_PAYLOAD.format(shape=list(shape)))
     else:
         flat = payload_to_array(tensor, field)
+    if shape:
+        try:  # the common case; NumPy also infers a single -1 dimension as we do
+            return flat.reshape(shape)
+        except ValueError:
+            pass  # a broadcast, or an invalid shape: sorted out below
+    dims = tuple(shape)
     count = flat.size
     if not dims:
         if count != 1:
