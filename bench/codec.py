@@ -26,6 +26,8 @@ CASES: list[tuple[str, np.ndarray]] = [
         "int32[1e6]",
         np.random.default_rng(2).integers(-(2**31), 2**31, 1_000_000, dtype=np.int32),
     ),
+    # Not one of the required cases: typical small integers (1-2 varint bytes each).
+    ("int32[1e6] 0..999", np.random.default_rng(5).integers(0, 1000, 1_000_000, dtype=np.int32)),
     ("uint8[84,84,3]", np.random.default_rng(3).integers(0, 256, (84, 84, 3), dtype=np.uint8)),
     ("bool[1e5]", np.random.default_rng(4).random(100_000) < 0.5),
 ]
@@ -54,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
 
     header = (
-        f"{'case':<15} {'op':<7} {'ours ms':>9} {'ref ms':>9} {'numpy ms':>9} "
+        f"{'case':<18} {'op':<7} {'ours ms':>9} {'ref ms':>9} {'numpy ms':>9} "
         f"{'ref/ours':>9} {'ours/np':>8}"
     )
     print(header)
@@ -79,7 +81,7 @@ def main() -> None:
         ]
         for op, ours, ref in rows:
             print(
-                f"{name:<15} {op:<7} {_ms(ours)} {_ms(ref)} {_ms(copy)} "
+                f"{name:<18} {op:<7} {_ms(ours)} {_ms(ref)} {_ms(copy)} "
                 f"{ref / ours:8.1f}x {ours / copy:7.2f}x"
             )
 
