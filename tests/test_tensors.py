@@ -109,12 +109,20 @@ REFERENCE_CASES = [
     2.25,
     True,
     [[1.0, 2.0], [3.0, 4.0]],
+    np.arange(12, dtype=">f4").reshape(3, 4),  # big-endian
+    np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+    np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2],  # not contiguous
+    np.asfortranarray(np.arange(12, dtype=np.uint8).reshape(3, 4)),
+    np.arange(10, dtype=">i8")[::3],
+    np.arange(12, dtype=np.int8).reshape(3, 4).T,
 ]
 
 
 @pytest.mark.parametrize("value", REFERENCE_CASES, ids=repr)
 def test_wire_bytes_equal_reference(value: object) -> None:
-    assert _wire(tensors.pack_tensor(value)) == _wire(reference.pack_tensor(value))
+    tensor = tensors.pack_tensor(value)
+    assert _wire(tensor) == _wire(reference.pack_tensor(value))
+    assert np.array_equal(tensors.unpack_tensor(tensor), np.asarray(value))
 
 
 @pytest.mark.parametrize(
