@@ -26,8 +26,8 @@ A failure of one world raises ``WorldError`` naming its index and address.
 from __future__ import annotations
 
 import collections
-import contextlib
 import concurrent.futures
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -289,18 +289,24 @@ class BatchedEnvironment:
         deadline = None if timeout is None else time.monotonic() + timeout
         got: list[tuple[int, dm_env.TimeStep]] = []
         while len(got) < min_count:
-            heads = {q[0][0]: i for i, q in enumerate(self._inflight) if q}
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            done, _ = concurrent.futures.wait(
-                heads, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED
-            )
-            if not done:
-                raise errors.RequestTimeoutError(f"No world finished a step within {timeout} s.")
-            for future in done:
-                index = heads[future]
-                _, sent = self._inflight[index].popleft()
+            # Take every world whose oldest step is done; wait only when none is.
+            ready = [i for i, q in enumerate(self._inflight) if q and q[0][0].done()]
+            if not ready:
+                heads = [q[0][0] for q in self._inflight if q]
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done, _ = concurrent.futures.wait(
+                    heads, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                if not done:
+                    raise errors.RequestTimeoutError(
+                        f"No world finished a step within {timeout} s."
+                    )
+                continue
+            now = time.perf_counter()
+            for index in ready:
+                future, sent = self._inflight[index].popleft()
                 got.append((index, self._result(index, future, 0)))
-                self.latencies.append(time.perf_counter() - sent)
+                self.latencies.append(now - sent)
         return _batch([t for _, t in got], [i for i, _ in got])
 
     def close(self) -> None:
