@@ -79,8 +79,8 @@ def main() -> None:
         for count in WORLDS:
             results = {}
             for name, factory in (
-                ("reference loop", lambda: reference_loop(addresses, count)),
-                ("SDK batched, 8 in flight/world", lambda: ours(addresses, count, 8)),
+                ("reference loop", lambda count=count: reference_loop(addresses, count)),
+                ("SDK batched, 8 in flight/world", lambda count=count: ours(addresses, count, 8)),
             ):
                 run, close = factory()
                 run(min(args.steps, 160))
