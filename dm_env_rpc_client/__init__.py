@@ -14,6 +14,7 @@ the command line and the embedded server.
 
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
+from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
 from dm_env_rpc_client.connection import Connection, ConnectionLike, connect
 from dm_env_rpc_client.display import show
 from dm_env_rpc_client.environment import (
@@ -54,6 +55,8 @@ from dm_env_rpc_client.errors import (
     WorldError,
 )
 from dm_env_rpc_client.properties import PropertiesExtension, PropertySpec
+from dm_env_rpc_client.random_actions import random_action
+from dm_env_rpc_client.recording import Episode, EpisodeRecorder, iter_episodes, load_episode
 from dm_env_rpc_client.server import Property, Server, serve
 from dm_env_rpc_client.specs import (
     Bounds,
@@ -78,6 +81,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncConnection",
+    "BatchedEnvironment",
+    "BatchedTimeStep",
     "Bounds",
     "BoundsError",
     "ConnectTimeoutError",
@@ -93,6 +98,8 @@ __all__ = [
     "DmEnvRpcError",
     "DuplicateNameError",
     "EmptyTensorError",
+    "Episode",
+    "EpisodeRecorder",
     "IntegerRangeError",
     "InvalidArgumentError",
     "NUMPY_TO_DATA_TYPE",
@@ -126,11 +133,14 @@ __all__ = [
     "dm_env_rpc_pb2",
     "dm_env_spec_to_tensor_spec",
     "get_tensor_type",
+    "iter_episodes",
     "join_world",
     "leave_world",
+    "load_episode",
     "np_type_to_data_type",
     "pack_tensor",
     "properties_pb2",
+    "random_action",
     "reset_world",
     "serve",
     "set_bounds",
