@@ -665,3 +665,18 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
     if count == 1 and min(dims) >= 0:  # a broadcast (needs a fully known shape)
         return np.full(dims, flat[0], dtype=flat.dtype)
     return flat.reshape(_resolve_shape(list(dims), count))
+
+
+__all__ = [
+    "DATA_TYPE_TO_NUMPY",
+    "NUMPY_TO_DATA_TYPE",
+    "DataType",
+    "OnOverflow",
+    "array_to_value_bytes",
+    "data_type_to_np_type",
+    "get_tensor_type",
+    "np_type_to_data_type",
+    "pack_tensor",
+    "payload_to_array",
+    "unpack_tensor",
+]
