@@ -15,6 +15,7 @@ the command line and the embedded server.
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
 from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
+from dm_env_rpc_client.cli import main as cli_main
 from dm_env_rpc_client.connection import Connection, ConnectionLike, connect
 from dm_env_rpc_client.display import show
 from dm_env_rpc_client.environment import (
@@ -124,6 +125,7 @@ __all__ = [
     "UnsupportedDtypeError",
     "WorldError",
     "bounds",
+    "cli_main",
     "connect",
     "connect_async",
     "create_and_join_world",
