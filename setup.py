@@ -36,6 +36,15 @@ TEST_REQUIRES = [
     "dm-env-rpc==1.1.7",
 ]
 
+# Jupyter use: a kernel and plots for docs/quickstart.ipynb.
+NOTEBOOK_REQUIRES = ["ipykernel>=6.0", "matplotlib>=3.5", "nbclient>=0.7", "nbformat>=5.0"]
+
+# The documentation site: mkdocs build --strict (tests/test_mkdocs.py).
+DOCS_REQUIRES = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
+
+# The tests run the notebook and build the site too.
+TEST_REQUIRES += NOTEBOOK_REQUIRES + DOCS_REQUIRES
+
 setuptools.setup(
     name="dm_env_rpc_client",
     version="0.1.0",
@@ -47,7 +56,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["dm_env_rpc_client", "dm_env_rpc_client.*"]),
     package_data={"dm_env_rpc_client": ["py.typed", "_proto/*.pyi"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "notebook": NOTEBOOK_REQUIRES, "docs": DOCS_REQUIRES},
     entry_points={"console_scripts": ["dm-env-rpc-client=dm_env_rpc_client.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",

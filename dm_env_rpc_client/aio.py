@@ -162,7 +162,10 @@ class AsyncConnection:
         """Sends a request and awaits its response (see ``Connection.send``).
 
         Raises:
-          DmEnvRpcError, RequestTimeoutError, ConnectionClosedError, ProtocolError.
+          DmEnvRpcError: the server answered with an error.
+          RequestTimeoutError: no response within ``timeout``.
+          ConnectionClosedError: the stream ended or was closed.
+          ProtocolError: the server broke the protocol.
         """
         data, expected = messages.envelope(request)
         if self._closed_error is not None:

@@ -319,6 +319,12 @@ class SpecManager:
     def __len__(self) -> int:
         return len(self._by_uid)
 
+    def _repr_html_(self) -> str:
+        from dm_env_rpc_client import display
+        from dm_env_rpc_client.environment import specs_table
+
+        return display.specs_html(specs_table(self), f"{self._kind}s")
+
     def names(self) -> list[str]:
         """Returns the spec names, in UID order of the specs given."""
         return list(self._by_name)
