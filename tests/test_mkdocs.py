@@ -15,7 +15,17 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def test_strict_build_covers_every_public_name(tmp_path: pathlib.Path) -> None:
     site = tmp_path / "site"
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(site),
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -13,7 +13,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def test_quickstart_notebook_runs(tmp_path: pathlib.Path) -> None:
     notebook = nbformat.read(ROOT / "docs" / "quickstart.ipynb", as_version=4)
     client = NotebookClient(
-        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        notebook,
+        timeout=120,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
     )
     client.execute()  # raises CellExecutionError when a cell raises
     outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
