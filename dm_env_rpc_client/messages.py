@@ -26,6 +26,7 @@ from google.protobuf import any_pb2, message
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client.tensors import _varint
 
 EXTENSION = "extension"
 METHOD = "/dm_env_rpc.v1.Environment/Process"
@@ -56,15 +57,6 @@ _BAD_EXTENSION = (
 _UNEXPECTED = (
     "The server sent a response with no request pending; the stream is out of step and was closed."
 )
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def envelope(request: message.Message) -> tuple[bytes, str]:

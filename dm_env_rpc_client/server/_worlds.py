@@ -50,6 +50,18 @@ class _WireSpec:
         self.shape = tuple(dm_spec.shape)
 
 
+def _lookup(table: Mapping[int, _WireSpec], uid: int, kind: str) -> _WireSpec:
+    """The spec of a UID, or INVALID_ARGUMENT listing the known UIDs and names."""
+    spec = table.get(uid)
+    if spec is None:
+        known = ", ".join(f"{u} ({s.name})" for u, s in table.items())
+        raise ServerError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Unknown {kind} UID {uid}. Known {kind} UIDs: {known}.",
+        )
+    return spec
+
+
 def _number(flat: Mapping[str, dm_specs.Array]) -> dict[int, _WireSpec]:
     return {uid: _WireSpec(uid, name, flat[name]) for uid, name in enumerate(sorted(flat), start=1)}
 
@@ -90,13 +102,7 @@ class World:
         """
         values: dict[str, Any] = {}
         for uid, tensor in actions.items():
-            spec = self.actions.get(uid)
-            if spec is None:
-                known = ", ".join(f"{u} ({s.name})" for u, s in self.actions.items())
-                raise ServerError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Unknown action UID {uid}. Known action UIDs: {known}.",
-                )
+            spec = _lookup(self.actions, uid, "action")
             values[spec.name] = self._decode(spec, tensor)
         for spec in self.actions.values():
             if spec.name not in values:
@@ -140,13 +146,7 @@ class World:
             flat = {}
         out = {}
         for uid in uids:
-            spec = self.observations.get(uid)
-            if spec is None:
-                known = ", ".join(f"{u} ({s.name})" for u, s in self.observations.items())
-                raise ServerError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Unknown observation UID {uid}. Known observation UIDs: {known}.",
-                )
+            spec = _lookup(self.observations, uid, "observation")
             if spec.name in flat:
                 value = flat[spec.name]
             elif spec.name == "reward":
