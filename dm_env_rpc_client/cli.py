@@ -29,7 +29,6 @@ from dm_env_rpc_client.connection import connect
 from dm_env_rpc_client.environment import create_and_join_world, specs_table
 from dm_env_rpc_client.random_actions import random_action
 from dm_env_rpc_client.recording import EpisodeRecorder
-from dm_env_rpc_client.server import __main__ as server_main
 from dm_env_rpc_client.server import serve
 from dm_env_rpc_client.server.catch import Catch
 
@@ -217,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     specs_parser.add_argument("--join-setting", nargs="*", type=parse_setting, default=[])
     specs_parser.add_argument("--timeout", type=float, default=30.0)
     specs_parser.set_defaults(handler=show_specs)
+
+    # Imported here, not at module level: `python -m dm_env_rpc_client.server` must not find
+    # its __main__ already imported by the package.
+    from dm_env_rpc_client.server import __main__ as server_main
 
     serve_parser = commands.add_parser("serve", help="serve the embedded Catch game")
     server_main.build_parser(serve_parser)

@@ -570,6 +570,28 @@ def pack_tensor(
     return _pack_numeric(shape, flat, data_type)
 
 
+def tensor_wire_bytes(value: Any, dtype: Any = None) -> bytes | bytearray:
+    """The serialized ``Tensor`` for a value, without building a message when it can.
+
+    A NumPy array of a native numeric dtype (and no ``dtype`` asked) is written
+    straight to wire bytes; anything else goes through ``pack_tensor``. Servers
+    use this to splice tensors into responses without copying them into messages.
+    """
+    if dtype is None and type(value) is np.ndarray:
+        data_type = _NATIVE_NUMERIC.get(value.dtype)
+        if data_type is not None:
+            number = _PAYLOAD[data_type][1]
+            return _build(number, data_type, value.reshape(-1), _shape_bytes(value.shape))
+    return pack_tensor(value, dtype).SerializeToString()
+
+
+def _shape_bytes(shape: tuple[int, ...]) -> bytes:
+    if not shape:
+        return b""
+    dims = b"".join([_varint(dim & 0xFFFFFFFFFFFFFFFF) for dim in shape])
+    return b"\x7a" + _varint(len(dims)) + dims
+
+
 def _pack_numeric(
     shape: tuple[int, ...], flat: np.ndarray, data_type: int
 ) -> dm_env_rpc_pb2.Tensor:
@@ -577,12 +599,8 @@ def _pack_numeric(
         tensor = dm_env_rpc_pb2.Tensor(shape=shape)
         getattr(tensor, _PAYLOAD[data_type][0]).array = flat.tobytes()
         return tensor
-    shape_bytes = b""
-    if shape:
-        dims = b"".join([_varint(dim & 0xFFFFFFFFFFFFFFFF) for dim in shape])
-        shape_bytes = b"\x7a" + _varint(len(dims)) + dims
     number = _PAYLOAD[data_type][1]
-    return dm_env_rpc_pb2.Tensor.FromString(_build(number, data_type, flat, shape_bytes))  # type: ignore[arg-type]
+    return dm_env_rpc_pb2.Tensor.FromString(_build(number, data_type, flat, _shape_bytes(shape)))  # type: ignore[arg-type]
 
 
 def _build(number: int, data_type: int, flat: np.ndarray, trailer: bytes) -> bytearray:

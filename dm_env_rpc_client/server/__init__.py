@@ -53,6 +53,13 @@ _OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_len
 MakeEnv = Callable[[dict[str, Any]], dm_env.Environment]
 
 
+def _serialize(response: Any) -> bytes:
+    """Responses are messages, or wire bytes already (steps)."""
+    if isinstance(response, (bytes, bytearray)):
+        return bytes(response)
+    return response.SerializeToString()
+
+
 class Server:
     """A running dm_env_rpc server; a context manager that stops it on exit.
 
@@ -78,7 +85,7 @@ class Server:
         handler = grpc.stream_stream_rpc_method_handler(
             self._process,
             request_deserializer=dm_env_rpc_pb2.EnvironmentRequest.FromString,
-            response_serializer=dm_env_rpc_pb2.EnvironmentResponse.SerializeToString,
+            response_serializer=_serialize,
         )
         service, method = METHOD.strip("/").split("/")
         self._server.add_generic_rpc_handlers(

@@ -13,6 +13,7 @@ from dm_env_rpc_client import specs, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
 from dm_env_rpc_client.server import properties
 from dm_env_rpc_client.server._worlds import Registry, ServerError, World
+from dm_env_rpc_client.tensors import _varint
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 DEFAULT_WORLD = ""
@@ -107,14 +108,14 @@ class Session:
             )
         return world
 
-    def _step(self, request: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
+    def _step(self, request: Any) -> bytes:
         world = self._joined("StepRequest")
         env = world.env
         if self._epoch != world.epoch and self._state == State.RUNNING:
             # Another connection reset the world: this sequence ends as INTERRUPTED.
             self._epoch = world.epoch
             self._state = State.INTERRUPTED
-            return _step_response(State.INTERRUPTED, {})
+            return _step_response(State.INTERRUPTED, [])
         self._epoch = world.epoch
         if self._state != State.RUNNING:
             timestep = env.reset()  # the first step ignores its actions
@@ -214,10 +215,17 @@ def _reject_settings(settings: Any, what: str) -> None:
         )
 
 
-def _step_response(state: int, observations: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
-    return dm_env_rpc_pb2.EnvironmentResponse(
-        step=dm_env_rpc_pb2.StepResponse(state=state, observations=observations)  # type: ignore[arg-type]
-    )
+def _step_response(state: int, observations: list[tuple[int, Any]]) -> bytes:
+    """``EnvironmentResponse{step: StepResponse{state, observations}}`` as wire bytes.
+
+    The observation tensors are spliced in as they are (one copy, no messages).
+    """
+    parts = [b"\x08", _varint(state)]
+    for uid, tensor in observations:
+        head = b"\x08" + _varint(uid) + b"\x12" + _varint(len(tensor))
+        parts += [b"\x12", _varint(len(head) + len(tensor)), head, tensor]
+    step = b"".join(parts)
+    return b"\x1a" + _varint(len(step)) + step
 
 
 def _error(code: grpc.StatusCode, message: str) -> dm_env_rpc_pb2.EnvironmentResponse:

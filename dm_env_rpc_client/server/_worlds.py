@@ -130,8 +130,8 @@ class World:
 
     def encode_observations(
         self, timestep: dm_env.TimeStep, uids: Any
-    ) -> dict[int, dm_env_rpc_pb2.Tensor]:
-        """Packs the requested observations of a TimeStep.
+    ) -> list[tuple[int, bytes | bytearray]]:
+        """Packs the requested observations of a TimeStep as ``(uid, Tensor wire bytes)``.
 
         Raises:
           ServerError: INVALID_ARGUMENT for an unknown observation UID.
@@ -144,7 +144,7 @@ class World:
             flat = specs.flatten(observation)
         else:
             flat = {}
-        out = {}
+        out = []
         for uid in uids:
             spec = _lookup(self.observations, uid, "observation")
             if spec.name in flat:
@@ -161,9 +161,9 @@ class World:
                     "observation_spec() lists it.",
                 )
             if spec.dtype.kind in "UO":
-                out[uid] = tensors.pack_tensor(value)
+                out.append((uid, tensors.tensor_wire_bytes(value)))
             else:
-                out[uid] = tensors.pack_tensor(np.asarray(value, dtype=spec.dtype))
+                out.append((uid, tensors.tensor_wire_bytes(np.asarray(value, dtype=spec.dtype))))
         return out
 
 
