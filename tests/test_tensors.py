@@ -332,3 +332,21 @@ def test_docs_examples_run() -> None:
     assert len(blocks) >= 6
     for index, block in enumerate(blocks):
         exec(compile(block, f"{path.name}[{index}]", "exec"), {})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.array([-1, 2**31 - 1], np.int32),
+        np.arange(5, dtype=np.uint8),
+        np.array([True, False]),
+        np.float64(2.5),
+        "text",
+        np.array(["a", "b"]),
+    ],
+    ids=repr,
+)
+def test_tensor_wire_bytes_parse_to_the_packed_tensor(value: object) -> None:
+    wire = tensors.tensor_wire_bytes(value)
+    assert dm_env_rpc_pb2.Tensor.FromString(bytes(wire)) == tensors.pack_tensor(value)
