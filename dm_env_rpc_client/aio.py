@@ -179,16 +179,30 @@ class AsyncConnection:
                 ) from None
         if self._closed_error is not None:
             raise self._closed_error
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_consume)  # an abandoned (timed-out) request logs nothing
-        self._pending.push(future, expected, response_type)
-        self._writes.put_nowait(data)
+        future = self._submit(data, expected, response_type)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
             raise errors.RequestTimeoutError(
                 _REQUEST_TIMEOUT.format(expected=type(request).__name__, timeout=timeout)
             ) from None
+
+    def _submit(
+        self, data: bytes, expected: str, response_type: type | None = None
+    ) -> asyncio.Future[Any]:
+        """Queues envelope bytes (from ``messages.envelope``) without waiting; on the loop.
+
+        No backpressure: the caller bounds what it has in flight. Returns the
+        response future, failed at once if the connection is closed.
+        """
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_consume)  # an abandoned (timed-out) request logs nothing
+        if self._closed_error is not None:
+            future.set_exception(self._closed_error)
+            return future
+        self._pending.push(future, expected, response_type)
+        self._writes.put_nowait(data)
+        return future
 
     async def aclose(self) -> None:
         """Closes the stream and fails pending requests (idempotent)."""

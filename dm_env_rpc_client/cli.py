@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         with tqdm(total=args.steps, unit="step", disable=args.quiet) as progress:
             while received < args.steps:
                 # Keep up to `window` steps in flight per world, up to the total asked for.
-                ids = [w for w in range(count) if len(batch._inflight[w]) < window]
+                ids = [w for w in range(count) if batch.in_flight(w) < window]
                 ids = ids[: max(0, args.steps - sent)]
                 if ids:
                     actions = [random_action(spec, rng) for _ in ids]

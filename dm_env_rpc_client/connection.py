@@ -136,6 +136,19 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
     )
 
 
+def wait_response(
+    future: concurrent.futures.Future[Any], timeout: float | None, request: message.Message
+) -> Any:
+    """The result of a sent request's future; a timeout raises RequestTimeoutError naming it."""
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        name = type(request).__name__
+        raise errors.RequestTimeoutError(
+            _REQUEST_TIMEOUT.format(expected=name, timeout=timeout)
+        ) from None
+
+
 def _fail(future: concurrent.futures.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
@@ -286,13 +299,7 @@ class Connection:
           ProtocolError: the server broke the protocol.
         """
         future = self.send_async(request, response_type=response_type, timeout=timeout)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            name = type(request).__name__
-            raise errors.RequestTimeoutError(
-                _REQUEST_TIMEOUT.format(expected=name, timeout=timeout)
-            ) from None
+        return wait_response(future, timeout, request)
 
     def close(self) -> None:
         """Closes the stream: half-closes it, fails pending requests, closes an owned channel.

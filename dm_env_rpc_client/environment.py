@@ -86,6 +86,9 @@ class DmEnvAdaptor(dm_env.Environment):
       world_name: the joined world's name, for display and for ``close``.
       destroy_on_close: also destroy the world on ``close()`` (set by
         ``create_and_join_world``).
+      timeout: seconds to wait for each response in ``step``, ``reset`` and
+        ``close``; None waits until the response or the stream's end. A step
+        that times out raises ``RequestTimeoutError``.
     """
 
     def __init__(
@@ -98,8 +101,10 @@ class DmEnvAdaptor(dm_env.Environment):
         validate: bool = True,
         world_name: str | None = None,
         destroy_on_close: bool = False,
+        timeout: float | None = None,
     ) -> None:
         self._connection = connection
+        self._timeout = timeout
         self._nested = nested_tensors
         self._validate = validate
         self._requested_names = (
@@ -202,15 +207,21 @@ class DmEnvAdaptor(dm_env.Environment):
         packed = self._actions.pack(action) if action else {}
         return dm_env_rpc_pb2.StepRequest(actions=packed, requested_observations=self._uids)
 
-    def reset(self) -> dm_env.TimeStep:
-        """Starts a new sequence: a ResetRequest, then the first step."""
+    def reset(self, timeout: float | None = None) -> dm_env.TimeStep:
+        """Starts a new sequence: a ResetRequest, then the first step.
+
+        Args:
+          timeout: seconds to wait for each of the two responses (default: the
+            adaptor's ``timeout``).
+        """
         self._check_open()
-        response = self._connection.send(dm_env_rpc_pb2.ResetRequest())
+        timeout = self._timeout if timeout is None else timeout
+        response = self._connection.send(dm_env_rpc_pb2.ResetRequest(), timeout)
         if response.specs != self._wire_specs:
             self._set_specs(response.specs)
         with self._lock:
             self._last_state = State.INTERRUPTED
-        return self.step({})
+        return self._timestep(self._connection.send(self._request({}), timeout))
 
     def step(self, action: Mapping[str, Any]) -> dm_env.TimeStep:
         """Takes one step with an action keyed by name (nested dicts for dotted names).
@@ -220,9 +231,10 @@ class DmEnvAdaptor(dm_env.Environment):
           SpecValidationError: for a wrong dtype, shape or bound.
           DmEnvRpcError: the server refused the step.
           ProtocolError: an impossible state transition.
+          RequestTimeoutError: no response within the adaptor's ``timeout``.
         """
         self._check_open()
-        return self._timestep(self._connection.send(self._request(action)))
+        return self._timestep(self._connection.send(self._request(action), self._timeout))
 
     def step_async(self, action: Mapping[str, Any]) -> concurrent.futures.Future[dm_env.TimeStep]:
         """Sends a step at once and returns a Future of its TimeStep.
@@ -302,16 +314,22 @@ class DmEnvAdaptor(dm_env.Environment):
         """The SpecManager of the observations."""
         return self._observations
 
-    def close(self) -> None:
-        """Leaves the world (once; idempotent), and destroys it if ``destroy_on_close``."""
+    def close(self, timeout: float | None = None) -> None:
+        """Leaves the world (once; idempotent), and destroys it if ``destroy_on_close``.
+
+        Args:
+          timeout: seconds to wait for each response (default: the adaptor's
+            ``timeout``); a dead server is not waited for.
+        """
         if self._closed:
             return
         self._closed = True
+        timeout = self._timeout if timeout is None else timeout
         try:
-            self._connection.send(dm_env_rpc_pb2.LeaveWorldRequest())
+            self._connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
             if self._destroy_on_close and self.world_name is not None:
                 self._connection.send(
-                    dm_env_rpc_pb2.DestroyWorldRequest(world_name=self.world_name)
+                    dm_env_rpc_pb2.DestroyWorldRequest(world_name=self.world_name), timeout
                 )
         except errors.ConnectionClosedError:
             pass  # the server is gone: nothing left to leave

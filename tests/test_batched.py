@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
+from conftest import wait_for
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.server import Server
+from dm_env_rpc_client.connection import connect
+from dm_env_rpc_client.environment import create_and_join_world
+from dm_env_rpc_client.server import Server, serve
+from dm_env_rpc_client.server.catch import Catch
 
 
 def test_step_stacks_along_the_batch_axis(catch_server: Server) -> None:
@@ -69,3 +77,88 @@ def test_connect_failure_names_the_world() -> None:
         BatchedEnvironment.connect(["127.0.0.1:1"], 1, timeout=0.5)
     with pytest.raises(ValueError, match="at least one"):
         BatchedEnvironment([])
+
+
+class _Gate(Catch):
+    """Catch whose steps wait until the test opens the gate (a world that is slow on demand)."""
+
+    gate = threading.Event()
+
+    def step(self, action: Any) -> Any:
+        if not self.gate.wait(timeout=30):
+            raise RuntimeError("the test never opened the gate")
+        return super().step(action)
+
+
+def _loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "dm_env_rpc_client-batched"]
+
+
+def test_worlds_share_one_loop_thread_and_close_leaves_none() -> None:
+    before = len(_loop_threads())
+    with serve(lambda settings: Catch(**settings)) as server:
+        batch = BatchedEnvironment.connect([server.address], 8)
+        assert len(_loop_threads()) == before + 1  # eight streams, one thread
+        batch.reset()
+        for _ in range(20):
+            result = batch.step({"paddle": np.ones(8, np.int8)})
+        assert result.observation["board"].shape[0] == 8
+        batch.close()
+        batch.close()  # idempotent
+        assert wait_for(lambda: len(_loop_threads()) == before, timeout=5)
+
+
+def test_recv_waits_for_the_slowest_only_when_asked(catch_server: Server) -> None:
+    _Gate.gate.clear()
+    with (
+        serve(lambda settings: _Gate(**settings)) as slow,
+        BatchedEnvironment.connect([catch_server.address, slow.address], 2) as batch,
+    ):
+        _Gate.gate.set()
+        batch.reset()
+        _Gate.gate.clear()
+        batch.send({"paddle": np.zeros(2, np.int8)}, [0, 1])
+        fast = batch.recv(1, timeout=10)  # world 0 answers; world 1 waits at the gate
+        assert fast.env_ids.tolist() == [0]
+        with pytest.raises(errors.RequestTimeoutError, match="Fewer than 1 steps finished"):
+            batch.recv(1, timeout=0.2)
+        batch.send({"paddle": np.zeros(1, np.int8)}, [0])
+        with pytest.raises(errors.WorldError, match="World 1 at .* no response within 0.2 s"):
+            batch.recv(timeout=0.2, env_ids=[1])
+        with pytest.raises(ValueError, match="World 0 has 1 steps in flight; cannot receive 2"):
+            batch.recv(env_ids=[0, 0])
+        _Gate.gate.set()
+        late = batch.recv(2, timeout=10)
+        assert sorted(late.env_ids.tolist()) == [0, 1] and batch.pending() == 0
+
+
+def test_wraps_adaptors_made_by_hand(catch_server: Server) -> None:
+    with (
+        connect(catch_server.address, timeout=10) as one,
+        connect(catch_server.address, timeout=10) as two,
+    ):
+        envs = [create_and_join_world(conn, {"seed": 5}, {}).env for conn in (one, two)]
+        batch = BatchedEnvironment(envs)
+        assert batch.addresses == [catch_server.address] * 2
+        first = batch.reset(timeout=10)
+        assert first.first().all()
+        steps = [batch.step({"paddle": np.zeros(2, np.int8)}, timeout=10) for _ in range(3)]
+        # Same seed, same actions: the two worlds agree step for step.
+        for step in steps:
+            board = step.observation["board"]
+            np.testing.assert_array_equal(board[0], board[1])
+        batch.close()
+
+
+def test_close_is_bounded_when_a_server_hangs(server_process) -> None:
+    server = server_process()
+    batch = BatchedEnvironment.connect([server.address], 2, timeout=20)
+    batch.reset()
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        batch.send({"paddle": np.zeros(2, np.int8)}, [0, 1])
+        started = time.monotonic()
+        batch.close(timeout=1)
+        assert time.monotonic() - started < 8
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)

@@ -1,0 +1,250 @@
+"""A background asyncio loop, and a sync connection facade over ``AsyncConnection`` on it.
+
+``LoopThread`` runs one asyncio event loop in a daemon thread. ``LoopConnection``
+is a ``ConnectionLike`` (``send``, ``send_async`` returning a
+``concurrent.futures.Future``, ``close``) whose stream lives on that loop, so a
+``DmEnvAdaptor`` works over it unchanged::
+
+    runner = LoopThread()
+    conn = runner.run(LoopConnection.open(runner, address, timeout=10))
+    env, _ = dmr.create_and_join_world(conn, {}, {})
+    ...
+    conn.close()
+    runner.close()
+
+Many streams share the one thread. The threaded ``Connection`` pays for a
+reader thread and gRPC's own request-consuming thread per stream, and with
+dozens of streams those threads spend the client's CPU passing the GIL around;
+on one loop, every stream's responses are handled in turn by a single thread
+(``BatchedEnvironment`` uses this). The loop is private: only coroutines and
+callbacks of this module run on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import functools
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import message
+
+from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client.aio import AsyncConnection
+from dm_env_rpc_client.connection import _CLOSED, _CONNECT_TIMEOUT, create_channel, wait_response
+
+T = TypeVar("T")
+
+_LOOP_CLOSED = "The background event loop is closed; open a new connection."
+_LOOP_TIMEOUT = "The background event loop did not finish {what} within {timeout} s."
+
+
+class LoopThread:
+    """One asyncio event loop running in a daemon thread. ``close()`` is idempotent."""
+
+    def __init__(self, name: str = "dm_env_rpc_client-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._closed = False
+        # Calls from other threads, drained in one loop callback per burst (see call()).
+        self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = (
+            collections.deque()
+        )
+        self._drain_scheduled = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Runs a coroutine on the loop and waits for its result.
+
+        Raises:
+          ConnectionClosedError: the loop is closed.
+          RequestTimeoutError: no result within ``timeout`` (the coroutine is cancelled).
+        """
+        if self._closed:
+            coroutine.close()
+            raise errors.ConnectionClosedError(_LOOP_CLOSED)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise errors.RequestTimeoutError(
+                _LOOP_TIMEOUT.format(what=getattr(coroutine, "__name__", "a call"), timeout=timeout)
+            ) from None
+
+    def call(self, function: Callable[..., Any], *args: Any) -> None:
+        """Schedules ``function(*args)`` on the loop, in call order; returns at once.
+
+        A burst of calls (one per world of a batch) costs one wake-up of the
+        loop, not one each: only the first call of a burst schedules the drain.
+
+        Raises:
+          ConnectionClosedError: the loop is closed.
+        """
+        if self._closed:
+            raise errors.ConnectionClosedError(_LOOP_CLOSED)
+        self._calls.append((function, args))
+        if not self._drain_scheduled:
+            # Safe without a lock: _drain clears the flag *before* it empties the
+            # deque, so a call that saw the flag set is drained by that pass.
+            self._drain_scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # "Event loop is closed"
+                raise errors.ConnectionClosedError(_LOOP_CLOSED) from None
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        calls = self._calls
+        while calls:
+            function, args = calls.popleft()
+            try:
+                function(*args)
+            except Exception as exc:  # one failed call must not strand the ones after it
+                self.loop.call_exception_handler(
+                    {"message": "dm_env_rpc_client: a loop call failed", "exception": exc}
+                )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops the loop and joins its thread. Close the connections on it first."""
+        if self._closed:
+            return
+        self._closed = True
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    def __repr__(self) -> str:
+        return f"LoopThread({'closed' if self._closed else 'running'})"
+
+
+def _copy_outcome(target: concurrent.futures.Future[Any], source: asyncio.Future[Any]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.set_exception(errors.ConnectionClosedError(_CLOSED))
+        return
+    exc = source.exception()
+    if exc is None:
+        target.set_result(source.result())
+    else:
+        target.set_exception(exc)
+
+
+class LoopConnection:
+    """A sync, thread-safe ``ConnectionLike`` over an ``AsyncConnection`` on a ``LoopThread``.
+
+    Create it with ``runner.run(LoopConnection.open(runner, address, ...))``.
+    The ``runner`` is shared, not owned: close it after its connections.
+    """
+
+    def __init__(self, runner: LoopThread, connection: AsyncConnection) -> None:
+        self._runner = runner
+        self._connection = connection
+        self.address = connection.address
+
+    @classmethod
+    async def open(
+        cls,
+        runner: LoopThread,
+        address: str,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        timeout: float | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Any = None,
+        insecure: bool = False,
+        metadata: Any = None,
+    ) -> LoopConnection:
+        """Opens a stream (on ``channel`` if given, which the caller keeps owning).
+
+        Must run on ``runner``'s loop. Raises ``ConnectTimeoutError`` if the
+        server does not answer within ``timeout``.
+        """
+        owns = channel is None
+        if channel is None:
+            channel = create_channel(
+                address, credentials=credentials, options=options, insecure=insecure, aio=True
+            )
+        try:
+            await asyncio.wait_for(channel.channel_ready(), timeout)
+        except asyncio.TimeoutError:
+            if owns:
+                await channel.close()
+            raise errors.ConnectTimeoutError(
+                _CONNECT_TIMEOUT.format(address=address, timeout=timeout)
+            ) from None
+        connection = await AsyncConnection.open(channel, metadata)
+        connection._owns_channel = owns
+        connection.address = address
+        return cls(runner, connection)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the stream is closed."""
+        return self._connection.closed or self._runner.closed
+
+    def _submit(
+        self,
+        data: bytes,
+        expected: str,
+        response_type: type | None,
+        result: concurrent.futures.Future[Any],
+    ) -> None:
+        sent = self._connection._submit(data, expected, response_type)
+        sent.add_done_callback(functools.partial(_copy_outcome, result))
+
+    def send_async(
+        self, request: message.Message, *, response_type: type | None = None
+    ) -> concurrent.futures.Future[Any]:
+        """Sends a request and returns a Future of its response, at once (see ``Connection``)."""
+        data, expected = messages.envelope(request)
+        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            self._runner.call(self._submit, data, expected, response_type, result)
+        except errors.ConnectionClosedError as exc:
+            result.set_exception(exc)
+        return result
+
+    def send(
+        self,
+        request: message.Message,
+        timeout: float | None = None,
+        *,
+        response_type: type | None = None,
+    ) -> Any:
+        """Sends a request and waits for its response (see ``Connection.send``)."""
+        return wait_response(
+            self.send_async(request, response_type=response_type), timeout, request
+        )
+
+    def close(self) -> None:
+        """Closes the stream (idempotent); fails pending requests."""
+        if self._runner.closed:
+            return
+        self._runner.run(self._connection.aclose(), timeout=10)
+
+    def __enter__(self) -> LoopConnection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._connection._pending)} pending"
+        return f"LoopConnection(address={self.address!r}, {state})"
