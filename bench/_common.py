@@ -1,30 +1,54 @@
-"""Shared benchmark helpers: server subprocesses, timing, and table printing."""
+"""Shared benchmark helpers: server subprocesses, timing, and table printing.
+
+The machine the benchmarks run on may be shared and noisy, so throughput drifts
+between consecutive measurements. :func:`measure_interleaved` copes with that:
+it sets up every variant once, then runs them all once per round, in a seeded
+shuffled order, and reports medians over the rounds; ratios between variants
+are taken within each round (where they saw the same conditions) before the
+median, so drift between rounds cancels.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import math
 import os
 import pathlib
+import random
 import re
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
+
+# Before grpc is imported anywhere (the scripts import this module before grpc), so
+# gRPC's INFO log lines ("Got goaway", ...) stay out of the tables. The server
+# subprocesses inherit it through their environment.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+DEFAULT_ROUNDS = 5
+
+
+class ServerInfo(NamedTuple):
+    address: str
+    pid: int
+
 
 @contextlib.contextmanager
-def server_process(*args: str) -> Iterator[str]:
-    """Runs ``python -m dm_env_rpc_client.server`` in a subprocess; yields its address."""
+def server_process_info(*args: str) -> Iterator[ServerInfo]:
+    """Runs ``python -m dm_env_rpc_client.server`` in a subprocess; yields its address and pid."""
     process = subprocess.Popen(
         [sys.executable, "-m", "dm_env_rpc_client.server", "--port", "0", *args],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "GRPC_VERBOSITY": os.environ["GRPC_VERBOSITY"], "PYTHONPATH": str(ROOT)},
     )
     try:
         assert process.stdout is not None
@@ -32,13 +56,30 @@ def server_process(*args: str) -> Iterator[str]:
         match = re.match(r"Serving \w+ on (\S+)", line)
         if match is None:
             raise RuntimeError(f"unexpected server output: {line!r}")
-        yield match.group(1)
+        yield ServerInfo(match.group(1), process.pid)
     finally:
         process.terminate()
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@contextlib.contextmanager
+def server_process(*args: str) -> Iterator[str]:
+    """Runs ``python -m dm_env_rpc_client.server`` in a subprocess; yields its address."""
+    with server_process_info(*args) as server:
+        yield server.address
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` (all its threads), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    # Fields after the parenthesised command name start at field 3 (state); utime and
+    # stime are fields 14 and 15.
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Measurement(NamedTuple):
@@ -58,6 +99,93 @@ def measure(run: Callable[[int], Any], steps: int, repeats: int = 3) -> Measurem
             best = result
     assert best is not None
     return best
+
+
+class Sample(NamedTuple):
+    """One timed run of one variant."""
+
+    steps_per_second: float
+    cpu_us_per_step: float  # client, all threads (time.process_time)
+    server_cpu_us_per_step: float  # NaN when the server's pid is unknown
+
+
+# (run, close): run(steps) does ``steps`` steps; close() releases what the variant holds.
+Variant = tuple[Callable[[int], Any], Callable[[], Any]]
+VariantFactory = Callable[[], Variant]
+
+
+class Rounds:
+    """The samples of :func:`measure_interleaved`: one per variant per round."""
+
+    def __init__(self, samples: Mapping[str, Sequence[Sample]]) -> None:
+        self.samples = {name: list(runs) for name, runs in samples.items()}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.samples)
+
+    @property
+    def rounds(self) -> int:
+        return min(len(runs) for runs in self.samples.values())
+
+    def median(self, name: str, field: str = "steps_per_second") -> float:
+        """The median over rounds of one field of variant ``name``."""
+        return statistics.median(getattr(sample, field) for sample in self.samples[name])
+
+    def ratio(self, name: str, base: str, field: str = "steps_per_second") -> float:
+        """The median over rounds of ``name``'s field divided by ``base``'s in the same round."""
+        return statistics.median(
+            getattr(sample, field) / getattr(base_sample, field)
+            for sample, base_sample in zip(self.samples[name], self.samples[base], strict=True)
+        )
+
+
+def measure_interleaved(
+    variants: Mapping[str, VariantFactory],
+    steps: int,
+    *,
+    rounds: int = DEFAULT_ROUNDS,
+    warmup: int | None = None,
+    server_pid: int | Sequence[int] | None = None,
+    seed: int = 0,
+) -> Rounds:
+    """Times every variant once per round, interleaved, so they all see the same drift.
+
+    Sets up every variant (in order), warms each up with ``warmup`` steps (default
+    ``min(steps, 200)``), then for each of ``rounds`` rounds runs every variant once
+    for ``steps`` steps, in an order shuffled by ``random.Random(seed)``. Each run
+    records wall-clock steps/s, client CPU µs/step (all threads) and, if
+    ``server_pid`` is given, the server process's CPU µs/step (from /proc, with the
+    resolution of a clock tick; several pids are summed). Closes every variant at the end.
+    """
+    rng = random.Random(seed)
+    pids = [] if server_pid is None else [server_pid] if isinstance(server_pid, int) else server_pid
+
+    def server_seconds() -> float:
+        return sum(process_cpu_seconds(pid) for pid in pids)
+
+    warmup = min(steps, 200) if warmup is None else warmup
+    samples: dict[str, list[Sample]] = {name: [] for name in variants}
+    with contextlib.ExitStack() as stack:
+        runs: dict[str, Callable[[int], Any]] = {}
+        for name, factory in variants.items():
+            run, close = factory()
+            stack.callback(close)
+            runs[name] = run
+        for run in runs.values():
+            run(warmup)
+        order = list(runs)
+        for _ in range(rounds):
+            rng.shuffle(order)
+            for name in order:
+                gc.collect()  # garbage left by the previous variant is not this one's cost
+                server = server_seconds()
+                wall, cpu = time.perf_counter(), time.process_time()
+                runs[name](steps)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                server_us = (server_seconds() - server) / steps * 1e6 if pids else math.nan
+                samples[name].append(Sample(steps / wall, cpu / steps * 1e6, server_us))
+    return Rounds(samples)
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

@@ -1,9 +1,12 @@
 """Aggregate random-action steps per second over 1, 4 and 16 Catch worlds.
 
-Run: ``python bench/batched.py [--steps N]``. Two server processes hold the
-worlds (round-robin). This SDK's ``BatchedEnvironment`` (pipelined send/recv)
-against a loop over the reference ``DmEnvAdaptor`` (one step per world in turn),
-in one table with ratios.
+Run: ``python bench/batched.py [--steps N] [--rounds R]``. Two server processes
+hold the worlds (round-robin). This SDK's ``BatchedEnvironment`` (pipelined
+send/recv, 8 steps in flight per world) against a loop over the reference
+``DmEnvAdaptor`` (one step per world in turn), interleaved in rounds: every
+client is set up and warmed up, then each runs once per round in a seeded
+shuffled order. Steps/s, client CPU and server CPU (both server processes) are
+medians over the rounds; the ratio is the median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -12,15 +15,21 @@ import argparse
 import contextlib
 from typing import Any
 
+# _common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_process_info
+
+# isort: split
 import grpc
 import numpy as np
-from _common import measure, print_table, server_process
 from dm_env_rpc.v1 import connection as reference_connection
 from dm_env_rpc.v1 import dm_env_adaptor as reference_adaptor
 
 from dm_env_rpc_client.batched import BatchedEnvironment
 
 WORLDS = (1, 4, 16)
+WINDOW = 8
+REFERENCE = "reference loop"
+OURS = f"SDK batched, {WINDOW} in flight/world"
 
 
 def reference_loop(addresses: list[str], count: int) -> Any:
@@ -49,19 +58,20 @@ def reference_loop(addresses: list[str], count: int) -> Any:
     return run, close
 
 
-def ours(addresses: list[str], count: int, window: int) -> Any:
+def ours(addresses: list[str], count: int) -> Any:
     batch = BatchedEnvironment.connect(addresses, count)
     batch.reset()
-    spec = batch.action_spec()
+    dtype = batch.action_spec()["paddle"].dtype
     rng = np.random.default_rng(0)
 
     def run(steps: int) -> None:
         sent = received = 0
         while received < steps:
-            ids = [w for w in range(count) if len(batch._inflight[w]) < window][: steps - sent]
-            if ids:
-                actions = {"paddle": rng.integers(-1, 2, len(ids)).astype(spec["paddle"].dtype)}
-                batch.send(actions, ids)
+            while sent < steps:  # top every world up to WINDOW steps in flight
+                ids = [w for w in range(count) if batch.in_flight(w) < WINDOW][: steps - sent]
+                if not ids:
+                    break
+                batch.send({"paddle": rng.integers(-1, 2, len(ids)).astype(dtype)}, ids)
                 sent += len(ids)
             wanted = min(max(1, count // 2), sent - received)
             received += len(batch.recv(wanted, timeout=30).env_ids)
@@ -72,36 +82,47 @@ def ours(addresses: list[str], count: int, window: int) -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3200)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS))
     args = parser.parse_args()
     rows = []
     with contextlib.ExitStack() as stack:
-        addresses = [stack.enter_context(server_process("--env", "catch")) for _ in range(2)]
-        for count in WORLDS:
-            results = {}
-            for name, factory in (
-                ("reference loop", lambda count=count: reference_loop(addresses, count)),
-                ("SDK batched, 8 in flight/world", lambda count=count: ours(addresses, count, 8)),
-            ):
-                run, close = factory()
-                run(min(args.steps, 160))
-                results[name] = measure(run, args.steps, repeats=2)
-                close()
-            base = results["reference loop"].steps_per_second
-            for name, m in results.items():
+        servers = [stack.enter_context(server_process_info("--env", "catch")) for _ in range(2)]
+        addresses = [server.address for server in servers]
+        for count in args.worlds:
+            results = measure_interleaved(
+                {
+                    REFERENCE: lambda count=count: reference_loop(addresses, count),
+                    OURS: lambda count=count: ours(addresses, count),
+                },
+                args.steps,
+                rounds=args.rounds,
+                server_pid=[server.pid for server in servers],
+            )
+            for name in (REFERENCE, OURS):
                 rows.append(
                     [
                         count,
                         name,
-                        m.steps_per_second,
-                        m.cpu_us_per_step,
-                        f"{m.steps_per_second / base:.2f}x",
+                        results.median(name),
+                        results.median(name, "cpu_us_per_step"),
+                        results.median(name, "server_cpu_us_per_step"),
+                        f"{results.ratio(name, REFERENCE):.2f}x",
                     ]
                 )
     print_table(
         "Aggregate steps/s, Catch, 2 server processes",
-        ["worlds", "client", "steps/s", "CPU µs/step", "vs reference loop"],
+        [
+            "worlds",
+            "client",
+            "steps/s",
+            "client CPU µs/step",
+            "server CPU µs/step",
+            "vs reference loop",
+        ],
         rows,
     )
+    print(f"\nMedians over {args.rounds} interleaved rounds of {args.steps:,} steps per client.")
 
 
 if __name__ == "__main__":

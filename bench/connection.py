@@ -1,9 +1,14 @@
 """Connection throughput: the reference send loop, this SDK (lockstep, pipelined, asyncio), raw gRPC.
 
-Run: ``python bench/connection.py [--steps N]``. The server runs in a separate
-process (Catch, and an environment with a float32[100,000] observation). For
-each, one table: steps per second and client CPU µs per step (all client
-threads), with ratios against the reference loop (a) and the raw floor (d).
+Run: ``python bench/connection.py [--steps N] [--rounds R]``. The server runs in
+a separate process (Catch, and an environment with a float32[100,000]
+observation). Every client is set up once and warmed up, then all of them run
+once per round, in a seeded shuffled order, for R rounds. For each environment,
+one table: steps per second, client CPU µs per step (all client threads) and
+server CPU µs per step (the server process, from /proc), each the median over
+the rounds, and ratios against the reference loop (a) and against the raw floor
+(d) at the same window (the lockstep floor for (b)), each the median of the
+per-round ratios, so drift between rounds cancels.
 """
 
 from __future__ import annotations
@@ -11,13 +16,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+# _common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _common import (
+    DEFAULT_ROUNDS,
+    ServerInfo,
+    Variant,
+    VariantFactory,
+    measure_interleaved,
+    print_table,
+    server_process_info,
+)
+
+# isort: split
 import grpc
-from _common import Measurement, measure, print_table, server_process
 from dm_env_rpc.v1 import connection as reference_connection
 from dm_env_rpc.v1 import dm_env_rpc_pb2 as ref_pb2
 
@@ -31,7 +48,7 @@ def _step_request(specs: Any) -> dm_env_rpc_pb2.StepRequest:
     return dm_env_rpc_pb2.StepRequest(requested_observations=sorted(specs.observations))
 
 
-def reference_loop(address: str) -> Any:
+def reference_loop(address: str) -> Variant:
     channel = grpc.insecure_channel(address)
     conn = reference_connection.Connection(channel)
     world = conn.send(ref_pb2.CreateWorldRequest()).world_name
@@ -42,7 +59,11 @@ def reference_loop(address: str) -> Any:
         for _ in range(steps):
             conn.send(request)
 
-    return run, lambda: (conn.close(), channel.close())
+    def close() -> None:
+        conn.close()
+        channel.close()
+
+    return run, close
 
 
 def _ours(address: str) -> tuple[Any, dm_env_rpc_pb2.StepRequest]:
@@ -52,7 +73,7 @@ def _ours(address: str) -> tuple[Any, dm_env_rpc_pb2.StepRequest]:
     return conn, _step_request(specs)
 
 
-def ours_loop(address: str) -> Any:
+def ours_loop(address: str) -> Variant:
     conn, request = _ours(address)
 
     def run(steps: int) -> None:
@@ -62,7 +83,7 @@ def ours_loop(address: str) -> Any:
     return run, conn.close
 
 
-def ours_pipelined(address: str, window: int) -> Any:
+def ours_pipelined(address: str, window: int) -> Variant:
     conn, request = _ours(address)
 
     def run(steps: int) -> None:
@@ -80,7 +101,7 @@ def ours_pipelined(address: str, window: int) -> Any:
 _LOOP = asyncio.new_event_loop()  # one loop for every asyncio run: grpc.aio binds to it
 
 
-def ours_asyncio(address: str, window: int) -> Any:
+def ours_asyncio(address: str, window: int) -> Variant:
     loop = _LOOP
 
     async def setup() -> Any:
@@ -105,7 +126,7 @@ def ours_asyncio(address: str, window: int) -> Any:
     return (lambda steps: loop.run_until_complete(steps_async(steps))), close
 
 
-def raw_floor(address: str, window: int) -> Any:
+def raw_floor(address: str, window: int) -> Variant:
     """Pre-serialized requests and undecoded responses over a bare gRPC stream."""
     channel = grpc.insecure_channel(address)
     outgoing: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -146,37 +167,38 @@ def raw_floor(address: str, window: int) -> Any:
     return run, close
 
 
-def bench(address: str, steps: int) -> list[list[Any]]:
-    results: dict[str, Measurement] = {}
-
-    def record(name: str, factory: Any) -> None:
-        run, close = factory
-        run(min(steps, 200))  # warm up
-        results[name] = measure(run, steps)
-        close()
-
-    record("(a) reference send loop", reference_loop(address))
-    record("(b) SDK send loop", ours_loop(address))
-    record("(d) raw floor, lockstep", raw_floor(address, 1))
+def bench(server: ServerInfo, steps: int, rounds: int) -> list[list[Any]]:
+    address = server.address
+    variants: dict[str, VariantFactory] = {
+        "(a) reference send loop": functools.partial(reference_loop, address),
+        "(b) SDK send loop": functools.partial(ours_loop, address),
+        "(d) raw floor, lockstep": functools.partial(raw_floor, address, 1),
+    }
     for window in WINDOWS:
-        record(f"(c) SDK pipelined sync, {window}", ours_pipelined(address, window))
-        record(f"(c) SDK pipelined asyncio, {window}", ours_asyncio(address, window))
-        record(f"(d) raw floor, {window}", raw_floor(address, window))
-    reference = results["(a) reference send loop"]
+        variants[f"(c) SDK pipelined sync, {window}"] = functools.partial(
+            ours_pipelined, address, window
+        )
+        variants[f"(c) SDK pipelined asyncio, {window}"] = functools.partial(
+            ours_asyncio, address, window
+        )
+        variants[f"(d) raw floor, {window}"] = functools.partial(raw_floor, address, window)
+    results = measure_interleaved(variants, steps, rounds=rounds, server_pid=server.pid)
+    reference = "(a) reference send loop"
     rows = []
-    for name, m in results.items():
-        window = name.rsplit(", ", 1)[-1]
-        floor = results.get(f"(d) raw floor, {window}") if window.isdigit() else None
+    for name in results.names:
+        suffix = name.rsplit(", ", 1)[-1]
+        floor = f"(d) raw floor, {suffix}" if suffix.isdigit() else None
         if name.startswith("(b)"):
-            floor = results["(d) raw floor, lockstep"]
+            floor = "(d) raw floor, lockstep"
         rows.append(
             [
                 name,
-                m.steps_per_second,
-                m.cpu_us_per_step,
-                f"{m.steps_per_second / reference.steps_per_second:.2f}x",
-                f"{m.steps_per_second / floor.steps_per_second:.0%}" if floor else "",
-                f"{m.cpu_us_per_step / floor.cpu_us_per_step:.2f}x" if floor else "",
+                results.median(name, "steps_per_second"),
+                results.median(name, "cpu_us_per_step"),
+                results.median(name, "server_cpu_us_per_step"),
+                f"{results.ratio(name, reference):.2f}x",
+                f"{results.ratio(name, floor):.0%}" if floor else "",
+                f"{results.ratio(name, floor, 'cpu_us_per_step'):.2f}x" if floor else "",
             ]
         )
     return rows
@@ -185,14 +207,26 @@ def bench(address: str, steps: int) -> list[list[Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     args = parser.parse_args()
-    header = ["client", "steps/s", "CPU µs/step", "vs (a)", "vs floor steps/s", "CPU vs floor"]
-    with server_process("--env", "catch") as address:
-        print_table("Catch (board float32[10, 5])", header, bench(address, args.steps))
-    with server_process("--env", "large", "--size", "100000") as address:
-        print_table(
-            "float32[100,000] observation", header, bench(address, max(100, args.steps // 10))
-        )
+    header = [
+        "client",
+        "steps/s",
+        "client CPU µs/step",
+        "server CPU µs/step",
+        "vs (a)",
+        "vs floor steps/s",
+        "CPU vs floor",
+    ]
+    large_steps = max(100, args.steps // 10)
+    with server_process_info("--env", "catch") as server:
+        print_table("Catch (board float32[10, 5])", header, bench(server, args.steps, args.rounds))
+    with server_process_info("--env", "large", "--size", "100000") as server:
+        print_table("float32[100,000] observation", header, bench(server, large_steps, args.rounds))
+    print(
+        f"\nMedians over {args.rounds} interleaved rounds; steps per variant per round: "
+        f"{args.steps:,} (Catch), {large_steps:,} (float32[100,000])."
+    )
 
 
 if __name__ == "__main__":

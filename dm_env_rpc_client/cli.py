@@ -101,10 +101,12 @@ def run(args: argparse.Namespace) -> int:
         window = max(1, args.pipeline)
         with tqdm(total=args.steps, unit="step", disable=args.quiet) as progress:
             while received < args.steps:
-                # Keep up to `window` steps in flight per world, up to the total asked for.
-                ids = [w for w in range(count) if batch.in_flight(w) < window]
-                ids = ids[: max(0, args.steps - sent)]
-                if ids:
+                # Top every world up to `window` steps in flight, up to the total asked for.
+                while sent < args.steps:
+                    ids = [w for w in range(count) if batch.in_flight(w) < window]
+                    ids = ids[: args.steps - sent]
+                    if not ids:
+                        break
                     actions = [random_action(spec, rng) for _ in ids]
                     batch.send(_stack_actions(actions), ids)
                     for world, action in zip(ids, actions, strict=True):
