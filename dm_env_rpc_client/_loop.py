@@ -199,6 +199,11 @@ class LoopConnection:
         """Whether the stream is closed."""
         return self._connection.closed or self._runner.closed
 
+    @property
+    def async_connection(self) -> AsyncConnection:
+        """The ``AsyncConnection`` underneath; use it only on the runner's loop."""
+        return self._connection
+
     def _submit(
         self,
         data: bytes,

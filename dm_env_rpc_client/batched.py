@@ -46,8 +46,9 @@ import dm_env
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import errors
+from dm_env_rpc_client import errors, messages
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
+from dm_env_rpc_client.aio import AsyncConnection
 from dm_env_rpc_client.connection import ConnectionLike, create_channel
 from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world
 
@@ -58,6 +59,7 @@ _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {want
 _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} did)."
 _NO_RESPONSE = "no response within {timeout} s"
 _NO_WAITER = 1 << 62
+STEP = "step"  # the EnvironmentResponse payload that answers a StepRequest
 
 
 class BatchedTimeStep(NamedTuple):
@@ -173,11 +175,12 @@ class BatchedEnvironment:
         )
         self._connections = list(connections)
         self._runner: LoopThread | None = None
+        self._streams: list[AsyncConnection] = []  # with a runner: each world's stream
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._closed = False
-        # Finished steps, per world in request order: (future of the TimeStep, latency).
+        # Finished steps, per world in request order: (TimeStep or the exception, latency).
         self._cond = threading.Condition(threading.Lock())
-        self._done: list[collections.deque[tuple[concurrent.futures.Future[Any], float]]] = [
+        self._done: list[collections.deque[tuple[Any, float]]] = [
             collections.deque() for _ in self.envs
         ]
         self._ready = 0  # finished and not yet received, over all worlds
@@ -257,6 +260,7 @@ class BatchedEnvironment:
             raise
         batch = cls(envs, used, connections=connections)
         batch._runner, batch._channels = runner, channels
+        batch._streams = [conn.async_connection for conn in connections]
         return batch
 
     def __len__(self) -> int:
@@ -310,19 +314,53 @@ class BatchedEnvironment:
         """
         per_world = _unstack(actions, len(env_ids))
         sent = time.perf_counter()
+        if self._runner is None:  # adaptors over connections of their own
+            for index, action in zip(env_ids, per_world, strict=True):
+                try:
+                    future = self.envs[index].step_async(action)
+                except errors.DmEnvRpcClientError as exc:
+                    raise self._wrap(index, exc) from exc
+                self._in_flight[index] += 1
+                future.add_done_callback(functools.partial(self._finished, index, sent))
+            return
+        # On the batch's loop: requests are packed here, then written by one loop call.
+        batch: list[tuple[int, bytes]] = []
         for index, action in zip(env_ids, per_world, strict=True):
             try:
-                future = self.envs[index].step_async(action)
+                data, _ = messages.envelope(self.envs[index].step_request(action))
             except errors.DmEnvRpcClientError as exc:
+                if batch:
+                    self._runner.call(self._write_steps, batch, sent)
                 raise self._wrap(index, exc) from exc
+            batch.append((index, data))
             self._in_flight[index] += 1
-            future.add_done_callback(functools.partial(self._finished, index, sent))
+        self._runner.call(self._write_steps, batch, sent)
+
+    def _write_steps(self, batch: list[tuple[int, bytes]], sent: float) -> None:
+        # On the loop: queue each world's request; its TimeStep is made as its response lands.
+        for index, data in batch:
+            future = self._streams[index]._submit(data, STEP)
+            future.add_done_callback(functools.partial(self._landed, index, sent))
+
+    def _landed(self, index: int, sent: float, future: asyncio.Future[Any]) -> None:
+        try:
+            outcome = self.envs[index].step_response(future.result())
+        except BaseException as exc:
+            outcome = exc
+        self._file(index, sent, outcome)
 
     def _finished(self, index: int, sent: float, future: concurrent.futures.Future[Any]) -> None:
+        try:
+            outcome = future.result()
+        except BaseException as exc:
+            outcome = exc
+        self._file(index, sent, outcome)
+
+    def _file(self, index: int, sent: float, outcome: Any) -> None:
         # On the loop (or a connection's reader thread): file the step and wake recv if due.
         latency = time.perf_counter() - sent
         with self._cond:
-            self._done[index].append((future, latency))
+            self._done[index].append((outcome, latency))
             self._ready += 1
             if self._ready >= self._want:
                 self._cond.notify()
@@ -399,19 +437,16 @@ class BatchedEnvironment:
             self._ready -= len(taken)
         return self._collect(taken)
 
-    def _collect(
-        self, taken: list[tuple[int, concurrent.futures.Future[Any], float]]
-    ) -> BatchedTimeStep:
+    def _collect(self, taken: list[tuple[int, Any, float]]) -> BatchedTimeStep:
         for index, _, latency in taken:
             self._in_flight[index] -= 1
             self.latencies.append(latency)
-        timesteps = []
-        for index, future, _ in taken:
-            try:
-                timesteps.append(future.result(0))
-            except errors.DmEnvRpcClientError as exc:
-                raise self._wrap(index, exc) from exc
-        return _batch(timesteps, [index for index, _, _ in taken])
+        for index, outcome, _ in taken:
+            if isinstance(outcome, errors.DmEnvRpcClientError):
+                raise self._wrap(index, outcome) from outcome
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return _batch([outcome for _, outcome, _ in taken], [index for index, _, _ in taken])
 
     def close(self, timeout: float = 10.0) -> None:
         """Leaves every world and closes what this batch opened. Idempotent; bounded by ``timeout``."""

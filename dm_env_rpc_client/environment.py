@@ -141,7 +141,15 @@ class DmEnvAdaptor(dm_env.Environment):
 
     # --- the TimeStep state machine ------------------------------------------------------
 
-    def _timestep(self, response: dm_env_rpc_pb2.StepResponse) -> dm_env.TimeStep:
+    def step_response(self, response: dm_env_rpc_pb2.StepResponse) -> dm_env.TimeStep:
+        """The TimeStep of a StepResponse to a request from ``step_request``.
+
+        For driving the connection yourself: call it once per response, in
+        request order, as it advances the step-type state machine.
+
+        Raises:
+          ProtocolError: an impossible state transition.
+        """
         state = response.state
         with self._lock:
             before = self._last_state
@@ -203,7 +211,18 @@ class DmEnvAdaptor(dm_env.Environment):
         if self._closed:
             raise errors.ConnectionClosedError(_CLOSED)
 
-    def _request(self, action: Mapping[str, Any] | None) -> dm_env_rpc_pb2.StepRequest:
+    def step_request(self, action: Mapping[str, Any] | None) -> dm_env_rpc_pb2.StepRequest:
+        """The StepRequest for an action (packed and checked against the specs).
+
+        For driving the connection yourself (``step_async`` does this for you):
+        send it, then pass its response to ``step_response``.
+
+        Raises:
+          UnknownNameError: for an action name not in the specs.
+          SpecValidationError: for a wrong dtype, shape or bound.
+          ConnectionClosedError: the environment is closed.
+        """
+        self._check_open()
         packed = self._actions.pack(action) if action else {}
         return dm_env_rpc_pb2.StepRequest(actions=packed, requested_observations=self._uids)
 
@@ -221,7 +240,7 @@ class DmEnvAdaptor(dm_env.Environment):
             self._set_specs(response.specs)
         with self._lock:
             self._last_state = State.INTERRUPTED
-        return self._timestep(self._connection.send(self._request({}), timeout))
+        return self.step_response(self._connection.send(self.step_request({}), timeout))
 
     def step(self, action: Mapping[str, Any]) -> dm_env.TimeStep:
         """Takes one step with an action keyed by name (nested dicts for dotted names).
@@ -233,8 +252,7 @@ class DmEnvAdaptor(dm_env.Environment):
           ProtocolError: an impossible state transition.
           RequestTimeoutError: no response within the adaptor's ``timeout``.
         """
-        self._check_open()
-        return self._timestep(self._connection.send(self._request(action), self._timeout))
+        return self.step_response(self._connection.send(self.step_request(action), self._timeout))
 
     def step_async(self, action: Mapping[str, Any]) -> concurrent.futures.Future[dm_env.TimeStep]:
         """Sends a step at once and returns a Future of its TimeStep.
@@ -242,13 +260,12 @@ class DmEnvAdaptor(dm_env.Environment):
         Steps may be pipelined; TimeSteps are computed in request order, across
         sequence boundaries. Use one thread per environment.
         """
-        self._check_open()
         result: concurrent.futures.Future[dm_env.TimeStep] = concurrent.futures.Future()
-        sent = self._connection.send_async(self._request(action))
+        sent = self._connection.send_async(self.step_request(action))
 
         def convert(done: concurrent.futures.Future[Any]) -> None:
             try:
-                result.set_result(self._timestep(done.result()))
+                result.set_result(self.step_response(done.result()))
             except BaseException as exc:
                 result.set_exception(exc)
 

@@ -150,7 +150,7 @@ def test_state_transition_errors_name_both_states(conn: Connection) -> None:
     env._last_state = dm_env_rpc_pb2.EnvironmentStateType.TERMINATED
     response = dm_env_rpc_pb2.StepResponse(state=dm_env_rpc_pb2.EnvironmentStateType.INTERRUPTED)
     with pytest.raises(errors.ProtocolError, match="TERMINATED to INTERRUPTED.*sequence"):
-        env._timestep(response)
+        env.step_response(response)
 
 
 def test_no_discount_observation_gives_state_based_discount(conn: Connection) -> None:
