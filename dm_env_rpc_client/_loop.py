@@ -80,6 +80,8 @@ class LoopThread:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
+            if future.done():  # the coroutine's own TimeoutError (e.g. ConnectTimeoutError)
+                raise
             future.cancel()
             raise errors.RequestTimeoutError(
                 _LOOP_TIMEOUT.format(what=getattr(coroutine, "__name__", "a call"), timeout=timeout)

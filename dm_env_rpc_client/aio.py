@@ -183,6 +183,8 @@ class AsyncConnection:
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
+            if future.done():  # the request's own error, a TimeoutError subclass: keep it
+                raise
             raise errors.RequestTimeoutError(
                 _REQUEST_TIMEOUT.format(expected=type(request).__name__, timeout=timeout)
             ) from None

@@ -212,7 +212,8 @@ class BatchedEnvironment:
           num_envs: how many worlds; default one per address.
           create_world_settings: settings for every CreateWorldRequest.
           join_world_settings: settings for every JoinWorldRequest.
-          timeout: seconds to wait for each server to answer.
+          timeout: seconds to wait for each server to answer, and for each response
+            of the worlds' ``reset``, ``close`` and lifecycle calls.
           credentials: channel credentials for TLS (as for ``dmr.connect``).
           options: extra gRPC channel options.
           insecure: allow plaintext to a remote host.
@@ -246,7 +247,9 @@ class BatchedEnvironment:
                 try:
                     conn = runner.run(open_stream(address))
                     connections.append(conn)
-                    env, _ = create_and_join_world(conn, create_world_settings, join_world_settings)
+                    env, _ = create_and_join_world(
+                        conn, create_world_settings, join_world_settings, timeout=timeout
+                    )
                 except errors.DmEnvRpcClientError as exc:
                     raise errors.WorldError(
                         _WORLD_FAILED.format(index=index, address=address, error=exc),

@@ -143,6 +143,8 @@ def wait_response(
     try:
         return future.result(timeout)
     except concurrent.futures.TimeoutError:
+        if future.done():  # the request's own error, a TimeoutError subclass: keep it
+            raise
         name = type(request).__name__
         raise errors.RequestTimeoutError(
             _REQUEST_TIMEOUT.format(expected=name, timeout=timeout)

@@ -378,11 +378,18 @@ class CreateAndJoinResult(NamedTuple):
 
 
 def create_world(
-    connection: ConnectionLike, create_world_settings: Mapping[str, Any] | None = None
+    connection: ConnectionLike,
+    create_world_settings: Mapping[str, Any] | None = None,
+    *,
+    timeout: float | None = None,
 ) -> str:
-    """Creates a world and returns its name. Settings: nested dicts of Python or NumPy values."""
+    """Creates a world and returns its name. Settings: nested dicts of Python or NumPy values.
+
+    Raises:
+      RequestTimeoutError: no response within ``timeout`` seconds.
+    """
     request = dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(create_world_settings))
-    return connection.send(request).world_name
+    return connection.send(request, timeout).world_name
 
 
 def join_world(
@@ -391,11 +398,14 @@ def join_world(
     join_world_settings: Mapping[str, Any] | None = None,
     **adaptor_kwargs: Any,
 ) -> DmEnvAdaptor:
-    """Joins a world and returns it as a DmEnvAdaptor (``adaptor_kwargs`` go to it)."""
+    """Joins a world and returns it as a DmEnvAdaptor (``adaptor_kwargs`` go to it).
+
+    An adaptor ``timeout=`` also bounds the wait for the join.
+    """
     request = dm_env_rpc_pb2.JoinWorldRequest(
         world_name=world_name, settings=pack_settings(join_world_settings)
     )
-    response = connection.send(request)
+    response = connection.send(request, adaptor_kwargs.get("timeout"))
     return DmEnvAdaptor(connection, response.specs, world_name=world_name, **adaptor_kwargs)
 
 
@@ -408,38 +418,46 @@ def create_and_join_world(
     """Creates a world and joins it; ``env.close()`` later leaves and destroys it.
 
     If the join fails, the new world is destroyed and the join's error is raised
-    (never an error of that cleanup).
+    (never an error of that cleanup). An adaptor ``timeout=`` bounds every call,
+    these included.
     """
-    world_name = create_world(connection, create_world_settings)
+    timeout = adaptor_kwargs.get("timeout")
+    world_name = create_world(connection, create_world_settings, timeout=timeout)
     try:
         env = join_world(
             connection, world_name, join_world_settings, destroy_on_close=True, **adaptor_kwargs
         )
     except BaseException:
         with contextlib.suppress(Exception):
-            destroy_world(connection, world_name)
+            destroy_world(connection, world_name, timeout=timeout)
         raise
     return CreateAndJoinResult(env, world_name)
 
 
-def leave_world(connection: ConnectionLike) -> None:
+def leave_world(connection: ConnectionLike, *, timeout: float | None = None) -> None:
     """Leaves the joined world (a no-op when not joined)."""
-    connection.send(dm_env_rpc_pb2.LeaveWorldRequest())
+    connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
 
 
-def destroy_world(connection: ConnectionLike, world_name: str) -> None:
+def destroy_world(
+    connection: ConnectionLike, world_name: str, *, timeout: float | None = None
+) -> None:
     """Destroys a world (it must not be joined)."""
-    connection.send(dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name))
+    connection.send(dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name), timeout)
 
 
 def reset_world(
-    connection: ConnectionLike, world_name: str, settings: Mapping[str, Any] | None = None
+    connection: ConnectionLike,
+    world_name: str,
+    settings: Mapping[str, Any] | None = None,
+    *,
+    timeout: float | None = None,
 ) -> None:
     """Resets a world for every joined connection, optionally with new settings."""
     request = dm_env_rpc_pb2.ResetWorldRequest(
         world_name=world_name, settings=pack_settings(settings)
     )
-    connection.send(request)
+    connection.send(request, timeout)
 
 
 def specs_table(manager: specs.SpecManager) -> list[tuple[str, int, str, tuple[int, ...], str]]:

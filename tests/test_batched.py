@@ -73,8 +73,10 @@ def test_a_killed_server_is_named_by_index_and_address(server_process) -> None:
 
 
 def test_connect_failure_names_the_world() -> None:
-    with pytest.raises(errors.WorldError, match="World 0 at 127.0.0.1:1 failed"):
+    with pytest.raises(errors.WorldError, match="World 0 at 127.0.0.1:1 failed") as info:
         BatchedEnvironment.connect(["127.0.0.1:1"], 1, timeout=0.5)
+    assert isinstance(info.value.__cause__, errors.ConnectTimeoutError)
+    assert not _loop_threads()  # the loop of the failed batch is gone
     with pytest.raises(ValueError, match="at least one"):
         BatchedEnvironment([])
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import unittest
 from collections.abc import Iterator
 from typing import Any
@@ -283,3 +286,42 @@ def test_flat_tensors_when_not_nested(catch_server: Server) -> None:
         env.reset()
         step = env.step({"arm.force": np.zeros(2, np.float32), "arm.grip": 1})
         assert set(step.observation) == {"body.x", "body.name", "history"}
+
+
+def test_every_adaptor_call_can_time_out(server_process) -> None:
+    server = server_process()
+    with connect(server.address, timeout=20) as conn:
+        env, _ = create_and_join_world(conn, {}, {}, timeout=1)
+        env.reset()
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(errors.RequestTimeoutError, match="StepRequest request within 1 s"):
+                env.step({"paddle": 1})
+            with pytest.raises(errors.RequestTimeoutError, match="ResetRequest request within 0.2"):
+                env.reset(timeout=0.2)
+            with pytest.raises(errors.RequestTimeoutError, match="CreateWorldRequest"):
+                create_and_join_world(conn, {}, {}, timeout=0.2)
+            with pytest.raises(errors.RequestTimeoutError, match="LeaveWorldRequest"):
+                env.close(timeout=0.2)
+            assert time.monotonic() - started < 15
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_driving_the_connection_yourself(conn: Connection) -> None:
+    env, _ = create_and_join_world(conn, {"rows": 3}, {})
+    env.reset()
+    futures = [conn.send_async(env.step_request({"paddle": 0})) for _ in range(4)]
+    timesteps = [env.step_response(future.result(timeout=10)) for future in futures]
+    assert [t.step_type for t in timesteps] == [
+        StepType.MID,
+        StepType.LAST,
+        StepType.FIRST,
+        StepType.MID,
+    ]
+    with pytest.raises(errors.UnknownNameError, match="paddle"):
+        env.step_request({"padle": 0})
+    env.close()
+    with pytest.raises(errors.ConnectionClosedError, match="environment is closed"):
+        env.step_request({"paddle": 0})

@@ -117,6 +117,8 @@ class Session:
             self._state = State.INTERRUPTED
             return _step_response(State.INTERRUPTED, [])
         self._epoch = world.epoch
+        # A request that fails must not move the world: check everything before stepping.
+        world.check_observation_uids(request.requested_observations)
         if self._state != State.RUNNING:
             timestep = env.reset()  # the first step ignores its actions
         else:

@@ -128,6 +128,13 @@ class World:
             ) from exc
         return value
 
+    def check_observation_uids(self, uids: Any) -> None:
+        """Raises INVALID_ARGUMENT for an unknown observation UID (before anything steps)."""
+        table = self.observations
+        for uid in uids:
+            if uid not in table:
+                _lookup(table, uid, "observation")
+
     def encode_observations(
         self, timestep: dm_env.TimeStep, uids: Any
     ) -> list[tuple[int, bytes | bytearray]]:

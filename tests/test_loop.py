@@ -1,0 +1,155 @@
+"""LoopThread and LoopConnection: a sync connection whose stream lives on a background loop."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+from conftest import wait_for
+
+from dm_env_rpc_client import errors
+from dm_env_rpc_client._loop import LoopConnection, LoopThread
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client.environment import create_and_join_world
+from dm_env_rpc_client.server import Server
+
+State = dm_env_rpc_pb2.EnvironmentStateType
+
+
+@pytest.fixture
+def runner() -> Iterator[LoopThread]:
+    loop_thread = LoopThread(name="test-loop")
+    yield loop_thread
+    loop_thread.close()
+
+
+def _open(runner: LoopThread, address: str) -> LoopConnection:
+    return runner.run(LoopConnection.open(runner, address, timeout=20), timeout=30)
+
+
+def _join(conn: LoopConnection) -> None:
+    world = conn.send(dm_env_rpc_pb2.CreateWorldRequest(), timeout=10).world_name
+    conn.send(dm_env_rpc_pb2.JoinWorldRequest(world_name=world), timeout=10)
+
+
+def test_pipelined_requests_in_order_and_errors_per_request(
+    runner: LoopThread, catch_server: Server
+) -> None:
+    with _open(runner, catch_server.address) as conn:
+        _join(conn)
+        requests = [dm_env_rpc_pb2.StepRequest(requested_observations=[1]) for _ in range(2000)]
+        requests[1000] = dm_env_rpc_pb2.StepRequest(requested_observations=[999])
+        futures = [conn.send_async(request) for request in requests]
+        # 10 rows: a sequence is 10 steps; the failed request does not move the world.
+        pattern = [State.RUNNING] * 9 + [State.TERMINATED]
+        seen = 0
+        for index, future in enumerate(futures):
+            if index == 1000:
+                error = future.exception(timeout=30)
+                assert isinstance(error, errors.InvalidArgumentError)
+                assert "observation UID 999" in str(error)
+                continue
+            assert future.result(timeout=30).state == pattern[seen % 10], index
+            seen += 1
+
+
+def test_many_threads_share_one_loop_connection(runner: LoopThread, catch_server: Server) -> None:
+    with _open(runner, catch_server.address) as conn:
+        _join(conn)
+        failures: list[str] = []
+
+        def worker(uid: int) -> None:
+            request = dm_env_rpc_pb2.StepRequest(requested_observations=[uid])
+            futures = [conn.send_async(request) for _ in range(300)]
+            for future in futures:
+                if list(future.result(timeout=60).observations) != [uid]:
+                    failures.append(f"thread {uid} got another thread's response")
+
+        threads = [threading.Thread(target=worker, args=(uid,)) for uid in (1, 2, 3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert failures == []
+
+
+def test_a_killed_server_fails_pending_requests_promptly(
+    runner: LoopThread, server_process
+) -> None:
+    server = server_process()
+    conn = _open(runner, server.address)
+    _join(conn)
+    os.kill(server.process.pid, signal.SIGSTOP)  # hold the requests in flight
+    futures = [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(50)]
+    with pytest.raises(errors.RequestTimeoutError, match="StepRequest request within 0.2 s"):
+        conn.send(dm_env_rpc_pb2.StepRequest(), timeout=0.2)
+    assert not any(future.done() for future in futures)
+    started = time.monotonic()
+    server.kill()
+    concurrent.futures.wait(futures, timeout=5)
+    assert time.monotonic() - started < 5
+    for future in futures:
+        error = future.exception(timeout=0)
+        assert isinstance(error, errors.ConnectionClosedError)
+        assert error.code is grpc.StatusCode.UNAVAILABLE
+    assert wait_for(lambda: conn.closed, timeout=5)
+    with pytest.raises(errors.ConnectionClosedError):
+        conn.send(dm_env_rpc_pb2.StepRequest(), timeout=5)
+    conn.close()
+    conn.close()  # idempotent
+
+
+def test_close_fails_pending_and_later_sends(runner: LoopThread, server_process) -> None:
+    server = server_process()
+    conn = _open(runner, server.address)
+    _join(conn)
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        futures = [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(5)]
+        started = time.monotonic()
+        conn.close()
+        assert time.monotonic() - started < 5
+        for future in futures:
+            assert isinstance(future.exception(timeout=5), errors.ConnectionClosedError)
+        error = conn.send_async(dm_env_rpc_pb2.StepRequest()).exception(timeout=5)
+        assert isinstance(error, errors.ConnectionClosedError)
+        assert "closed" in str(error)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_adaptor_over_a_loop_connection(runner: LoopThread, catch_server: Server) -> None:
+    with _open(runner, catch_server.address) as conn:
+        env, _ = create_and_join_world(conn, {"rows": 3, "seed": 2}, {}, timeout=10)
+        first = env.reset()
+        assert first.first() and first.observation["board"].shape == (3, 5)
+        steps = list(env.step_iter([{"paddle": np.int8(0)}] * 6, in_flight=4))
+        assert [int(t.step_type) for t in steps] == [1, 2, 0, 1, 2, 0]
+        env.close()
+
+
+def test_unreachable_server_times_out_naming_the_address(runner: LoopThread) -> None:
+    with pytest.raises(errors.ConnectTimeoutError, match="127.0.0.1:1 within 0.3 s"):
+        runner.run(LoopConnection.open(runner, "127.0.0.1:1", timeout=0.3), timeout=10)
+
+
+def test_loop_thread_run_timeout_and_close() -> None:
+    loop_thread = LoopThread(name="test-loop-close")
+    assert loop_thread.run(asyncio.sleep(0, result=7), timeout=5) == 7
+    with pytest.raises(errors.RequestTimeoutError, match="within 0.1 s"):
+        loop_thread.run(asyncio.sleep(30), timeout=0.1)
+    loop_thread.close()
+    loop_thread.close()  # idempotent
+    assert not any(t.name == "test-loop-close" for t in threading.enumerate())
+    with pytest.raises(errors.ConnectionClosedError, match="event loop is closed"):
+        loop_thread.call(print)
+    with pytest.raises(errors.ConnectionClosedError, match="event loop is closed"):
+        loop_thread.run(asyncio.sleep(0))
