@@ -151,12 +151,14 @@ def measure_interleaved(
 ) -> Rounds:
     """Times every variant once per round, interleaved, so they all see the same drift.
 
-    Sets up every variant (in order), warms each up with ``warmup`` steps (default
-    ``min(steps, 200)``), then for each of ``rounds`` rounds runs every variant once
-    for ``steps`` steps, in an order shuffled by ``random.Random(seed)``. Each run
-    records wall-clock steps/s, client CPU µs/step (all threads) and, if
-    ``server_pid`` is given, the server process's CPU µs/step (from /proc, with the
-    resolution of a clock tick; several pids are summed). Closes every variant at the end.
+    For each of ``rounds`` rounds, in an order shuffled by ``random.Random(seed)``,
+    each variant is set up (its factory connects and joins a world), warmed up with
+    ``warmup`` steps (default ``min(steps, 200)``), timed for ``steps`` steps and
+    closed, so only the variant being timed has connections open (idle streams of
+    the others would cost CPU in gRPC's pollers). Each run records wall-clock
+    steps/s, client CPU µs/step (all threads) and, if ``server_pid`` is given, the
+    server process's CPU µs/step (from /proc, with the resolution of a clock tick;
+    several pids are summed).
     """
     rng = random.Random(seed)
     pids = [] if server_pid is None else [server_pid] if isinstance(server_pid, int) else server_pid
@@ -166,25 +168,22 @@ def measure_interleaved(
 
     warmup = min(steps, 200) if warmup is None else warmup
     samples: dict[str, list[Sample]] = {name: [] for name in variants}
-    with contextlib.ExitStack() as stack:
-        runs: dict[str, Callable[[int], Any]] = {}
-        for name, factory in variants.items():
-            run, close = factory()
-            stack.callback(close)
-            runs[name] = run
-        for run in runs.values():
-            run(warmup)
-        order = list(runs)
-        for _ in range(rounds):
-            rng.shuffle(order)
-            for name in order:
+    order = list(variants)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for name in order:
+            run, close = variants[name]()
+            try:
+                run(warmup)
                 gc.collect()  # garbage left by the previous variant is not this one's cost
                 server = server_seconds()
                 wall, cpu = time.perf_counter(), time.process_time()
-                runs[name](steps)
+                run(steps)
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 server_us = (server_seconds() - server) / steps * 1e6 if pids else math.nan
-                samples[name].append(Sample(steps / wall, cpu / steps * 1e6, server_us))
+            finally:
+                close()
+            samples[name].append(Sample(steps / wall, cpu / steps * 1e6, server_us))
     return Rounds(samples)
 
 

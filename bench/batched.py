@@ -3,9 +3,9 @@
 Run: ``python bench/batched.py [--steps N] [--rounds R]``. Two server processes
 hold the worlds (round-robin). This SDK's ``BatchedEnvironment`` (pipelined
 send/recv, 8 steps in flight per world) against a loop over the reference
-``DmEnvAdaptor`` (one step per world in turn), interleaved in rounds: every
-client is set up and warmed up, then each runs once per round in a seeded
-shuffled order. Steps/s, client CPU and server CPU (both server processes) are
+``DmEnvAdaptor`` (one step per world in turn), interleaved in rounds: in each
+round, in a seeded shuffled order, each client is set up, warmed up, timed and
+closed. Steps/s, client CPU and server CPU (both server processes) are
 medians over the rounds; the ratio is the median of the per-round ratios.
 """
 

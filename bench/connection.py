@@ -2,8 +2,8 @@
 
 Run: ``python bench/connection.py [--steps N] [--rounds R]``. The server runs in
 a separate process (Catch, and an environment with a float32[100,000]
-observation). Every client is set up once and warmed up, then all of them run
-once per round, in a seeded shuffled order, for R rounds. For each environment,
+observation). In each of R rounds, in a seeded shuffled order, every client is set up,
+warmed up, timed and closed (only the one being timed is connected). For each environment,
 one table: steps per second, client CPU µs per step (all client threads) and
 server CPU µs per step (the server process, from /proc), each the median over
 the rounds, and ratios against the reference loop (a) and against the raw floor

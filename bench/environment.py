@@ -2,8 +2,8 @@
 
 Run: ``python bench/environment.py [--steps N] [--rounds R]``. The server runs in
 a separate process: Catch, and an environment with a float32[100,000]
-observation. Every adaptor is set up once and warmed up, then all of them run
-once per round, in a seeded shuffled order, for R rounds. One table per
+observation. In each of R rounds, in a seeded shuffled order, every adaptor is set up,
+warmed up, timed and closed (only the one being timed is connected). One table per
 environment: steps per second, client CPU µs per step (all client threads) and
 server CPU µs per step (the server process, from /proc), each the median over
 the rounds, and the ratio against the reference adaptor, the median of the
