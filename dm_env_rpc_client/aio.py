@@ -90,7 +90,7 @@ class AsyncConnection:
         self._reader = asyncio.ensure_future(self._read_loop())
         return self
 
-    _channel: grpc.aio.Channel
+    _channel: grpc.aio.Channel | None
     _owns_channel: bool
     address: str | None
     _pending: messages.PendingQueue[asyncio.Future[Any]]
@@ -216,8 +216,12 @@ class AsyncConnection:
         for task in (self._writer, self._reader):
             task.cancel()
         await asyncio.gather(self._writer, self._reader, return_exceptions=True)
-        if self._owns_channel:
+        if self._owns_channel and self._channel is not None:
             await self._channel.close()
+        # Let go of gRPC's objects: the core tears the TCP connection down only when they
+        # are freed (until then a server shutting down would still find this client there).
+        self._call = None
+        self._channel = None
 
     async def __aenter__(self) -> AsyncConnection:
         return self

@@ -481,7 +481,7 @@ class BatchedEnvironment:
 def _shut_down(
     runner: LoopThread,
     connections: Sequence[ConnectionLike],
-    channels: Mapping[str, grpc.aio.Channel],
+    channels: dict[str, grpc.aio.Channel],
 ) -> None:
     """Closes the streams, then the channels, then the loop; never raises for a dead server."""
     for conn in connections:
@@ -493,4 +493,5 @@ def _shut_down(
 
     with contextlib.suppress(errors.DmEnvRpcClientError):
         runner.run(close_channels(), timeout=10)
+    channels.clear()  # freed channels let gRPC close their TCP connections now
     runner.close()

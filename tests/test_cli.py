@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from conftest import start_server_process
 
 from dm_env_rpc_client.recording import iter_episodes
+from dm_env_rpc_client.server._subprocess import server_subprocess
 
 CLI = [sys.executable, "-m", "dm_env_rpc_client"]
 
@@ -43,6 +45,22 @@ def test_run_against_the_embedded_server_and_record(tmp_path: pathlib.Path) -> N
     assert episodes[0].observation["board"].shape[1:] == (4, 5)
     assert len(episodes[0].action["paddle"]) == len(episodes[0].step_type) - 1
     assert summary
+    assert result.stderr == ""  # no progress bar, and no gRPC log lines at shutdown
+
+
+def test_run_with_the_server_in_process() -> None:
+    result = _run("run", "--in-process", "--steps", "100", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "steps           100" in result.stdout
+
+
+def test_a_server_subprocess_that_cannot_start_is_a_clear_error() -> None:
+    with (
+        pytest.raises(OSError, match="embedded nosuchenv server process did not start") as info,
+        server_subprocess("nosuchenv", timeout=30),
+    ):
+        pass
+    assert "invalid choice" in str(info.value)  # the child's own error output is included
 
 
 def test_run_and_specs_against_an_address() -> None:

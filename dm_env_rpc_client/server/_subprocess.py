@@ -1,0 +1,91 @@
+"""The embedded server in a child process, so that it has a CPU core (and a GIL) of its own.
+
+``server_subprocess()`` starts ``python -m dm_env_rpc_client.server`` on a free
+loopback port, waits for its ``Serving <env> on <address>`` line, yields the
+address and stops the process on exit (SIGTERM, then SIGKILL)::
+
+    with server_subprocess("catch") as address:
+        conn = dmr.connect(address, timeout=10)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+
+_ADDRESS = re.compile(r"^Serving \w+ on (\S+)$")
+_NO_START = (
+    "The embedded {env} server process did not start{detail}. Its error output: {stderr!r}. "
+    "Start a server yourself (python -m dm_env_rpc_client.server) and pass --address."
+)
+
+
+def _first_line(stream: object, timeout: float) -> str | None:
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(
+        target=lambda: lines.put(stream.readline()),  # type: ignore[attr-defined]
+        name="dm_env_rpc_client-server-line",
+        daemon=True,
+    )
+    reader.start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
+
+def _stop(process: subprocess.Popen[str], grace: float = 5.0) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=grace)
+
+
+@contextlib.contextmanager
+def server_subprocess(
+    env: str = "catch",
+    *,
+    host: str = "127.0.0.1",
+    timeout: float = 30.0,
+    extra_args: Sequence[str] = (),
+) -> Iterator[str]:
+    """Runs the embedded server in a child process; yields its address.
+
+    Args:
+      env: the environment to serve (``catch``, or ``large``).
+      host: the interface to listen on.
+      timeout: seconds to wait for the server to report its address.
+      extra_args: more arguments for ``python -m dm_env_rpc_client.server``.
+
+    Raises:
+      OSError: the process did not report an address within ``timeout`` (the
+        message includes its error output).
+    """
+    command = [sys.executable, "-m", "dm_env_rpc_client.server", "--env", env]
+    command += ["--host", host, "--port", "0", *extra_args]
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            line = _first_line(process.stdout, timeout)
+            match = _ADDRESS.match(line.strip()) if line else None
+            if match is None:
+                _stop(process)
+                stderr.seek(0)
+                detail = f" within {timeout} s" if line is None else f" (it printed {line!r})"
+                raise OSError(
+                    _NO_START.format(env=env, detail=detail, stderr=stderr.read()[-2000:])
+                )
+            yield match.group(1)
+        finally:
+            _stop(process)
+            if process.stdout is not None:
+                process.stdout.close()
