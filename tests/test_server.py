@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -354,3 +356,24 @@ def test_disconnect_leaves_and_destroys_created_worlds(catch_server: Server) -> 
         assert wait_for(gone, timeout=10)
     finally:
         other.close()
+
+
+def test_a_script_that_leaves_a_server_and_connections_open_still_exits() -> None:
+    script = """
+import numpy as np
+import dm_env_rpc_client as dmr
+from dm_env_rpc_client.server.catch import Catch
+
+server = dmr.serve(lambda settings: Catch(**settings))
+conn = dmr.connect(server.address, timeout=10)
+env, _ = dmr.create_and_join_world(conn, {}, {})
+env.reset()
+batch = dmr.BatchedEnvironment.connect([server.address], 2)
+batch.send({"paddle": np.zeros(2, np.int8)}, [0, 1])
+print("leaving everything open")
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "leaving everything open" in result.stdout

@@ -35,6 +35,7 @@ Behaviour, in the protocol's terms:
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -51,6 +52,68 @@ METHOD = "/dm_env_rpc.v1.Environment/Process"
 _OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 MakeEnv = Callable[[dict[str, Any]], dm_env.Environment]
+
+
+class _DaemonWorkers(concurrent.futures.Executor):
+    """A thread pool of daemon threads for gRPC's handlers.
+
+    A stream's handler holds its worker for as long as the stream lives. With
+    ``ThreadPoolExecutor`` the interpreter joins those workers at exit, so a
+    script that leaves a server and a connection to it open would hang when it
+    ends; daemon workers are not joined.
+    """
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self._max = max_workers
+        self._name = name
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._shutdown = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new work after shutdown")
+            self._work.put(run)
+            if self._idle == 0 and self._threads < self._max:
+                self._threads += 1
+                name = f"{self._name}_{self._threads - 1}"
+                threading.Thread(target=self._worker, name=name, daemon=True).start()
+            else:
+                self._idle -= 1 if self._idle else 0
+        return future
+
+    def _worker(self) -> None:
+        while True:
+            work = self._work.get()
+            if work is None:
+                return
+            work()
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            if self._shutdown:
+                return
+            self._shutdown = True
+            threads = self._threads
+        for _ in range(threads):
+            self._work.put(None)
 
 
 def _serialize(response: Any) -> bytes:
@@ -78,9 +141,7 @@ class Server:
         self._registry = Registry(make_env)
         self._sessions: set[Session] = set()
         self._lock = threading.Lock()
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers, thread_name_prefix="dm_env_rpc_server"
-        )
+        self._executor = _DaemonWorkers(max_workers, "dm_env_rpc_server")
         self._server = grpc.server(self._executor, options=_OPTIONS)
         handler = grpc.stream_stream_rpc_method_handler(
             self._process,
