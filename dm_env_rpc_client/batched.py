@@ -48,6 +48,7 @@ import numpy as np
 
 from dm_env_rpc_client import errors, messages
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
+from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client.aio import AsyncConnection
 from dm_env_rpc_client.connection import ConnectionLike, create_channel
 from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world
@@ -176,6 +177,10 @@ class BatchedEnvironment:
         self._connections = list(connections)
         self._runner: LoopThread | None = None
         self._streams: list[AsyncConnection] = []  # with a runner: each world's stream
+        # With a runner and the same specs everywhere: the batch-at-once decoder, and the
+        # specs it was made for (a world whose specs change on reset is decoded alone).
+        self._decoder: StackedDecoder | None = None
+        self._joined_specs: list[Any] = []
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._closed = False
         # Finished steps, per world in request order: (TimeStep or the exception, latency).
@@ -264,6 +269,9 @@ class BatchedEnvironment:
         batch = cls(envs, used, connections=connections)
         batch._runner, batch._channels = runner, channels
         batch._streams = [conn.async_connection for conn in connections]
+        batch._joined_specs = [env._wire_specs for env in envs]
+        if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
+            batch._decoder = StackedDecoder(envs[0], _stack)
         return batch
 
     def __len__(self) -> int:
@@ -346,8 +354,10 @@ class BatchedEnvironment:
             future.add_done_callback(functools.partial(self._landed, index, sent))
 
     def _landed(self, index: int, sent: float, future: asyncio.Future[Any]) -> None:
+        # Only the state machine moves here (in request order); recv decodes the observations.
         try:
-            outcome = self.envs[index].step_response(future.result())
+            response = future.result()
+            outcome: Any = (self.envs[index]._advance(response.state), response)
         except BaseException as exc:
             outcome = exc
         self._file(index, sent, outcome)
@@ -449,7 +459,23 @@ class BatchedEnvironment:
                 raise self._wrap(index, outcome) from outcome
             if isinstance(outcome, BaseException):
                 raise outcome
-        return _batch([outcome for _, outcome, _ in taken], [index for index, _, _ in taken])
+        env_ids = [index for index, _, _ in taken]
+        if self._runner is None:  # TimeSteps already
+            return _batch([outcome for _, outcome, _ in taken], env_ids)
+        step_types = [outcome[0] for _, outcome, _ in taken]
+        responses = [outcome[1] for _, outcome, _ in taken]
+        if self._decoder is not None and all(
+            self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
+        ):
+            stacked = self._decoder.decode(step_types, responses)
+            if stacked is not None:
+                return BatchedTimeStep(*stacked, env_ids=np.asarray(env_ids, dtype=np.int64))
+        # Specs differ between worlds (or changed on reset): one TimeStep per world.
+        timesteps = [
+            self.envs[index]._timestep(step_type, response)
+            for index, step_type, response in zip(env_ids, step_types, responses, strict=True)
+        ]
+        return _batch(timesteps, env_ids)
 
     def close(self, timeout: float = 10.0) -> None:
         """Leaves every world and closes what this batch opened. Idempotent; bounded by ``timeout``."""

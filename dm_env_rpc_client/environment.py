@@ -150,7 +150,11 @@ class DmEnvAdaptor(dm_env.Environment):
         Raises:
           ProtocolError: an impossible state transition.
         """
-        state = response.state
+        step_type = self._advance(response.state)
+        return self._timestep(step_type, response)
+
+    def _advance(self, state: int) -> dm_env.StepType:
+        """Moves the state machine on by one response's state; returns its step type."""
         with self._lock:
             before = self._last_state
             if state == State.RUNNING:
@@ -166,6 +170,12 @@ class DmEnvAdaptor(dm_env.Environment):
             else:
                 raise errors.ProtocolError(_INVALID_STATE.format(state=state))
             self._last_state = state
+        return step_type
+
+    def _timestep(
+        self, step_type: dm_env.StepType, response: dm_env_rpc_pb2.StepResponse
+    ) -> dm_env.TimeStep:
+        state = response.state
         observations = self._observations.unpack(response.observations, nested=False)
         reward = self.reward(state, step_type, observations)
         discount = self.discount(state, step_type, observations)

@@ -50,7 +50,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -685,6 +685,43 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
     return flat.reshape(_resolve_shape(list(dims), count))
 
 
+def stack_tensors(
+    items: Sequence[dm_env_rpc_pb2.Tensor], data_type: int, shape: Sequence[int]
+) -> np.ndarray | None:
+    """Stacks Tensors of one fixed-width dtype and one known shape as a ``[N, *shape]`` array.
+
+    The fast path for a batch of observations: the payloads are joined as raw
+    bytes and decoded by one NumPy call. Returns None, and the caller unpacks
+    the Tensors one by one, unless every Tensor has the ``data_type``'s payload
+    field (float, double, int8 or uint8), exactly ``shape`` (no variable
+    dimension) and exactly its element count (no broadcast).
+
+    Args:
+      items: the Tensors, e.g. one observation of many worlds.
+      data_type: their ``DataType`` per the spec.
+      shape: their shape per the spec.
+    """
+    if data_type not in _FIXED and data_type not in _BYTES:
+        return None
+    field: str = _PAYLOAD[data_type][0]
+    dims = tuple(shape)
+    if any(d < 0 for d in dims):
+        return None
+    dtype = DATA_TYPE_TO_NUMPY[data_type]
+    parts: list[bytes | memoryview] = []
+    fixed = data_type in _FIXED
+    for tensor in items:
+        if tensor.WhichOneof("payload") != field or tuple(tensor.shape) != dims:
+            return None
+        payload = getattr(tensor, field)
+        parts.append(_payload_body(payload.SerializeToString()) if fixed else payload.array)
+    data = b"".join(parts)
+    if len(data) != len(items) * math.prod(dims) * dtype.itemsize:
+        return None
+    wire = _FIXED[data_type] if fixed else dtype
+    return np.frombuffer(data, dtype=wire).astype(dtype).reshape((len(items), *dims))
+
+
 __all__ = [
     "DATA_TYPE_TO_NUMPY",
     "NUMPY_TO_DATA_TYPE",
@@ -696,5 +733,6 @@ __all__ = [
     "np_type_to_data_type",
     "pack_tensor",
     "payload_to_array",
+    "stack_tensors",
     "unpack_tensor",
 ]

@@ -16,6 +16,7 @@ from dm_env_rpc_client import errors
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import connect
 from dm_env_rpc_client.environment import create_and_join_world
+from dm_env_rpc_client.random_actions import random_action
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server.catch import Catch
 
@@ -164,3 +165,61 @@ def test_close_is_bounded_when_a_server_hangs(server_process) -> None:
         assert time.monotonic() - started < 8
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
+
+
+def _assert_same(a: Any, b: Any, where: str = "") -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), where
+        for key in a:
+            _assert_same(a[key], b[key], f"{where}.{key}")
+        return
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape and a.dtype == b.dtype, (where, a.shape, b.shape, a.dtype, b.dtype)
+    if a.dtype == object:
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y, where)
+    else:
+        np.testing.assert_array_equal(a, b, err_msg=where)
+
+
+@pytest.mark.parametrize("env_name", ["catch", "nested"])
+def test_batch_decoding_equals_one_timestep_per_world(env_name: str) -> None:
+    from test_environment import Nested
+
+    make = {"catch": lambda s: Catch(**s), "nested": lambda s: Nested(**s)}[env_name]
+    settings = {"rows": 4, "seed": 7} if env_name == "catch" else {"length": 4}
+    rng = np.random.default_rng(0)
+    with (
+        serve(make) as server,
+        BatchedEnvironment.connect([server.address], 3, create_world_settings=settings) as fast,
+        connect(server.address, timeout=10) as c0,
+        connect(server.address, timeout=10) as c1,
+        connect(server.address, timeout=10) as c2,
+    ):
+        slow = BatchedEnvironment(
+            [create_and_join_world(c, settings, {}, timeout=10).env for c in (c0, c1, c2)]
+        )
+        assert fast._decoder is not None and slow._decoder is None
+        spec = fast.action_spec()
+        _assert_same(fast.reset()._asdict(), slow.reset()._asdict(), "reset")
+        # Put world 0 one step ahead, so the worlds are at different points of their episodes.
+        ahead = _stacked([random_action(spec, 1)])
+        fast.send(ahead, [0])
+        slow.send(ahead, [0])
+        _assert_same(
+            fast.recv(env_ids=[0], timeout=10)._asdict(),
+            slow.recv(env_ids=[0], timeout=10)._asdict(),
+            "ahead",
+        )
+        for step in range(12):
+            actions = _stacked([random_action(spec, rng) for _ in range(3)])
+            got, want = fast.step(actions, timeout=10), slow.step(actions, timeout=10)
+            _assert_same(got._asdict(), want._asdict(), f"step {step}")
+        slow.close()
+
+
+def _stacked(actions: list[Any]) -> Any:
+    first = actions[0]
+    if isinstance(first, dict):
+        return {key: _stacked([a[key] for a in actions]) for key in first}
+    return np.stack([np.asarray(a) for a in actions])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from hypothesis.extra import numpy as hnp
 
 from dm_env_rpc_client import errors, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+
+Tensor = dm_env_rpc_pb2.Tensor
 
 DataType = dm_env_rpc_pb2.DataType
 NUMERIC = [np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint32, np.uint64]
@@ -350,3 +353,29 @@ def test_docs_examples_run() -> None:
 def test_tensor_wire_bytes_parse_to_the_packed_tensor(value: object) -> None:
     wire = tensors.tensor_wire_bytes(value)
     assert dm_env_rpc_pb2.Tensor.FromString(bytes(wire)) == tensors.pack_tensor(value)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.uint8])
+def test_stack_tensors_joins_fixed_width_payloads(dtype: Any) -> None:
+    rng = np.random.default_rng(3)
+    arrays = [(rng.random((2, 3)) * 100).astype(dtype) for _ in range(4)]
+    items = [Tensor.FromString(tensors.pack_tensor(a).SerializeToString()) for a in arrays]
+    data_type = tensors.np_type_to_data_type(np.dtype(dtype))
+    stacked = tensors.stack_tensors(items, data_type, (2, 3))
+    assert stacked is not None and stacked.dtype == np.dtype(dtype) and stacked.flags.writeable
+    np.testing.assert_array_equal(stacked, np.stack(arrays))
+
+
+def test_stack_tensors_declines_what_it_cannot_join() -> None:
+    floats = tensors.np_type_to_data_type(np.dtype(np.float32))
+    two = [tensors.pack_tensor(np.zeros((2,), np.float32)) for _ in range(2)]
+    assert tensors.stack_tensors(two, floats, (3,)) is None  # another shape
+    assert tensors.stack_tensors(two, floats, (-1,)) is None  # a variable dimension
+    broadcast = Tensor(floats=Tensor.FloatArray(array=[1.0]), shape=[2])
+    assert tensors.stack_tensors([broadcast], floats, (2,)) is None  # one element for two
+    ints = [tensors.pack_tensor(np.zeros((2,), np.int32))]
+    int32 = tensors.np_type_to_data_type(np.dtype(np.int32))
+    assert tensors.stack_tensors(ints, int32, (2,)) is None  # varint payloads: one by one
+    assert tensors.stack_tensors(ints, floats, (2,)) is None  # the wrong payload field
+    scalars = [tensors.pack_tensor(np.float32(v)) for v in (1.5, -2.0)]
+    np.testing.assert_array_equal(tensors.stack_tensors(scalars, floats, ()), [1.5, -2.0])
