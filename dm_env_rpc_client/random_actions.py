@@ -22,6 +22,7 @@ variable (-1) dimension       a length drawn uniformly from ``[1, 4]``
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Mapping
 from typing import Any
@@ -56,6 +57,8 @@ def _limits(spec: dm_specs.Array) -> tuple[Any, Any]:
 def _numbers(spec: dm_specs.Array, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     dtype = np.dtype(spec.dtype)
     low, high = _limits(spec)
+    if low.size == 1 and high.size == 1:  # scalar bounds, the common case: no array math
+        return _numbers_scalar_bounds(spec, dtype, low.item(), high.item(), shape, rng)
     if dtype.kind == "f":
         low_f = np.broadcast_to(low.astype(np.float64), shape)
         high_f = np.broadcast_to(high.astype(np.float64), shape)
@@ -76,6 +79,32 @@ def _numbers(spec: dm_specs.Array, shape: tuple[int, ...], rng: np.random.Genera
     low_b = np.broadcast_to(np.asarray(low).astype(wide), shape)
     high_b = np.broadcast_to(np.asarray(high).astype(wide), shape)
     return rng.integers(low_b, high_b, endpoint=True, dtype=wide).astype(dtype).reshape(shape)
+
+
+def _numbers_scalar_bounds(
+    spec: dm_specs.Array,
+    dtype: np.dtype,
+    low: Any,
+    high: Any,
+    shape: tuple[int, ...],
+    rng: np.random.Generator,
+) -> np.ndarray:
+    if dtype.kind == "f":
+        finite_low, finite_high = math.isfinite(low), math.isfinite(high)
+        lo = low if finite_low else (high - 2 if finite_high else -UNBOUNDED_FLOAT)
+        hi = high if finite_high else (low + 2 if finite_low else UNBOUNDED_FLOAT)
+        return np.asarray(rng.uniform(lo, hi, size=shape)).astype(dtype)
+    info = np.iinfo(dtype)
+    wide = np.int64 if dtype.kind == "i" or dtype.itemsize < 8 else np.uint64
+    if not isinstance(spec, dm_specs.BoundedArray):
+        lo, hi = max(info.min, -UNBOUNDED_INT), min(info.max, UNBOUNDED_INT)
+    else:
+        lo, hi = int(low), int(high)
+        if lo == info.min and hi != info.max:
+            lo = max(hi - 2 * UNBOUNDED_INT, info.min)
+        elif hi == info.max and lo != info.min:
+            hi = min(lo + 2 * UNBOUNDED_INT, info.max)
+    return rng.integers(lo, hi, size=shape, endpoint=True, dtype=wide).astype(dtype)
 
 
 def _strings(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
