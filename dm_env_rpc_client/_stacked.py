@@ -1,4 +1,4 @@
-"""Many worlds' StepResponses decoded at once into arrays with a leading batch axis.
+"""Many StepResponses decoded at once into arrays with a leading batch axis.
 
 ``BatchedEnvironment`` on its loop turns each response only into a step type as
 it lands (the state machine must advance in request order), and leaves the
@@ -13,6 +13,8 @@ shapes, broadcasts, a missing observation) is unpacked tensor by tensor.
 It relies on every world sharing the template adaptor's wire specs, and on the
 adaptor's own ``reward``/``discount`` rules (the batch makes plain
 ``DmEnvAdaptor``s), and reads the adaptor's private spec tables for it.
+``DmEnvAdaptor.step_iter`` uses ``columns`` the same way for a run of one
+world's finished steps, and then the adaptor's own rules step by step.
 """
 
 from __future__ import annotations
@@ -51,14 +53,12 @@ class StackedDecoder:
     """Decodes the step responses of worlds that share ``template``'s wire specs.
 
     Args:
-      template: one of the worlds' adaptors.
-      stack: how to stack per-world values when the fast path does not apply.
+      template: one of the worlds' adaptors (or the one adaptor, for a run of its steps).
     """
 
-    def __init__(self, template: DmEnvAdaptor, stack: Callable[[Sequence[Any]], Any]) -> None:
+    def __init__(self, template: DmEnvAdaptor) -> None:
         manager = template._observations
         self._template = template
-        self._stack = stack
         self._columns = [
             _Column(name, uid, spec.dtype, tuple(spec.shape))
             for name in template._visible + template._hidden
@@ -67,14 +67,13 @@ class StackedDecoder:
         ]
         self._hidden = set(template._hidden)
 
-    def decode(
-        self, step_types: Sequence[int], responses: Sequence[dm_env_rpc_pb2.StepResponse]
-    ) -> Stacked | None:
-        """The stacked batch, or None if a response lacks a requested observation."""
-        template = self._template
-        count = len(responses)
-        kinds = np.array(step_types, dtype=np.uint8)
-        first = kinds == _FIRST
+    def columns(self, responses: Sequence[dm_env_rpc_pb2.StepResponse]) -> dict[str, Any] | None:
+        """Each requested observation of all the responses, by name (flat, hidden ones too).
+
+        A column is a ``[N, ...]`` array where the fast path applies, else the list
+        of the N values as ``unpack_tensor`` gives them. None if a response lacks
+        a requested observation.
+        """
         flat: dict[str, Any] = {}
         for column in self._columns:
             try:
@@ -82,9 +81,32 @@ class StackedDecoder:
             except KeyError:
                 return None
             stacked = tensors.stack_tensors(items, column.data_type, column.shape)
-            if stacked is None:
-                stacked = self._stack([tensors.unpack_tensor(item) for item in items])
-            flat[column.name] = stacked
+            flat[column.name] = (
+                stacked if stacked is not None else [tensors.unpack_tensor(i) for i in items]
+            )
+        return flat
+
+    def decode(
+        self,
+        step_types: Sequence[int],
+        responses: Sequence[dm_env_rpc_pb2.StepResponse],
+        stack: Callable[[Sequence[Any]], Any],
+    ) -> Stacked | None:
+        """The stacked batch, or None if a response lacks a requested observation.
+
+        ``stack`` stacks a column of per-world values that the fast path left as a list.
+        """
+        template = self._template
+        count = len(responses)
+        kinds = np.array(step_types, dtype=np.uint8)
+        first = kinds == _FIRST
+        columns = self.columns(responses)
+        if columns is None:
+            return None
+        flat = {
+            name: value if isinstance(value, np.ndarray) else stack(value)
+            for name, value in columns.items()
+        }
         reward = _per_world(flat[REWARD], count) if template._has_reward else np.zeros(count)
         if template._has_discount:
             discount = _per_world(flat[DISCOUNT], count)

@@ -271,7 +271,7 @@ class BatchedEnvironment:
         batch._streams = [conn.async_connection for conn in connections]
         batch._joined_specs = [env._wire_specs for env in envs]
         if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
-            batch._decoder = StackedDecoder(envs[0], _stack)
+            batch._decoder = StackedDecoder(envs[0])
         return batch
 
     def __len__(self) -> int:
@@ -467,7 +467,7 @@ class BatchedEnvironment:
         if self._decoder is not None and all(
             self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
         ):
-            stacked = self._decoder.decode(step_types, responses)
+            stacked = self._decoder.decode(step_types, responses, _stack)
             if stacked is not None:
                 return BatchedTimeStep(*stacked, env_ids=np.asarray(env_ids, dtype=np.int64))
         # Specs differ between worlds (or changed on reset): one TimeStep per world.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ from dm_env import test_utils
 
 from dm_env_rpc_client import errors, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client.connection import Connection, connect
 from dm_env_rpc_client.environment import (
     DmEnvAdaptor,
@@ -183,18 +185,54 @@ def test_pipelined_stepping_across_sequence_boundaries(conn: Connection) -> None
         list(env.step_iter([{}], in_flight=0))
 
 
-def test_lockstep_and_pipelined_give_identical_timesteps(catch_server: Server) -> None:
-    def run(pipelined: bool) -> list[dm_env.TimeStep]:
-        with connect(catch_server.address, timeout=10) as conn:
-            env, _ = create_and_join_world(conn, {"rows": 4, "seed": 9}, {})
-            actions = [{"paddle": int(a)} for a in np.random.default_rng(0).integers(-1, 2, 30)]
-            if pipelined:
-                return list(env.step_iter(actions, in_flight=7))
-            return [env.step(action) for action in actions]
+def _same(a: Any, b: Any) -> None:
+    """Equal values of equal types (arrays: equal dtype and shape)."""
+    assert type(a) is type(b), (a, b)
+    if isinstance(a, dict):
+        assert sorted(a) == sorted(b)
+        for key in a:
+            _same(a[key], b[key])
+    elif isinstance(a, (np.ndarray, np.generic)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert a == b
 
-    for a, b in zip(run(False), run(True), strict=True):
-        assert a.step_type == b.step_type and a.reward == b.reward
-        assert np.array_equal(a.observation["board"], b.observation["board"])
+
+@pytest.mark.parametrize("in_flight", [3, 64])
+@pytest.mark.parametrize("env_name", ["catch", "nested"])
+def test_lockstep_and_pipelined_give_identical_timesteps(env_name: str, in_flight: int) -> None:
+    make = {"catch": lambda s: Catch(**s), "nested": lambda s: Nested(**s)}[env_name]
+    settings = {"rows": 4, "seed": 9} if env_name == "catch" else {"length": 4}
+    rng = np.random.default_rng(0)
+    if env_name == "catch":
+        actions = [{"paddle": int(a)} for a in rng.integers(-1, 2, 30)]
+    else:
+        actions = [{"arm": {"force": np.zeros(2, np.float32), "grip": 1}} for _ in range(30)]
+
+    def run(how: str) -> list[dm_env.TimeStep]:
+        with serve(make) as server, connect(server.address, timeout=10) as conn:
+            env, _ = create_and_join_world(conn, settings, {}, timeout=10)
+            first = [env.reset()]
+            if how == "step_iter":
+                return first + list(env.step_iter(actions, in_flight=in_flight))
+            if how == "one batch":  # every response in before decoding: all in one batch
+                window = collections.deque()
+                for action in actions:
+                    request = env.step_request(action)
+                    window.append((request, conn.send_async(request)))
+                for _, future in window:
+                    future.result(timeout=10)
+                return first + list(env._finished_steps(window, StackedDecoder(env)))
+            return first + [env.step(action) for action in actions]
+
+    lockstep = run("lockstep")
+    for how in ("step_iter", "one batch"):
+        for a, b in zip(lockstep, run(how), strict=True):
+            _same(a.step_type, b.step_type)
+            _same(a.reward, b.reward)
+            _same(a.discount, b.discount)
+            _same(a.observation, b.observation)
 
 
 def test_reset_refreshes_specs_and_close_is_idempotent(conn: Connection) -> None:
