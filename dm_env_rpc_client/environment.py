@@ -299,8 +299,10 @@ class DmEnvAdaptor(dm_env.Environment):
         step at a time. The TimeSteps are the same as ``step`` gives.
 
         Raises:
-          As ``step``; ``RequestTimeoutError`` when a step takes longer than the
-          adaptor's ``timeout``.
+          UnknownNameError: for an action name not in the specs.
+          SpecValidationError: for a wrong dtype, shape or bound.
+          DmEnvRpcError: the server refused a step.
+          RequestTimeoutError: a step took longer than the adaptor's ``timeout``.
         """
         if in_flight < 1:
             raise ValueError(f"in_flight must be at least 1, not {in_flight}.")
