@@ -116,7 +116,7 @@ class StackedDecoder:
         reward[first] = np.nan
         discount[first] = np.nan
         observation = {name: value for name, value in flat.items() if name not in self._hidden}
-        if template._nested:
+        if template._nested and template._dotted:
             observation = specs.unflatten(observation)
         return Stacked(kinds, reward, discount, observation)
 

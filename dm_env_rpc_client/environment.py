@@ -135,6 +135,7 @@ class DmEnvAdaptor(dm_env.Environment):
             for name in visible:
                 self._observations.name_to_uid(name)  # raises UnknownNameError
         self._visible = visible
+        self._dotted = any("." in name for name in visible)  # else nesting changes nothing
         self._hidden = [
             name for name in (REWARD, DISCOUNT) if name in names and name not in visible
         ]
@@ -187,7 +188,7 @@ class DmEnvAdaptor(dm_env.Environment):
         discount = self.discount(state, step_type, observations)
         for name in self._hidden:
             observations.pop(name, None)
-        if self._nested:
+        if self._nested and self._dotted:
             observations = specs.unflatten(observations)
         return dm_env.TimeStep(step_type, reward, discount, observations)
 

@@ -267,6 +267,14 @@ class _Compiled(NamedTuple):
     shape: tuple[int, ...]
     variable: bool
     bounds: Bounds | None
+    # The bounds as Python numbers when both are scalars: a 0-d value is checked without NumPy.
+    scalar_bounds: tuple[Any, Any] | None = None
+
+
+def _scalar_bounds(found: Bounds | None) -> tuple[Any, Any] | None:
+    if found is None or np.ndim(found[0]) or np.ndim(found[1]):
+        return None
+    return np.asarray(found[0]).item(), np.asarray(found[1]).item()
 
 
 class SpecManager:
@@ -301,13 +309,15 @@ class SpecManager:
                 )
             shape = tuple(spec.shape)
             has_bounds = dtype.kind in "iuf" and (spec.HasField("min") or spec.HasField("max"))
+            found = bounds(spec) if has_bounds else None
             compiled = _Compiled(
                 uid=int(uid),
                 spec=spec,
                 dtype=dtype,
                 shape=shape,
                 variable=any(dim < 0 for dim in shape),
-                bounds=bounds(spec) if has_bounds else None,
+                bounds=found,
+                scalar_bounds=_scalar_bounds(found),
             )
             self._by_uid[int(uid)] = compiled
             self._by_name[spec.name] = compiled
@@ -375,7 +385,7 @@ class SpecManager:
           SpecValidationError: for a wrong dtype, shape or an out-of-bounds value
             (when validation is on).
         """
-        if self._nested or any(isinstance(v, Mapping) for v in values.values()):
+        if any(isinstance(v, Mapping) for v in values.values()):
             values = flatten(values)
         packed = {}
         for name, value in values.items():
@@ -407,7 +417,10 @@ class SpecManager:
         else:
             array = self._numeric(compiled, value)
         self._check_shape(compiled, array.shape)
-        if compiled.bounds is not None and array.size:
+        scalar = compiled.scalar_bounds
+        if scalar is not None and array.ndim == 0 and scalar[0] <= array.item() <= scalar[1]:
+            pass  # in bounds (NaN fails the comparison and takes the general check below)
+        elif compiled.bounds is not None and array.size:
             low, high = compiled.bounds
             bad = (array < low) | (array > high)
             if bad.any():
