@@ -1,4 +1,4 @@
-"""Many StepResponses decoded at once into arrays with a leading batch axis.
+"""Batches: ``BatchedTimeStep``, stacking and splitting, and decoding many StepResponses at once.
 
 ``BatchedEnvironment`` on its loop turns each response only into a step type as
 it lands (the state machine must advance in request order), and leaves the
@@ -19,18 +19,19 @@ world's finished steps, and then the adaptor's own rules step by step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import dm_env
 import numpy as np
 
-from dm_env_rpc_client import specs, tensors
+from dm_env_rpc_client import errors, specs, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.environment import DISCOUNT, REWARD, DmEnvAdaptor
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = int(dm_env.StepType.FIRST)
+_BAD_BATCH = "Action {name!r} has batch size {actual} but {expected} worlds were stepped."
 
 
 class _Column(NamedTuple):
@@ -40,13 +41,95 @@ class _Column(NamedTuple):
     shape: tuple[int, ...]
 
 
-class Stacked(NamedTuple):
-    """Decoded batch: step types, rewards and discounts (NaN on FIRST), observations."""
+class BatchedTimeStep(NamedTuple):
+    """TimeSteps of several worlds, stacked along the first axis.
+
+    Attributes:
+      step_type: uint8 ``[B]`` of ``dm_env.StepType`` values.
+      reward: float64 ``[B]``; NaN on FIRST steps.
+      discount: float64 ``[B]``; NaN on FIRST steps.
+      observation: nested dict of ``[B, ...]`` arrays (object arrays when shapes differ).
+      env_ids: int ``[B]``: which worlds these are.
+    """
 
     step_type: np.ndarray
     reward: np.ndarray
     discount: np.ndarray
     observation: dict[str, Any]
+    env_ids: np.ndarray
+
+    def at(self, position: int) -> dm_env.TimeStep:
+        """The ``dm_env.TimeStep`` of one world of the batch."""
+
+        def number(value: float) -> float | None:
+            return None if np.isnan(value) else float(value)
+
+        def pick(tree: Any) -> Any:
+            if isinstance(tree, Mapping):
+                return {key: pick(value) for key, value in tree.items()}
+            return tree[position]
+
+        return dm_env.TimeStep(
+            dm_env.StepType(int(self.step_type[position])),
+            number(self.reward[position]),
+            number(self.discount[position]),
+            pick(self.observation),
+        )
+
+    def first(self) -> np.ndarray:
+        return self.step_type == dm_env.StepType.FIRST
+
+    def last(self) -> np.ndarray:
+        return self.step_type == dm_env.StepType.LAST
+
+
+def stack(values: Sequence[Any]) -> Any:
+    """Stacks per-world values (nested dicts alike); object arrays when shapes differ."""
+    first = values[0]
+    if isinstance(first, Mapping):
+        return {key: stack([value[key] for value in values]) for key in first}
+    arrays = [np.asarray(value) for value in values]
+    if all(a.shape == arrays[0].shape for a in arrays):
+        return np.stack(arrays)
+    out = np.empty(len(arrays), dtype=object)
+    for index, array in enumerate(arrays):
+        out[index] = array
+    return out
+
+
+def unstack(actions: Mapping[str, Any], count: int, prefix: str = "") -> list[dict[str, Any]]:
+    """Splits batched actions (batch axis first) into one dict per world."""
+    out: list[dict[str, Any]] = [{} for _ in range(count)]
+    for key, value in actions.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            for target, part in zip(out, unstack(value, count, name + "."), strict=True):
+                target[key] = part
+            continue
+        array = np.asarray(value)
+        if array.ndim == 0 or array.shape[0] != count:
+            actual = "none (a scalar)" if array.ndim == 0 else array.shape[0]
+            raise errors.SpecValidationError(
+                _BAD_BATCH.format(name=name, actual=actual, expected=count)
+            )
+        for index in range(count):
+            out[index][key] = array[index]
+    return out
+
+
+def batch_of(timesteps: Sequence[dm_env.TimeStep], env_ids: Sequence[int]) -> BatchedTimeStep:
+    """Stacks one TimeStep per world."""
+
+    def number(value: Any) -> float:
+        return float("nan") if value is None else float(np.asarray(value))
+
+    return BatchedTimeStep(
+        step_type=np.array([int(t.step_type) for t in timesteps], np.uint8),
+        reward=np.array([number(t.reward) for t in timesteps]),
+        discount=np.array([number(t.discount) for t in timesteps]),
+        observation=stack([t.observation for t in timesteps]),
+        env_ids=np.asarray(env_ids, dtype=np.int64),
+    )
 
 
 class StackedDecoder:
@@ -90,12 +173,9 @@ class StackedDecoder:
         self,
         step_types: Sequence[int],
         responses: Sequence[dm_env_rpc_pb2.StepResponse],
-        stack: Callable[[Sequence[Any]], Any],
-    ) -> Stacked | None:
-        """The stacked batch, or None if a response lacks a requested observation.
-
-        ``stack`` stacks a column of per-world values that the fast path left as a list.
-        """
+        env_ids: Sequence[int],
+    ) -> BatchedTimeStep | None:
+        """The stacked batch, or None if a response lacks a requested observation."""
         template = self._template
         count = len(responses)
         kinds = np.array(step_types, dtype=np.uint8)
@@ -118,7 +198,9 @@ class StackedDecoder:
         observation = {name: value for name, value in flat.items() if name not in self._hidden}
         if template._nested and template._dotted:
             observation = specs.unflatten(observation)
-        return Stacked(kinds, reward, discount, observation)
+        return BatchedTimeStep(
+            kinds, reward, discount, observation, np.asarray(env_ids, dtype=np.int64)
+        )
 
 
 def _per_world(values: Any, count: int) -> np.ndarray:

@@ -23,11 +23,15 @@ stall the others. A world may have several steps in flight.
 ``connect`` runs every world's stream on one background asyncio loop (one
 thread for the whole batch, one HTTP/2 connection per server address): that
 costs a fraction of the CPU per step of a reader thread per stream, which
-matters when the client, not the servers, is what limits the batch. Finished
-steps are handed to ``recv`` through one condition variable, so the calling
-thread wakes once per ``recv``, not once per world.
+matters when the client, not the servers, is what limits the batch. As a
+response lands the loop only moves that world's step-type state machine on;
+finished steps are handed to ``recv`` through one condition variable, so the
+calling thread wakes once per ``recv``, not once per world, and decodes all the
+steps it takes at once (``_stacked``).
 
-A failure of one world raises ``WorldError`` naming its index and address.
+One thread drives a batch (``send``, ``recv``, ``step``, ``reset``); the loop
+thread only writes requests and files responses. A failure of one world raises
+``WorldError`` naming its index and address.
 """
 
 from __future__ import annotations
@@ -40,114 +44,24 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import dm_env
 import grpc
-import numpy as np
 
 from dm_env_rpc_client import errors, messages
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
-from dm_env_rpc_client._stacked import StackedDecoder
+from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of, unstack
 from dm_env_rpc_client.aio import AsyncConnection
 from dm_env_rpc_client.connection import ConnectionLike, create_channel
 from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world
 
 _WORLD_FAILED = "World {index} at {address} failed: {error}"
-_BAD_BATCH = "Action {name!r} has batch size {actual} but {expected} worlds were stepped."
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
 _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {wanted} of it."
 _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} did)."
 _NO_RESPONSE = "no response within {timeout} s"
 _NO_WAITER = 1 << 62
 STEP = "step"  # the EnvironmentResponse payload that answers a StepRequest
-
-
-class BatchedTimeStep(NamedTuple):
-    """TimeSteps of several worlds, stacked along the first axis.
-
-    Attributes:
-      step_type: uint8 ``[B]`` of ``dm_env.StepType`` values.
-      reward: float64 ``[B]``; NaN on FIRST steps.
-      discount: float64 ``[B]``; NaN on FIRST steps.
-      observation: nested dict of ``[B, ...]`` arrays (object arrays when shapes differ).
-      env_ids: int ``[B]``: which worlds these are.
-    """
-
-    step_type: np.ndarray
-    reward: np.ndarray
-    discount: np.ndarray
-    observation: dict[str, Any]
-    env_ids: np.ndarray
-
-    def at(self, position: int) -> dm_env.TimeStep:
-        """The ``dm_env.TimeStep`` of one world of the batch."""
-
-        def number(value: float) -> float | None:
-            return None if np.isnan(value) else float(value)
-
-        def pick(tree: Any) -> Any:
-            if isinstance(tree, Mapping):
-                return {key: pick(value) for key, value in tree.items()}
-            return tree[position]
-
-        return dm_env.TimeStep(
-            dm_env.StepType(int(self.step_type[position])),
-            number(self.reward[position]),
-            number(self.discount[position]),
-            pick(self.observation),
-        )
-
-    def first(self) -> np.ndarray:
-        return self.step_type == dm_env.StepType.FIRST
-
-    def last(self) -> np.ndarray:
-        return self.step_type == dm_env.StepType.LAST
-
-
-def _stack(values: Sequence[Any]) -> Any:
-    first = values[0]
-    if isinstance(first, Mapping):
-        return {key: _stack([value[key] for value in values]) for key in first}
-    arrays = [np.asarray(value) for value in values]
-    if all(a.shape == arrays[0].shape for a in arrays):
-        return np.stack(arrays)
-    out = np.empty(len(arrays), dtype=object)
-    for index, array in enumerate(arrays):
-        out[index] = array
-    return out
-
-
-def _unstack(actions: Mapping[str, Any], count: int, prefix: str = "") -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{} for _ in range(count)]
-    for key, value in actions.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            for target, part in zip(out, _unstack(value, count, name + "."), strict=True):
-                target[key] = part
-            continue
-        array = np.asarray(value)
-        if array.ndim == 0 or array.shape[0] != count:
-            actual = "none (a scalar)" if array.ndim == 0 else array.shape[0]
-            raise errors.SpecValidationError(
-                _BAD_BATCH.format(name=name, actual=actual, expected=count)
-            )
-        for index in range(count):
-            out[index][key] = array[index]
-    return out
-
-
-def _batch(timesteps: Sequence[dm_env.TimeStep], env_ids: Sequence[int]) -> BatchedTimeStep:
-    def number(value: Any) -> float:
-        return float("nan") if value is None else float(np.asarray(value))
-
-    return BatchedTimeStep(
-        step_type=np.array([int(t.step_type) for t in timesteps], np.uint8),
-        reward=np.array([number(t.reward) for t in timesteps]),
-        discount=np.array([number(t.discount) for t in timesteps]),
-        observation=_stack([t.observation for t in timesteps]),
-        env_ids=np.asarray(env_ids, dtype=np.int64),
-    )
 
 
 class BatchedEnvironment:
@@ -303,7 +217,7 @@ class BatchedEnvironment:
                 timesteps.append(env.reset(timeout=timeout))
             except errors.DmEnvRpcClientError as exc:
                 raise self._wrap(index, exc) from exc
-        return _batch(timesteps, range(len(self.envs)))
+        return batch_of(timesteps, range(len(self.envs)))
 
     def step(self, actions: Mapping[str, Any], timeout: float | None = None) -> BatchedTimeStep:
         """Steps every world with its slice of ``actions`` (batch axis first).
@@ -323,7 +237,7 @@ class BatchedEnvironment:
           SpecValidationError: the actions do not fit the batch or the specs.
           WorldError: a world's connection is closed.
         """
-        per_world = _unstack(actions, len(env_ids))
+        per_world = unstack(actions, len(env_ids))
         sent = time.perf_counter()
         if self._runner is None:  # adaptors over connections of their own
             for index, action in zip(env_ids, per_world, strict=True):
@@ -461,21 +375,21 @@ class BatchedEnvironment:
                 raise outcome
         env_ids = [index for index, _, _ in taken]
         if self._runner is None:  # TimeSteps already
-            return _batch([outcome for _, outcome, _ in taken], env_ids)
+            return batch_of([outcome for _, outcome, _ in taken], env_ids)
         step_types = [outcome[0] for _, outcome, _ in taken]
         responses = [outcome[1] for _, outcome, _ in taken]
         if self._decoder is not None and all(
             self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
         ):
-            stacked = self._decoder.decode(step_types, responses, _stack)
+            stacked = self._decoder.decode(step_types, responses, env_ids)
             if stacked is not None:
-                return BatchedTimeStep(*stacked, env_ids=np.asarray(env_ids, dtype=np.int64))
+                return stacked
         # Specs differ between worlds (or changed on reset): one TimeStep per world.
         timesteps = [
             self.envs[index]._timestep(step_type, response)
             for index, step_type, response in zip(env_ids, step_types, responses, strict=True)
         ]
-        return _batch(timesteps, env_ids)
+        return batch_of(timesteps, env_ids)
 
     def close(self, timeout: float = 10.0) -> None:
         """Leaves every world and closes what this batch opened. Idempotent; bounded by ``timeout``."""
