@@ -62,6 +62,7 @@ _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} 
 _NO_RESPONSE = "no response within {timeout} s"
 _NO_WAITER = 1 << 62
 STEP = "step"  # the EnvironmentResponse payload that answers a StepRequest
+LATENCY_SAMPLES = 100_000  # latencies kept for percentiles; older ones are dropped
 
 
 class BatchedEnvironment:
@@ -71,6 +72,12 @@ class BatchedEnvironment:
       envs: the worlds, one connection each.
       addresses: the server address of each world, for error messages.
       connections: connections to close with the batch (``connect`` fills this).
+
+    Attributes:
+      envs: the worlds' ``DmEnvAdaptor``s.
+      addresses: each world's server address.
+      latencies: round trips in seconds (send to response) of the latest
+        ``LATENCY_SAMPLES`` steps received, for percentiles.
     """
 
     def __init__(
@@ -105,7 +112,8 @@ class BatchedEnvironment:
         self._ready = 0  # finished and not yet received, over all worlds
         self._want = _NO_WAITER  # recv wakes when _ready reaches this
         self._in_flight = [0] * len(self.envs)  # sent and not yet received, per world
-        self.latencies: list[float] = []
+        # Round trips in seconds, send to response, of the latest LATENCY_SAMPLES steps.
+        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_SAMPLES)
 
     @classmethod
     def connect(
