@@ -34,8 +34,8 @@ import grpc
 from google.protobuf import message
 
 from dm_env_rpc_client import errors, messages
-from dm_env_rpc_client.aio import AsyncConnection
-from dm_env_rpc_client.connection import _CLOSED, _CONNECT_TIMEOUT, create_channel, wait_response
+from dm_env_rpc_client.aio import AsyncConnection, open_when_ready
+from dm_env_rpc_client.connection import _CLOSED, create_channel, wait_response
 
 T = TypeVar("T")
 
@@ -183,17 +183,9 @@ class LoopConnection:
             channel = create_channel(
                 address, credentials=credentials, options=options, insecure=insecure, aio=True
             )
-        try:
-            await asyncio.wait_for(channel.channel_ready(), timeout)
-        except asyncio.TimeoutError:
-            if owns:
-                await channel.close()
-            raise errors.ConnectTimeoutError(
-                _CONNECT_TIMEOUT.format(address=address, timeout=timeout)
-            ) from None
-        connection = await AsyncConnection.open(channel, metadata)
-        connection._owns_channel = owns
-        connection.address = address
+        connection = await open_when_ready(
+            channel, address, owns_channel=owns, timeout=timeout, metadata=metadata
+        )
         return cls(runner, connection)
 
     @property

@@ -142,10 +142,10 @@ class StackedDecoder:
     def __init__(self, template: DmEnvAdaptor) -> None:
         manager = template._observations
         self._template = template
+        names = template._visible + template._hidden  # in the order of template._uids
         self._columns = [
             _Column(name, uid, spec.dtype, tuple(spec.shape))
-            for name in template._visible + template._hidden
-            for uid in [manager.name_to_uid(name)]
+            for name, uid in zip(names, template._uids, strict=True)
             for spec in [manager.uid_to_spec(uid)]
         ]
         self._hidden = set(template._hidden)

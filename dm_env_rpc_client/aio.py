@@ -253,14 +253,42 @@ async def connect_async(
     channel = create_channel(
         address, credentials=credentials, options=options, insecure=insecure, aio=True
     )
+    return await open_when_ready(
+        channel,
+        address,
+        owns_channel=True,
+        timeout=timeout,
+        metadata=metadata,
+        max_in_flight=max_in_flight,
+    )
+
+
+async def open_when_ready(
+    channel: grpc.aio.Channel,
+    address: str,
+    *,
+    owns_channel: bool,
+    timeout: float | None = None,
+    metadata: Sequence[tuple[str, str]] | None = None,
+    max_in_flight: int | None = None,
+) -> AsyncConnection:
+    """Waits until ``channel`` is ready, then opens a stream on it.
+
+    With ``owns_channel`` the connection closes the channel when it closes (and
+    a timeout closes it at once).
+
+    Raises:
+      ConnectTimeoutError: the server did not answer within ``timeout``.
+    """
     try:
         await asyncio.wait_for(channel.channel_ready(), timeout)
     except asyncio.TimeoutError:
-        await channel.close()
+        if owns_channel:
+            await channel.close()
         raise errors.ConnectTimeoutError(
             _CONNECT_TIMEOUT.format(address=address, timeout=timeout)
         ) from None
     connection = await AsyncConnection.open(channel, metadata, max_in_flight=max_in_flight)
-    connection._owns_channel = True
+    connection._owns_channel = owns_channel
     connection.address = address
     return connection

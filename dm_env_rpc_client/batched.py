@@ -61,7 +61,6 @@ _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {want
 _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} did)."
 _NO_RESPONSE = "no response within {timeout} s"
 _NO_WAITER = 1 << 62
-STEP = "step"  # the EnvironmentResponse payload that answers a StepRequest
 LATENCY_SAMPLES = 100_000  # latencies kept for percentiles; older ones are dropped
 
 
@@ -104,7 +103,9 @@ class BatchedEnvironment:
         self._joined_specs: list[Any] = []
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._closed = False
-        # Finished steps, per world in request order: (TimeStep or the exception, latency).
+        # Finished steps, per world in request order: (outcome, latency). The outcome is the
+        # exception of a failed step, else a TimeStep (adaptors over their own connections) or
+        # (step type, StepResponse) (on the batch's loop; recv decodes these).
         self._cond = threading.Condition(threading.Lock())
         self._done: list[collections.deque[tuple[Any, float]]] = [
             collections.deque() for _ in self.envs
@@ -257,22 +258,22 @@ class BatchedEnvironment:
                 future.add_done_callback(functools.partial(self._finished, index, sent))
             return
         # On the batch's loop: requests are packed here, then written by one loop call.
-        batch: list[tuple[int, bytes]] = []
+        batch: list[tuple[int, bytes, str]] = []
         for index, action in zip(env_ids, per_world, strict=True):
             try:
-                data, _ = messages.envelope(self.envs[index].step_request(action))
+                data, expected = messages.envelope(self.envs[index].step_request(action))
             except errors.DmEnvRpcClientError as exc:
                 if batch:
                     self._runner.call(self._write_steps, batch, sent)
                 raise self._wrap(index, exc) from exc
-            batch.append((index, data))
+            batch.append((index, data, expected))
             self._in_flight[index] += 1
         self._runner.call(self._write_steps, batch, sent)
 
-    def _write_steps(self, batch: list[tuple[int, bytes]], sent: float) -> None:
-        # On the loop: queue each world's request; its TimeStep is made as its response lands.
-        for index, data in batch:
-            future = self._streams[index]._submit(data, STEP)
+    def _write_steps(self, batch: list[tuple[int, bytes, str]], sent: float) -> None:
+        # On the loop: queue each world's request; _landed files its response.
+        for index, data, expected in batch:
+            future = self._streams[index]._submit(data, expected)
             future.add_done_callback(functools.partial(self._landed, index, sent))
 
     def _landed(self, index: int, sent: float, future: asyncio.Future[Any]) -> None:

@@ -257,7 +257,7 @@ class DmEnvAdaptor(dm_env.Environment):
             self._set_specs(response.specs)
         with self._lock:
             self._last_state = State.INTERRUPTED
-        return self.step_response(self._connection.send(self.step_request({}), timeout))
+        return self._step({}, timeout)
 
     def step(self, action: Mapping[str, Any]) -> dm_env.TimeStep:
         """Takes one step with an action keyed by name (nested dicts for dotted names).
@@ -269,7 +269,10 @@ class DmEnvAdaptor(dm_env.Environment):
           ProtocolError: an impossible state transition.
           RequestTimeoutError: no response within the adaptor's ``timeout``.
         """
-        return self.step_response(self._connection.send(self.step_request(action), self._timeout))
+        return self._step(action, self._timeout)
+
+    def _step(self, action: Mapping[str, Any], timeout: float | None) -> dm_env.TimeStep:
+        return self.step_response(self._connection.send(self.step_request(action), timeout))
 
     def step_async(self, action: Mapping[str, Any]) -> concurrent.futures.Future[dm_env.TimeStep]:
         """Sends a step at once and returns a Future of its TimeStep.

@@ -89,12 +89,12 @@ class _DaemonWorkers(concurrent.futures.Executor):
             if self._shutdown:
                 raise RuntimeError("cannot schedule new work after shutdown")
             self._work.put(run)
-            if self._idle == 0 and self._threads < self._max:
+            if self._idle:
+                self._idle -= 1  # an idle worker takes it
+            elif self._threads < self._max:
                 self._threads += 1
                 name = f"{self._name}_{self._threads - 1}"
                 threading.Thread(target=self._worker, name=name, daemon=True).start()
-            else:
-                self._idle -= 1 if self._idle else 0
         return future
 
     def _worker(self) -> None:
