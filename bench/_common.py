@@ -2,8 +2,8 @@
 
 The machine the benchmarks run on may be shared and noisy, so throughput drifts
 between consecutive measurements. :func:`measure_interleaved` copes with that:
-it sets up every variant once, then runs them all once per round, in a seeded
-shuffled order, and reports medians over the rounds; ratios between variants
+it runs every variant once per round, in a seeded shuffled order (each set up,
+timed and closed in its turn), and reports medians over the rounds; ratios between variants
 are taken within each round (where they saw the same conditions) before the
 median, so drift between rounds cancels.
 """
@@ -16,9 +16,7 @@ import math
 import os
 import pathlib
 import random
-import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,6 +30,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dm_env_rpc_client.server._subprocess import server_subprocess  # noqa: E402
+
 DEFAULT_ROUNDS = 5
 
 
@@ -41,35 +41,10 @@ class ServerInfo(NamedTuple):
 
 
 @contextlib.contextmanager
-def server_process_info(*args: str) -> Iterator[ServerInfo]:
-    """Runs ``python -m dm_env_rpc_client.server`` in a subprocess; yields its address and pid."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dm_env_rpc_client.server", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "GRPC_VERBOSITY": os.environ["GRPC_VERBOSITY"], "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        match = re.match(r"Serving \w+ on (\S+)", line)
-        if match is None:
-            raise RuntimeError(f"unexpected server output: {line!r}")
-        yield ServerInfo(match.group(1), process.pid)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-@contextlib.contextmanager
-def server_process(*args: str) -> Iterator[str]:
-    """Runs ``python -m dm_env_rpc_client.server`` in a subprocess; yields its address."""
-    with server_process_info(*args) as server:
-        yield server.address
+def server_process_info(env: str, *extra_args: str) -> Iterator[ServerInfo]:
+    """The embedded server serving ``env`` in a child process; yields its address and pid."""
+    with server_subprocess(env, extra_args=extra_args) as server:
+        yield ServerInfo(server.address, server.process.pid)
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -80,25 +55,6 @@ def process_cpu_seconds(pid: int) -> float:
     # stime are fields 14 and 15.
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Measurement(NamedTuple):
-    steps_per_second: float
-    cpu_us_per_step: float
-
-
-def measure(run: Callable[[int], Any], steps: int, repeats: int = 3) -> Measurement:
-    """Best of ``repeats``: wall-clock steps/s and client CPU µs/step (all threads)."""
-    best: Measurement | None = None
-    for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        run(steps)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        result = Measurement(steps / wall, cpu / steps * 1e6)
-        if best is None or result.steps_per_second > best.steps_per_second:
-            best = result
-    assert best is not None
-    return best
 
 
 class Sample(NamedTuple):

@@ -87,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(server_process_info("--env", "catch")) for _ in range(2)]
+        servers = [stack.enter_context(server_process_info("catch")) for _ in range(2)]
         addresses = [server.address for server in servers]
         for count in args.worlds:
             results = measure_interleaved(

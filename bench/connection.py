@@ -219,9 +219,9 @@ def main() -> None:
         "CPU vs floor",
     ]
     large_steps = max(100, args.steps // 10)
-    with server_process_info("--env", "catch") as server:
+    with server_process_info("catch") as server:
         print_table("Catch (board float32[10, 5])", header, bench(server, args.steps, args.rounds))
-    with server_process_info("--env", "large", "--size", "100000") as server:
+    with server_process_info("large", "--size", "100000") as server:
         print_table("float32[100,000] observation", header, bench(server, large_steps, args.rounds))
     print(
         f"\nMedians over {args.rounds} interleaved rounds; steps per variant per round: "

@@ -106,10 +106,10 @@ def main() -> None:
     args = parser.parse_args()
     header = ["adaptor", "steps/s", "client CPU µs/step", "server CPU µs/step", "vs reference"]
     large_steps = max(100, args.steps // 10)
-    with server_process_info("--env", "catch") as server:
+    with server_process_info("catch") as server:
         rows = bench(server, {"paddle": np.int8(1)}, args.steps, args.rounds)
         print_table("Catch", header, rows)
-    with server_process_info("--env", "large", "--size", "100000") as server:
+    with server_process_info("large", "--size", "100000") as server:
         rows = bench(server, {"delta": np.float32(0.5)}, large_steps, args.rounds)
         print_table("float32[100,000] observation", header, rows)
     print(

@@ -68,8 +68,8 @@ def _addresses(given: Sequence[str] | None, in_process: bool = False) -> Iterato
             yield [server.address]
         return
     # A child process: the server gets a core (and a GIL) of its own, about twice the steps/s.
-    with server_subprocess("catch") as address:
-        yield [address]
+    with server_subprocess("catch") as server:
+        yield [server.address]
 
 
 def _stack_actions(actions: list[Any]) -> Any:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-from conftest import start_server_process
 
 from dm_env_rpc_client.recording import iter_episodes
 from dm_env_rpc_client.server._subprocess import server_subprocess
@@ -64,16 +63,13 @@ def test_a_server_subprocess_that_cannot_start_is_a_clear_error() -> None:
 
 
 def test_run_and_specs_against_an_address() -> None:
-    server = start_server_process()
-    try:
+    with server_subprocess() as server:
         result = _run("run", "--address", server.address, "--steps", "100", "--quiet")
         assert result.returncode == 0, result.stderr
         specs = _run("specs", server.address, "--create-setting", "rows=6")
         assert specs.returncode == 0, specs.stderr
         assert "paddle" in specs.stdout and "[-1, 1]" in specs.stdout and "int8" in specs.stdout
         assert "(6, 5)" in specs.stdout and "board" in specs.stdout
-    finally:
-        server.kill()
 
 
 def test_errors_are_one_paragraph_without_traceback() -> None:

@@ -2,10 +2,13 @@
 
 ``server_subprocess()`` starts ``python -m dm_env_rpc_client.server`` on a free
 loopback port, waits for its ``Serving <env> on <address>`` line, yields the
-address and kills the process on exit::
+address (and the process, for tests that stop or kill it) and kills the
+process on exit::
 
-    with server_subprocess("catch") as address:
-        conn = dmr.connect(address, timeout=10)
+    with server_subprocess("catch") as server:
+        conn = dmr.connect(server.address, timeout=10)
+
+The CLI's ``run``, the tests and the benchmarks all start their servers with it.
 """
 
 from __future__ import annotations
@@ -18,12 +21,24 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 _ADDRESS = re.compile(r"^Serving \w+ on (\S+)$")
 _NO_START = (
     "The embedded {env} server process did not start{detail}. Its error output: {stderr!r}. "
     "Start a server yourself (python -m dm_env_rpc_client.server) and pass --address."
 )
+
+
+class ChildServer(NamedTuple):
+    """A running server child process."""
+
+    address: str
+    process: subprocess.Popen[str]
+
+    def kill(self) -> None:
+        """Kills the process (SIGKILL) and waits for it."""
+        _stop(self.process)
 
 
 def _first_line(stream: object, timeout: float) -> str | None:
@@ -55,8 +70,8 @@ def server_subprocess(
     host: str = "127.0.0.1",
     timeout: float = 30.0,
     extra_args: Sequence[str] = (),
-) -> Iterator[str]:
-    """Runs the embedded server in a child process; yields its address.
+) -> Iterator[ChildServer]:
+    """Runs the embedded server in a child process; yields its address and process.
 
     Args:
       env: the environment to serve (``catch``, or ``large``).
@@ -82,7 +97,7 @@ def server_subprocess(
                 raise OSError(
                     _NO_START.format(env=env, detail=detail, stderr=stderr.read()[-2000:])
                 )
-            yield match.group(1)
+            yield ChildServer(match.group(1), process)
         finally:
             _stop(process)
             if process.stdout is not None:
