@@ -269,12 +269,35 @@ class _Compiled(NamedTuple):
     bounds: Bounds | None
     # The bounds as Python numbers when both are scalars: a 0-d value is checked without NumPy.
     scalar_bounds: tuple[Any, Any] | None = None
+    # For a scalar numeric spec: the Python scalar types it takes as they are, and the
+    # range (bounds and dtype range) they must lie in, None for no limit.
+    scalar_types: tuple[type, ...] = ()
+    scalar_limits: tuple[Any, Any] | None = None
 
 
 def _scalar_bounds(found: Bounds | None) -> tuple[Any, Any] | None:
     if found is None or np.ndim(found[0]) or np.ndim(found[1]):
         return None
     return np.asarray(found[0]).item(), np.asarray(found[1]).item()
+
+
+# The Python scalar types a dtype kind takes without a lossy cast (the rules of _numeric).
+_SCALAR_TYPES = {"b": (bool,), "i": (int,), "u": (int,), "f": (float,)}
+
+
+def _scalar_fast_path(
+    dtype: np.dtype, shape: tuple[int, ...], found: Bounds | None
+) -> tuple[tuple[type, ...], tuple[Any, Any] | None]:
+    """``(scalar_types, scalar_limits)`` for a spec (no types: no fast path)."""
+    types = _SCALAR_TYPES.get(dtype.kind, ())
+    limits = _scalar_bounds(found)
+    if shape or not types or (found is not None and limits is None):
+        return (), None
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        low, high = (info.min, info.max) if limits is None else limits
+        limits = (max(low, int(info.min)), min(high, int(info.max)))
+    return types, limits
 
 
 class SpecManager:
@@ -310,6 +333,7 @@ class SpecManager:
             shape = tuple(spec.shape)
             has_bounds = dtype.kind in "iuf" and (spec.HasField("min") or spec.HasField("max"))
             found = bounds(spec) if has_bounds else None
+            scalar_types, scalar_limits = _scalar_fast_path(dtype, shape, found)
             compiled = _Compiled(
                 uid=int(uid),
                 spec=spec,
@@ -318,6 +342,8 @@ class SpecManager:
                 variable=any(dim < 0 for dim in shape),
                 bounds=found,
                 scalar_bounds=_scalar_bounds(found),
+                scalar_types=scalar_types,
+                scalar_limits=scalar_limits,
             )
             self._by_uid[int(uid)] = compiled
             self._by_name[spec.name] = compiled
@@ -397,6 +423,11 @@ class SpecManager:
         dtype = compiled.dtype
         if not self._validate:
             return tensors.pack_tensor(value, dtype)
+        if type(value) in compiled.scalar_types:  # a Python number for a scalar spec
+            limits = compiled.scalar_limits
+            if limits is None or limits[0] <= value <= limits[1]:
+                return tensors.pack_tensor(np.array(value, dtype))
+            # Out of range (or NaN): the checks below raise the right error.
         name = compiled.spec.name
         if dtype.kind in "US":
             array = np.asarray(value)

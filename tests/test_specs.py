@@ -251,3 +251,40 @@ def test_numpy_values_are_range_checked_and_bools_stay_bools(
     packed = manager.pack({"paddle": np.int64(-1), "trace": np.arange(3, dtype=np.float32)})
     assert manager.unpack(packed)["paddle"].dtype == np.int8
     assert manager.unpack(packed)["trace"].dtype == np.float64
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # 1e300 as float32
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from(
+        [DataType.INT8, DataType.UINT8, DataType.INT64, DataType.UINT64, DataType.FLOAT]
+        + [DataType.DOUBLE, DataType.BOOL]
+    ),
+    bounded=st.booleans(),
+    value=st.one_of(
+        st.integers(-(2**70), 2**70),
+        st.integers(-300, 300),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.booleans(),
+    ),
+)
+def test_python_scalars_fast_path_agrees_with_the_general_checks(
+    dtype: int, bounded: bool, value
+) -> None:
+    # Python numbers for scalar specs skip NumPy's checks; the outcome must not change.
+    low, high = (-5, 100) if bounded and dtype != DataType.BOOL else (None, None)
+    if bounded and dtype in (DataType.UINT8, DataType.UINT64):
+        low = 0
+    spec = _spec("x", dtype, (), low, high)
+    fast = specs.SpecManager({1: spec}, kind="action")
+    general = specs.SpecManager({1: spec}, kind="action")
+    general._by_name["x"] = general._by_name["x"]._replace(scalar_types=())
+
+    def outcome(manager: specs.SpecManager) -> object:
+        try:
+            return manager.pack({"x": value})[1].SerializeToString()
+        except errors.SpecValidationError as exc:
+            return str(exc)
+
+    assert fast._by_name["x"].scalar_types
+    assert outcome(fast) == outcome(general)
