@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from raw_stream import RawStream, uid_of
 from dm_env_rpc_client import tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
 from dm_env_rpc_client.server import Server, serve
+from dm_env_rpc_client.server.catch import Catch
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -356,6 +358,43 @@ def test_disconnect_leaves_and_destroys_created_worlds(catch_server: Server) -> 
         assert wait_for(gone, timeout=10)
     finally:
         other.close()
+
+
+def _server_readers() -> int:
+    return sum(t.name == "dm_env_rpc_server-reader" for t in threading.enumerate())
+
+
+def test_each_stream_reader_thread_ends_with_its_stream() -> None:
+    baseline = _server_readers()
+    with serve(lambda settings: Catch(**settings)) as server:
+        streams = [RawStream(server.address) for _ in range(3)]
+        for raw in streams:
+            raw.join(raw.create(seed=0))
+        assert _server_readers() == baseline + 3
+        streams[0].close()  # the client goes away
+        assert wait_for(lambda: _server_readers() == baseline + 2, timeout=10)
+        for raw in streams[1:]:
+            raw.step()
+    # The server stopped with two streams open: their readers end too.
+    assert wait_for(lambda: _server_readers() == baseline, timeout=10)
+    for raw in streams[1:]:
+        raw.close()
+
+
+def test_pipelined_requests_are_answered_in_order(catch_server: Server) -> None:
+    import dm_env_rpc_client as dmr
+
+    with dmr.connect(catch_server.address, timeout=10) as conn:
+        name = dmr.create_world(conn, {"rows": 3, "columns": 3, "seed": 0}, timeout=10)
+        futures = [conn.send_async(dm_env_rpc_pb2.JoinWorldRequest(world_name=name))]
+        futures += [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(300)]
+        futures.append(conn.send_async(dm_env_rpc_pb2.LeaveWorldRequest()))
+        responses = [future.result(timeout=10) for future in futures]
+    assert isinstance(responses[0], dm_env_rpc_pb2.JoinWorldResponse)
+    assert isinstance(responses[-1], dm_env_rpc_pb2.LeaveWorldResponse)
+    # 3 rows: every sequence is RUNNING, RUNNING, TERMINATED.
+    states = [response.state for response in responses[1:-1]]
+    assert states == [State.RUNNING, State.RUNNING, State.TERMINATED] * 100
 
 
 def test_a_script_that_leaves_a_server_and_connections_open_still_exits() -> None:

@@ -257,8 +257,15 @@ def test_numpy_values_are_range_checked_and_bools_stay_bools(
 @settings(max_examples=300, deadline=None)
 @given(
     dtype=st.sampled_from(
-        [DataType.INT8, DataType.UINT8, DataType.INT64, DataType.UINT64, DataType.FLOAT]
-        + [DataType.DOUBLE, DataType.BOOL]
+        [
+            DataType.INT8,
+            DataType.UINT8,
+            DataType.INT64,
+            DataType.UINT64,
+            DataType.FLOAT,
+            DataType.DOUBLE,
+            DataType.BOOL,
+        ]
     ),
     bounded=st.booleans(),
     value=st.one_of(
