@@ -360,24 +360,24 @@ def test_disconnect_leaves_and_destroys_created_worlds(catch_server: Server) -> 
         other.close()
 
 
-def _server_readers() -> int:
-    return sum(t.name == "dm_env_rpc_server-reader" for t in threading.enumerate())
+def _server_loops() -> int:
+    return sum(t.name == "dm_env_rpc_server-loop" for t in threading.enumerate())
 
 
-def test_each_stream_reader_thread_ends_with_its_stream() -> None:
-    baseline = _server_readers()
+def test_stop_ends_open_streams_and_leaves_no_thread() -> None:
+    baseline = _server_loops()
     with serve(lambda settings: Catch(**settings)) as server:
+        assert _server_loops() == baseline + 1  # one event loop serves every stream
         streams = [RawStream(server.address) for _ in range(3)]
         for raw in streams:
             raw.join(raw.create(seed=0))
-        assert _server_readers() == baseline + 3
-        streams[0].close()  # the client goes away
-        assert wait_for(lambda: _server_readers() == baseline + 2, timeout=10)
+        streams[0].close()  # a client goes away
         for raw in streams[1:]:
+            assert raw.step().state == State.RUNNING
+    assert wait_for(lambda: _server_loops() == baseline, timeout=10)
+    for raw in streams[1:]:  # the streams still open when the server stopped have ended
+        with pytest.raises(grpc.RpcError):
             raw.step()
-    # The server stopped with two streams open: their readers end too.
-    assert wait_for(lambda: _server_readers() == baseline, timeout=10)
-    for raw in streams[1:]:
         raw.close()
 
 

@@ -34,15 +34,14 @@ Behaviour, in the protocol's terms:
 
 from __future__ import annotations
 
-import concurrent.futures
-import queue
-import threading
-from collections.abc import Callable, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import dm_env
 import grpc
 
+from dm_env_rpc_client._loop import LoopThread
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.server._session import Session
 from dm_env_rpc_client.server._worlds import Registry
@@ -50,72 +49,10 @@ from dm_env_rpc_client.server.properties import Property
 
 METHOD = "/dm_env_rpc.v1.Environment/Process"
 _OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-
+_START_TIMEOUT = 30.0
 _END = object()
 
 MakeEnv = Callable[[dict[str, Any]], dm_env.Environment]
-
-
-class _DaemonWorkers(concurrent.futures.Executor):
-    """A thread pool of daemon threads for gRPC's handlers.
-
-    A stream's handler holds its worker for as long as the stream lives. With
-    ``ThreadPoolExecutor`` the interpreter joins those workers at exit, so a
-    script that leaves a server and a connection to it open would hang when it
-    ends; daemon workers are not joined.
-    """
-
-    def __init__(self, max_workers: int, name: str) -> None:
-        self._max = max_workers
-        self._name = name
-        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0
-        self._shutdown = False
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-        with self._lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new work after shutdown")
-            self._work.put(run)
-            if self._idle:
-                self._idle -= 1  # an idle worker takes it
-            elif self._threads < self._max:
-                self._threads += 1
-                name = f"{self._name}_{self._threads - 1}"
-                threading.Thread(target=self._worker, name=name, daemon=True).start()
-        return future
-
-    def _worker(self) -> None:
-        while True:
-            work = self._work.get()
-            if work is None:
-                return
-            work()
-            with self._lock:
-                self._idle += 1
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
-            if self._shutdown:
-                return
-            self._shutdown = True
-            threads = self._threads
-        for _ in range(threads):
-            self._work.put(None)
 
 
 def _serialize(response: Any) -> bytes:
@@ -127,6 +64,10 @@ def _serialize(response: Any) -> bytes:
 
 class Server:
     """A running dm_env_rpc server; a context manager that stops it on exit.
+
+    The server runs on one ``grpc.aio`` event loop in a daemon thread: every
+    stream's requests are answered there, one at a time, so the environments
+    need no locks, and a step that blocks holds up the other streams too.
 
     Attributes:
       address: ``host:port`` to connect to (the real port when 0 was asked for).
@@ -141,77 +82,94 @@ class Server:
         max_workers: int = 64,
     ) -> None:
         self._registry = Registry(make_env)
-        self._sessions: set[Session] = set()
-        self._lock = threading.Lock()
-        self._executor = _DaemonWorkers(max_workers, "dm_env_rpc_server")
-        self._server = grpc.server(self._executor, options=_OPTIONS)
+        self._stopped = False
+        self._runner = LoopThread(name="dm_env_rpc_server-loop")
+        try:
+            self._server, port = self._runner.run(
+                self._start(address, credentials, max_workers), _START_TIMEOUT
+            )
+        except BaseException:
+            self._runner.close()
+            raise
+        host = address.rsplit(":", 1)[0]
+        self.address = f"{host}:{port}"
+
+    async def _start(
+        self, address: str, credentials: grpc.ServerCredentials | None, max_streams: int
+    ) -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server(options=_OPTIONS, maximum_concurrent_rpcs=max_streams)
         handler = grpc.stream_stream_rpc_method_handler(
             self._process,
             request_deserializer=dm_env_rpc_pb2.EnvironmentRequest.FromString,
             response_serializer=_serialize,
         )
         service, method = METHOD.strip("/").split("/")
-        self._server.add_generic_rpc_handlers(
+        server.add_generic_rpc_handlers(
             [grpc.method_handlers_generic_handler(service, {method: handler})]
         )
-        if credentials is None:
-            port = self._server.add_insecure_port(address)
-        else:
-            port = self._server.add_secure_port(address, credentials)
+        try:
+            if credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, credentials)
+        except RuntimeError:
+            port = 0
         if port == 0:
             raise OSError(f"Cannot bind the dm_env_rpc server to {address!r}; pick another port.")
-        host = address.rsplit(":", 1)[0]
-        self.address = f"{host}:{port}"
-        self._server.start()
-        self._stopped = False
+        await server.start()
+        return server, port
 
-    def _process(
-        self, requests: Iterator[dm_env_rpc_pb2.EnvironmentRequest], context: grpc.ServicerContext
-    ) -> Iterator[Any]:
-        """One stream: a reader thread answers requests in order; this handler sends them.
+    async def _process(
+        self,
+        requests: AsyncIterator[dm_env_rpc_pb2.EnvironmentRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """One stream: a reader task answers requests in order; this task sends the answers.
 
-        gRPC's sync handler blocks on each send until it completes, so a handler
-        that also read would take the next request only after the last answer
-        went out. With the reading and answering on their own thread, a client
-        that pipelines requests has the next one answered while the last is
-        being sent (about 1.25x the steps per second on Catch at 8 in flight);
-        a lockstep client pays one thread hand-off per request (about 5%).
+        Each send is awaited until it completes; meanwhile the reader takes and
+        answers the requests a pipelining client has already sent, so their
+        answers are ready when the send is done.
         """
         session = Session(self._registry)
-        with self._lock:
-            self._sessions.add(session)
-        answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        answers: asyncio.Queue[Any] = asyncio.Queue()
 
-        def answer() -> None:
+        async def answer() -> None:
             try:
-                for request in requests:
-                    answers.put(session.handle(request))
-            except grpc.RpcError:
-                pass  # the client went away or the server is stopping
+                async for request in requests:
+                    answers.put_nowait(session.handle(request))
             finally:
-                try:
-                    session.close()  # before the stream ends: its worlds are gone by then
-                    with self._lock:
-                        self._sessions.discard(session)
-                finally:
-                    answers.put(_END)
+                answers.put_nowait(_END)
 
-        threading.Thread(target=answer, name="dm_env_rpc_server-reader", daemon=True).start()
-        while (response := answers.get()) is not _END:
-            yield response
+        reader = asyncio.ensure_future(answer())
+        try:
+            while (response := await answers.get()) is not _END:
+                await context.write(response)
+            await reader  # raises what ended the reading, if anything but the stream's end
+        finally:
+            reader.cancel()
+            session.close()
 
     def stop(self, grace: float | None = None) -> None:
         """Stops serving (idempotent); open streams end after ``grace`` seconds."""
         if self._stopped:
             return
         self._stopped = True
-        self._server.stop(grace).wait()
-        self._registry.close()
-        self._executor.shutdown(wait=False)
+        try:
+            self._runner.run(self._server.stop(grace))
+        finally:
+            self._registry.close()
+            self._runner.close()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the server stops; returns False on timeout."""
-        return self._server.wait_for_termination(timeout)
+        if self._stopped:
+            return True
+        try:
+            return self._runner.run(self._server.wait_for_termination(timeout))
+        except Exception:
+            if self._stopped:  # stopped from another thread while waiting
+                return True
+            raise
 
     def __enter__(self) -> Server:
         return self
@@ -238,7 +196,8 @@ def serve(
         Raise TypeError or ValueError for bad settings.
       address: ``host:port`` to listen on; port 0 picks a free port.
       credentials: server credentials for TLS; None serves plaintext.
-      max_workers: threads, which bounds the number of simultaneous connections.
+      max_workers: the most streams served at once; a stream beyond them fails
+        with RESOURCE_EXHAUSTED.
 
     Returns:
       The running Server (use it as a context manager, or call ``stop()``).
