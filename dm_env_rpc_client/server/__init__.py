@@ -30,6 +30,8 @@ Behaviour, in the protocol's terms:
 - An exception inside the environment becomes an error Status (INVALID_ARGUMENT
   for bad settings, INTERNAL otherwise) carrying its type and message; the stream
   goes on.
+- Every stream is served on one ``grpc.aio`` event loop in a background thread;
+  environments are stepped there, one request at a time.
 """
 
 from __future__ import annotations
