@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Coroutine
@@ -124,6 +125,11 @@ class LoopThread:
         """Stops the loop and joins its thread. Close the connections on it first."""
         if self._closed:
             return
+        if threading.current_thread() is not self._thread:
+            # Tasks left on the loop (gRPC's own, finishing a call) would be reported as
+            # "destroyed but pending" once the loop stops: end them first.
+            with contextlib.suppress(Exception):
+                self.run(_end_tasks(), timeout)
         self._closed = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         if threading.current_thread() is not self._thread:
@@ -133,6 +139,15 @@ class LoopThread:
 
     def __repr__(self) -> str:
         return f"LoopThread({'closed' if self._closed else 'running'})"
+
+
+async def _end_tasks() -> None:
+    """Cancels every other task on the running loop and waits for them to end."""
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _copy_outcome(target: concurrent.futures.Future[Any], source: asyncio.Future[Any]) -> None:

@@ -153,3 +153,19 @@ def test_loop_thread_run_timeout_and_close() -> None:
         loop_thread.call(print)
     with pytest.raises(errors.ConnectionClosedError, match="event loop is closed"):
         loop_thread.run(asyncio.sleep(0))
+
+
+def test_close_leaves_no_pending_grpc_task(
+    catch_server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    import gc
+
+    for _ in range(10):  # the leftover task only sometimes outlives the close
+        runner = LoopThread()
+        conn = _open(runner, catch_server.address)
+        _join(conn)
+        conn.close()
+        runner.close()
+        gc.collect()  # a task still pending when its loop stopped is reported as it is freed
+    destroyed = [r for r in caplog.records if "Task was destroyed" in r.getMessage()]
+    assert not destroyed
