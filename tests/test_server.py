@@ -383,16 +383,17 @@ def test_stop_ends_open_streams_and_leaves_no_thread() -> None:
 
 def test_streams_beyond_max_workers_are_refused() -> None:
     with serve(lambda settings: Catch(**settings), max_workers=1) as server:
-        first, second = RawStream(server.address), RawStream(server.address)
+        first = RawStream(server.address)
         try:
-            first.join(first.create(seed=0))
+            first.join(first.create(seed=0))  # served before the second stream starts
+            second = RawStream(server.address)
             with pytest.raises(grpc.RpcError) as refused:
                 second.create(seed=0)
+            second.close()
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert first.step().state == State.RUNNING  # the first stream is untouched
         finally:
             first.close()
-            second.close()
 
 
 def test_pipelined_requests_are_answered_in_order(catch_server: Server) -> None:
