@@ -99,6 +99,8 @@ _FIELD_TO_DATA_TYPE: dict[str, int] = {
 }
 _FIXED: dict[int, str] = {DataType.FLOAT: "<f4", DataType.DOUBLE: "<f8"}
 _BYTES: set[int] = {DataType.INT8, DataType.UINT8}
+_ITEMSIZE: dict[int, int] = {DataType.FLOAT: 4, DataType.DOUBLE: 8, DataType.INT8: 1, DataType.UINT8: 1}
+_SMALL_PAYLOAD = 4096  # bytes
 _VARINT: set[int] = {
     DataType.INT32,
     DataType.INT64,
@@ -176,12 +178,17 @@ _BAD_OVERFLOW = "on_overflow must be 'error', 'wrap' or 'clip', not {value!r}."
 
 def _varint(value: int) -> bytes:
     """Encodes one non-negative integer (< 2**64) as a protobuf varint."""
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+_ONE_BYTE = [bytes([value]) for value in range(0x80)]
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -611,9 +618,11 @@ def _build(number: int, data_type: int, flat: np.ndarray, trailer: bytes) -> byt
     """
     if data_type in _FIXED or data_type in _BYTES:
         target = _FIXED.get(data_type, DATA_TYPE_TO_NUMPY[data_type])
-        size = flat.size * np.dtype(target).itemsize
+        size = flat.size * _ITEMSIZE[data_type]
         inner_head = b"\x0a" + _varint(size) if size else b""
         head = _varint(number << 3 | 2) + _varint(len(inner_head) + size) + inner_head
+        if size <= _SMALL_PAYLOAD:  # a few elements: one tobytes() beats the view below
+            return bytearray(head + flat.astype(target, copy=False).tobytes() + trailer)
         buffer = bytearray(len(head) + size + len(trailer))
         buffer[: len(head)] = head
         if size:

@@ -431,3 +431,35 @@ print("leaving everything open")
     )
     assert result.returncode == 0, result.stderr
     assert "leaving everything open" in result.stdout
+
+
+@pytest.mark.parametrize("value", [0.5, -1.0, 1.0, 1.5, -5.0, float("nan"), float("inf")])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dm_specs.BoundedArray((), np.float32, -1.0, 1.0, name="x"),
+        dm_specs.Array((), np.float32, name="x"),
+        dm_specs.BoundedArray((), np.int8, -1, 1, name="x"),
+    ],
+    ids=["bounded float32", "float32", "bounded int8"],
+)
+def test_scalar_actions_are_checked_as_dm_env_checks_them(spec, value: float) -> None:
+    # Scalar actions skip dm_env's validate() when in bounds; the outcome must not change.
+    from dm_env_rpc_client.server._worlds import ServerError, World, _WireSpec
+
+    if spec.dtype == np.int8 and not np.isfinite(value):
+        return
+    fast = _WireSpec(1, "x", spec)
+    general = _WireSpec(1, "x", spec)
+    general.scalar = False
+    assert fast.scalar
+    tensor = tensors.pack_tensor(np.asarray(value).astype(spec.dtype))
+
+    def outcome(wire_spec: _WireSpec) -> object:
+        try:
+            decoded = World._decode(wire_spec, tensor)
+        except ServerError as exc:
+            return str(exc)
+        return (type(decoded), decoded.dtype, decoded.shape, decoded.tobytes())
+
+    assert outcome(fast) == outcome(general)

@@ -118,6 +118,10 @@ REFERENCE_CASES = [
     np.asfortranarray(np.arange(12, dtype=np.uint8).reshape(3, 4)),
     np.arange(10, dtype=">i8")[::3],
     np.arange(12, dtype=np.int8).reshape(3, 4).T,
+    # Payloads over 4 KB take the other way into the buffer.
+    np.arange(2000, dtype=np.float32).reshape(40, 50),
+    np.arange(1500, dtype=">f8"),
+    np.arange(5000, dtype=np.uint8) % 251,
 ]
 
 
@@ -341,6 +345,8 @@ def test_docs_examples_run() -> None:
     "value",
     [
         np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.arange(2000, dtype=np.float32).reshape(40, 50),
+        np.arange(3, dtype=">f8"),
         np.array([-1, 2**31 - 1], np.int32),
         np.arange(5, dtype=np.uint8),
         np.array([True, False]),

@@ -39,7 +39,7 @@ def _flatten_specs(nested: Any, fallback: str) -> dict[str, dm_specs.Array]:
 class _WireSpec:
     """One action or observation: its dm_env spec, TensorSpec and NumPy dtype."""
 
-    __slots__ = ("dm_spec", "dtype", "name", "shape", "tensor_spec", "uid")
+    __slots__ = ("dm_spec", "dtype", "limits", "name", "scalar", "shape", "tensor_spec", "uid")
 
     def __init__(self, uid: int, name: str, dm_spec: dm_specs.Array) -> None:
         self.uid = uid
@@ -48,6 +48,16 @@ class _WireSpec:
         self.tensor_spec = specs.dm_env_spec_to_tensor_spec(dm_spec, name)
         self.dtype = tensors.DATA_TYPE_TO_NUMPY[self.tensor_spec.dtype]
         self.shape = tuple(dm_spec.shape)
+        # A scalar numeric spec checks its values in Python, without dm_env's validate():
+        # ``limits`` are its bounds as Python numbers (None: any value of the dtype).
+        self.scalar = not self.shape and self.dtype.kind in "iuf"
+        self.limits: tuple[Any, Any] | None = None
+        if self.scalar and isinstance(dm_spec, dm_specs.BoundedArray):
+            low, high = np.asarray(dm_spec.minimum), np.asarray(dm_spec.maximum)
+            if low.ndim or high.ndim:
+                self.scalar = False
+            else:
+                self.limits = (low.item(), high.item())
 
 
 def _lookup(table: Mapping[int, _WireSpec], uid: int, kind: str) -> _WireSpec:
@@ -117,7 +127,13 @@ class World:
             sent = tensors.get_tensor_type(tensor)
             if sent != spec.dtype.type:
                 raise ValueError(f"expected dtype {spec.dtype} but got {np.dtype(sent)}")
-            value = np.asarray(tensors.unpack_tensor(tensor))
+            unpacked = tensors.unpack_tensor(tensor)
+            if spec.scalar and isinstance(unpacked, np.generic):
+                limits = spec.limits
+                if limits is None or limits[0] <= unpacked.item() <= limits[1]:
+                    return np.asarray(unpacked)
+                # Out of bounds (or NaN): dm_env's validate() below decides and explains.
+            value = np.asarray(unpacked)
             if spec.dtype.kind == "U":
                 value = value.astype(object)
             spec.dm_spec.validate(value)
