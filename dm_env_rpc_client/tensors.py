@@ -99,7 +99,12 @@ _FIELD_TO_DATA_TYPE: dict[str, int] = {
 }
 _FIXED: dict[int, str] = {DataType.FLOAT: "<f4", DataType.DOUBLE: "<f8"}
 _BYTES: set[int] = {DataType.INT8, DataType.UINT8}
-_ITEMSIZE: dict[int, int] = {DataType.FLOAT: 4, DataType.DOUBLE: 8, DataType.INT8: 1, DataType.UINT8: 1}
+_ITEMSIZE: dict[int, int] = {
+    DataType.FLOAT: 4,
+    DataType.DOUBLE: 8,
+    DataType.INT8: 1,
+    DataType.UINT8: 1,
+}
 _SMALL_PAYLOAD = 4096  # bytes
 _VARINT: set[int] = {
     DataType.INT32,
