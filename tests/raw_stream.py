@@ -31,8 +31,12 @@ class RawStream:
         )
 
     def send(self, **payload: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
-        self._requests.put(dm_env_rpc_pb2.EnvironmentRequest(**payload))
+        self.write(**payload)
         return next(self._responses)
+
+    def write(self, **payload: Any) -> None:
+        """Writes a request without reading its response."""
+        self._requests.put(dm_env_rpc_pb2.EnvironmentRequest(**payload))
 
     def ok(self, **payload: Any) -> Any:
         """Sends and returns the payload message, asserting there was no error."""

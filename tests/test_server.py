@@ -381,6 +381,31 @@ def test_stop_ends_open_streams_and_leaves_no_thread() -> None:
         raw.close()
 
 
+def test_stop_returns_while_a_step_never_does() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class Stuck(Catch):
+        def step(self, action: Any) -> dm_env.TimeStep:
+            entered.set()
+            release.wait(timeout=60)  # holds the server's event loop
+            return super().step(action)
+
+    server = serve(lambda settings: Stuck(**settings))
+    raw = RawStream(server.address)
+    try:
+        raw.join(raw.create(seed=0))
+        raw.step()  # the first step of a sequence resets
+        raw.write(step=dm_env_rpc_pb2.StepRequest())
+        assert entered.wait(timeout=10)
+        stopper = threading.Thread(target=server.stop, kwargs={"grace": 0})
+        stopper.start()
+        stopper.join(timeout=30)
+        assert not stopper.is_alive(), "stop() hung on a step that never returns"
+    finally:
+        release.set()
+        raw.close()
+
+
 def test_streams_beyond_max_workers_are_refused() -> None:
     with serve(lambda settings: Catch(**settings), max_workers=1) as server:
         first = RawStream(server.address)

@@ -37,12 +37,14 @@ Behaviour, in the protocol's terms:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import dm_env
 import grpc
 
+from dm_env_rpc_client import errors
 from dm_env_rpc_client._loop import LoopThread
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.server._session import Session
@@ -52,6 +54,7 @@ from dm_env_rpc_client.server.properties import Property
 METHOD = "/dm_env_rpc.v1.Environment/Process"
 _OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 _START_TIMEOUT = 30.0
+_STOP_SLACK = 2.0  # seconds stop() waits for the loop beyond the grace period
 _END = object()
 
 MakeEnv = Callable[[dict[str, Any]], dm_env.Environment]
@@ -152,15 +155,21 @@ class Server:
             session.close()
 
     def stop(self, grace: float | None = None) -> None:
-        """Stops serving (idempotent); open streams end after ``grace`` seconds."""
+        """Stops serving (idempotent); open streams end after ``grace`` seconds.
+
+        Bounded even when an environment's step never returns (it holds the
+        event loop): after ``grace`` plus a few seconds, ``stop`` gives up
+        waiting for the loop and returns; its daemon thread ends with the step.
+        """
         if self._stopped:
             return
         self._stopped = True
         try:
-            self._runner.run(self._server.stop(grace))
+            with contextlib.suppress(errors.RequestTimeoutError):
+                self._runner.run(self._server.stop(grace), (grace or 0.0) + _STOP_SLACK)
         finally:
             self._registry.close()
-            self._runner.close()
+            self._runner.close(timeout=1.0)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the server stops; returns False on timeout."""
