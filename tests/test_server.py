@@ -406,6 +406,18 @@ def test_stop_returns_while_a_step_never_does() -> None:
         raw.close()
 
 
+def test_a_port_in_use_is_refused_by_name(catch_server: Server) -> None:
+    before = _server_loops()
+    with pytest.raises(OSError, match=f"'{catch_server.address}'; pick another port"):
+        serve(lambda settings: Catch(**settings), catch_server.address)
+    assert _server_loops() == before  # the failed server's loop is gone
+    raw = RawStream(catch_server.address)
+    try:
+        assert raw.create(seed=0)  # the first server still serves
+    finally:
+        raw.close()
+
+
 def test_streams_beyond_max_workers_are_refused() -> None:
     with serve(lambda settings: Catch(**settings), max_workers=1) as server:
         first = RawStream(server.address)

@@ -52,7 +52,12 @@ from dm_env_rpc_client.server._worlds import Registry
 from dm_env_rpc_client.server.properties import Property
 
 METHOD = "/dm_env_rpc.v1.Environment/Process"
-_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    # Without this, a second server on a port in use binds it too and takes half the clients.
+    ("grpc.so_reuseport", 0),
+]
 _START_TIMEOUT = 30.0
 _STOP_SLACK = 2.0  # seconds stop() waits for the loop beyond the grace period
 _END = object()
