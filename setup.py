@@ -34,6 +34,8 @@ TEST_REQUIRES = [
     "types-protobuf",
     # Test-only interoperability peer; the library never imports it.
     "dm-env-rpc==1.1.7",
+    # A throwaway certificate authority for the TLS tests.
+    "trustme>=1.1",
 ]
 
 # Jupyter use: a kernel and plots for docs/quickstart.ipynb.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import os
 import signal
@@ -13,12 +14,15 @@ from typing import Any
 
 import grpc
 import pytest
+import trustme
 from conftest import wait_for
 from google.protobuf import any_pb2
 
 from dm_env_rpc_client import errors, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client.aio import connect_async
 from dm_env_rpc_client.connection import Connection, connect
+from dm_env_rpc_client.environment import create_and_join_world
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server.catch import Catch
 
@@ -213,3 +217,31 @@ def test_remote_plaintext_needs_an_explicit_flag() -> None:
 def test_non_message_requests_are_refused(conn: Connection) -> None:
     with pytest.raises(TypeError, match="protobuf messages"):
         conn.send_async("step")  # type: ignore[arg-type]
+
+
+def test_tls_end_to_end_and_plaintext_to_tls_times_out() -> None:
+    authority = trustme.CA()
+    cert = authority.issue_cert("localhost")
+    chain = b"".join(blob.bytes() for blob in cert.cert_chain_pems)
+    server_credentials = grpc.ssl_server_credentials([(cert.private_key_pem.bytes(), chain)])
+    client_credentials = grpc.ssl_channel_credentials(authority.cert_pem.bytes())
+    with serve(
+        lambda settings: Catch(**settings), "localhost:0", credentials=server_credentials
+    ) as server:
+        with connect(server.address, credentials=client_credentials, timeout=20) as conn:
+            env, _ = create_and_join_world(conn, {"seed": 0}, {}, timeout=10)
+            assert env.reset().first()
+            assert env.step({"paddle": 1}).mid()
+            env.close()
+
+        async def over_asyncio() -> int:
+            aconn = await connect_async(server.address, credentials=client_credentials, timeout=20)
+            async with aconn:
+                world = (await aconn.send(dm_env_rpc_pb2.CreateWorldRequest())).world_name
+                join = await aconn.send(dm_env_rpc_pb2.JoinWorldRequest(world_name=world))
+                return len(join.specs.actions)
+
+        assert asyncio.run(over_asyncio()) == 1
+        # Without TLS, the handshake never completes: a bounded, named failure.
+        with pytest.raises(errors.ConnectTimeoutError, match="localhost"):
+            connect(server.address, timeout=1)
