@@ -297,6 +297,11 @@ def _scalar_fast_path(
         info = np.iinfo(dtype)
         low, high = (info.min, info.max) if limits is None else limits
         limits = (max(low, int(info.min)), min(high, int(info.max)))
+    elif (
+        dtype.kind == "f" and limits is None
+    ):  # what the dtype holds (inf, NaN: the general checks)
+        top = float(np.finfo(dtype).max)
+        limits = (-top, top)
     return types, limits
 
 
@@ -508,6 +513,25 @@ class SpecManager:
                     )
                     + f" ({dtype.name} cannot hold it.)"
                 )
+        if dtype.kind == "f" and array.dtype.kind == "f" and array.dtype.itemsize > dtype.itemsize:
+            with np.errstate(over="ignore"):
+                cast = array.astype(dtype)
+            overflow = np.isinf(cast) & np.isfinite(array)
+            if overflow.any():
+                index = tuple(int(i) for i in np.argwhere(overflow)[0])
+                top = np.finfo(dtype).max
+                where = f" at index {index}" if index else ""
+                raise errors.SpecValidationError(
+                    _OUT_OF_BOUNDS.format(
+                        kind=self._kind,
+                        name=name,
+                        low=str(-top),
+                        high=str(top),
+                        value=f"{array[index]}{where}",
+                    )
+                    + f" ({dtype.name} cannot hold it.)"
+                )
+            return cast
         return array.astype(dtype)
 
     def _check_shape(self, compiled: _Compiled, actual: tuple[int, ...]) -> None:

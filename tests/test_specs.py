@@ -253,7 +253,6 @@ def test_numpy_values_are_range_checked_and_bools_stay_bools(
     assert manager.unpack(packed)["trace"].dtype == np.float64
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # 1e300 as float32
 @settings(max_examples=300, deadline=None)
 @given(
     dtype=st.sampled_from(
@@ -295,3 +294,18 @@ def test_python_scalars_fast_path_agrees_with_the_general_checks(
 
     assert fast._by_name["x"].scalar_types
     assert outcome(fast) == outcome(general)
+
+
+def test_floats_a_float32_spec_cannot_hold_are_refused(manager: specs.SpecManager) -> None:
+    with pytest.raises(errors.SpecValidationError, match=r"float32 cannot hold it"):
+        manager.pack({"arm.joint": np.array([0.0, -1e300])})
+    flat = specs.SpecManager({1: _spec("x", DataType.FLOAT)}, kind="action")
+    for value in (1e300, np.float64(-1e39)):
+        with pytest.raises(
+            errors.SpecValidationError, match=r"'x' must lie in .*float32 cannot hold it"
+        ):
+            flat.pack({"x": value})
+    # inf and NaN are values a float32 holds: they pass, as dm_env's validate() lets them.
+    assert np.isinf(flat.unpack(flat.pack({"x": float("inf")}))["x"])
+    assert np.isnan(flat.unpack(flat.pack({"x": float("nan")}))["x"])
+    assert flat.unpack(flat.pack({"x": 3e38}))["x"] == np.float32(3e38)
