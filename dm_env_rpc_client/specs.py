@@ -267,15 +267,15 @@ class _Compiled(NamedTuple):
     shape: tuple[int, ...]
     variable: bool
     bounds: Bounds | None
-    # The bounds as Python numbers when both are scalars: a 0-d value is checked without NumPy.
-    scalar_bounds: tuple[Any, Any] | None = None
     # For a scalar numeric spec: the Python scalar types it takes as they are, and the
-    # range (bounds and dtype range) they must lie in, None for no limit.
+    # range (bounds and dtype range) as Python numbers, None for no limit. A value in
+    # it is checked without NumPy.
     scalar_types: tuple[type, ...] = ()
     scalar_limits: tuple[Any, Any] | None = None
 
 
 def _scalar_bounds(found: Bounds | None) -> tuple[Any, Any] | None:
+    """Bounds as Python numbers when both are scalars (None otherwise, or without bounds)."""
     if found is None or np.ndim(found[0]) or np.ndim(found[1]):
         return None
     return np.asarray(found[0]).item(), np.asarray(found[1]).item()
@@ -297,9 +297,8 @@ def _scalar_fast_path(
         info = np.iinfo(dtype)
         low, high = (info.min, info.max) if limits is None else limits
         limits = (max(low, int(info.min)), min(high, int(info.max)))
-    elif (
-        dtype.kind == "f" and limits is None
-    ):  # what the dtype holds (inf, NaN: the general checks)
+    elif dtype.kind == "f" and limits is None:
+        # What the dtype holds; inf and NaN lie outside and take the general checks.
         top = float(np.finfo(dtype).max)
         limits = (-top, top)
     return types, limits
@@ -346,7 +345,6 @@ class SpecManager:
                 shape=shape,
                 variable=any(dim < 0 for dim in shape),
                 bounds=found,
-                scalar_bounds=_scalar_bounds(found),
                 scalar_types=scalar_types,
                 scalar_limits=scalar_limits,
             )
@@ -453,7 +451,7 @@ class SpecManager:
         else:
             array = self._numeric(compiled, value)
         self._check_shape(compiled, array.shape)
-        scalar = compiled.scalar_bounds
+        scalar = compiled.scalar_limits
         if scalar is not None and array.ndim == 0 and scalar[0] <= array.item() <= scalar[1]:
             pass  # in bounds (NaN fails the comparison and takes the general check below)
         elif compiled.bounds is not None and array.size:

@@ -99,13 +99,6 @@ _FIELD_TO_DATA_TYPE: dict[str, int] = {
 }
 _FIXED: dict[int, str] = {DataType.FLOAT: "<f4", DataType.DOUBLE: "<f8"}
 _BYTES: set[int] = {DataType.INT8, DataType.UINT8}
-_ITEMSIZE: dict[int, int] = {
-    DataType.FLOAT: 4,
-    DataType.DOUBLE: 8,
-    DataType.INT8: 1,
-    DataType.UINT8: 1,
-}
-_SMALL_PAYLOAD = 4096  # bytes
 _VARINT: set[int] = {
     DataType.INT32,
     DataType.INT64,
@@ -613,6 +606,14 @@ def _pack_numeric(
         return tensor
     number = _PAYLOAD[data_type][1]
     return dm_env_rpc_pb2.Tensor.FromString(_build(number, data_type, flat, _shape_bytes(shape)))  # type: ignore[arg-type]
+
+
+# Wire bytes per element of each payload _build writes in one piece.
+_ITEMSIZE: dict[int, int] = {
+    data_type: np.dtype(_FIXED.get(data_type, DATA_TYPE_TO_NUMPY[data_type])).itemsize
+    for data_type in (*_FIXED, *_BYTES)
+}
+_SMALL_PAYLOAD = 4096  # bytes
 
 
 def _build(number: int, data_type: int, flat: np.ndarray, trailer: bytes) -> bytearray:

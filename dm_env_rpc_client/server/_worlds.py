@@ -50,14 +50,12 @@ class _WireSpec:
         self.shape = tuple(dm_spec.shape)
         # A scalar numeric spec checks its values in Python, without dm_env's validate():
         # ``limits`` are its bounds as Python numbers (None: any value of the dtype).
-        self.scalar = not self.shape and self.dtype.kind in "iuf"
-        self.limits: tuple[Any, Any] | None = None
-        if self.scalar and isinstance(dm_spec, dm_specs.BoundedArray):
-            low, high = np.asarray(dm_spec.minimum), np.asarray(dm_spec.maximum)
-            if low.ndim or high.ndim:
-                self.scalar = False
-            else:
-                self.limits = (low.item(), high.item())
+        bounded = isinstance(dm_spec, dm_specs.BoundedArray)
+        found = specs.Bounds(dm_spec.minimum, dm_spec.maximum) if bounded else None
+        self.limits = specs._scalar_bounds(found)
+        self.scalar = (
+            not self.shape and self.dtype.kind in "iuf" and (self.limits is not None or not bounded)
+        )
 
 
 def _lookup(table: Mapping[int, _WireSpec], uid: int, kind: str) -> _WireSpec:
