@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+import grpc
 import pytest
 
+from dm_env_rpc_client import errors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server._subprocess import ChildServer, server_subprocess
 from dm_env_rpc_client.server.catch import Catch
@@ -40,3 +45,20 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: flo
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def assert_killing_fails_pending(
+    server: ChildServer, conn: Any, futures: Sequence[concurrent.futures.Future[Any]]
+) -> None:
+    """Kills ``server``; every pending future must fail promptly, and so must later sends."""
+    started = time.monotonic()
+    server.kill()
+    concurrent.futures.wait(futures, timeout=5)
+    assert time.monotonic() - started < 5
+    for future in futures:
+        error = future.exception(timeout=0)
+        assert isinstance(error, errors.ConnectionClosedError)
+        assert error.code is grpc.StatusCode.UNAVAILABLE
+    assert wait_for(lambda: conn.closed, timeout=5)
+    with pytest.raises(errors.ConnectionClosedError):
+        conn.send(dm_env_rpc_pb2.StepRequest(), timeout=5)
