@@ -43,6 +43,7 @@ from dm_env_rpc_client.errors import (
     PermissionDeniedError,
     ProtocolError,
     RaggedArrayError,
+    RecordingError,
     RequestTimeoutError,
     ShapeError,
     SpecError,
@@ -57,7 +58,13 @@ from dm_env_rpc_client.errors import (
 )
 from dm_env_rpc_client.properties import PropertiesExtension, PropertySpec
 from dm_env_rpc_client.random_actions import random_action
-from dm_env_rpc_client.recording import Episode, EpisodeRecorder, iter_episodes, load_episode
+from dm_env_rpc_client.recording import (
+    Episode,
+    EpisodeRecorder,
+    Recording,
+    iter_episodes,
+    load_episode,
+)
 from dm_env_rpc_client.server import Property, Server, serve
 from dm_env_rpc_client.specs import (
     Bounds,
@@ -111,6 +118,8 @@ __all__ = [
     "PropertySpec",
     "ProtocolError",
     "RaggedArrayError",
+    "Recording",
+    "RecordingError",
     "RequestTimeoutError",
     "Server",
     "ShapeError",

@@ -43,6 +43,7 @@ import contextlib
 import functools
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,13 +54,23 @@ from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of, unstack
 from dm_env_rpc_client.aio import AsyncConnection
 from dm_env_rpc_client.connection import ConnectionLike, create_channel
-from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world
+from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world, join_world
 
 _WORLD_FAILED = "World {index} at {address} failed: {error}"
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
 _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {wanted} of it."
 _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} did)."
 _NO_RESPONSE = "no response within {timeout} s"
+_SEED_TWICE = (
+    "create_world_settings already holds {name!r}, and seed= sets it per world: "
+    "pass one of the two, or a different seed_setting."
+)
+_SEED_REFUSED = (
+    "The server at {address} refused the create setting {name!r} ({error}); the worlds are "
+    "created without it, so only what the client draws is seeded. Pass seed_setting= with "
+    "the name the server takes, or seed_setting=None to silence this."
+)
+_NAMES_COUNT = "Give one world name per world: {names} names for {count} worlds."
 _NO_WAITER = 1 << 62
 LATENCY_SAMPLES = 100_000  # latencies kept for percentiles; older ones are dropped
 
@@ -77,6 +88,8 @@ class BatchedEnvironment:
       addresses: each world's server address.
       latencies: round trips in seconds (send to response) of the latest
         ``LATENCY_SAMPLES`` steps received, for percentiles.
+      world_seeds: the seed each world was created with (``connect(seed=...)``),
+        None where it got none.
     """
 
     def __init__(
@@ -95,6 +108,7 @@ class BatchedEnvironment:
             else [getattr(env.connection, "address", None) for env in self.envs]
         )
         self._connections = list(connections)
+        self.world_seeds: list[int | None] = [None] * len(self.envs)
         self._runner: LoopThread | None = None
         self._streams: list[AsyncConnection] = []  # with a runner: each world's stream
         # With a runner and the same specs everywhere: the batch-at-once decoder, and the
@@ -129,11 +143,20 @@ class BatchedEnvironment:
         options: Sequence[tuple[str, Any]] | None = None,
         insecure: bool = False,
         metadata: Sequence[tuple[str, str]] | None = None,
+        seed: int | None = None,
+        seed_setting: str | None = "seed",
+        world_names: Sequence[str] | None = None,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
         Every world gets its own stream; streams to the same address share one
         channel, and all of them run on one background event loop.
+
+        Seeds follow gymnasium's ``reset(seed=s)`` convention for vector envs:
+        world ``i`` gets ``seed + i``, in its create settings under
+        ``seed_setting``. A server that refuses that setting (INVALID_ARGUMENT
+        naming it) gets the worlds created without it, with a warning;
+        ``world_seeds`` says which seed each world got.
 
         Args:
           addresses: server addresses (``host:port`` or ``unix:path``).
@@ -146,13 +169,31 @@ class BatchedEnvironment:
           options: extra gRPC channel options.
           insecure: allow plaintext to a remote host.
           metadata: gRPC metadata for every stream.
+          seed: world ``i`` is created with ``seed + i`` under ``seed_setting``;
+            None leaves the settings as they are.
+          seed_setting: the create setting that carries the seed; None never sets it.
+          world_names: join these existing worlds (world ``i`` joins
+            ``world_names[i]``) instead of creating new ones; they are left, not
+            destroyed, on close, and get no seed.
 
         Raises:
+          ValueError: no address, no world, ``seed`` and ``create_world_settings``
+            both set the seed setting, or ``world_names`` does not match ``num_envs``.
           WorldError: naming the world that could not be created or joined.
         """
         count = len(addresses) if num_envs is None else num_envs
+        if world_names is not None:
+            count = len(world_names) if num_envs is None else count
+            if len(world_names) != count:
+                raise ValueError(_NAMES_COUNT.format(names=len(world_names), count=count))
         if not addresses or count < 1:
             raise ValueError("Give at least one address and one world.")
+        if seed is not None and world_names is None and seed_setting is not None:
+            if seed_setting in (create_world_settings or {}):
+                raise ValueError(_SEED_TWICE.format(name=seed_setting))
+        else:
+            seed_setting = None
+        seeds: list[int | None] = [None] * count
         runner = LoopThread(name="dm_env_rpc_client-batched")
         channels: dict[str, grpc.aio.Channel] = {}
 
@@ -175,9 +216,30 @@ class BatchedEnvironment:
                 try:
                     conn = runner.run(open_stream(address))
                     connections.append(conn)
-                    env, _ = create_and_join_world(
-                        conn, create_world_settings, join_world_settings, timeout=timeout
-                    )
+                    if world_names is not None:
+                        env = join_world(
+                            conn, world_names[index], join_world_settings, timeout=timeout
+                        )
+                    else:
+                        settings = dict(create_world_settings or {})
+                        if seed_setting is not None and seed is not None:
+                            settings[seed_setting] = seeds[index] = seed + index
+                        try:
+                            env, _ = create_and_join_world(
+                                conn, settings, join_world_settings, timeout=timeout
+                            )
+                        except errors.InvalidArgumentError as exc:
+                            if seed_setting is None or repr(seed_setting) not in str(exc):
+                                raise
+                            warnings.warn(
+                                _SEED_REFUSED.format(address=address, name=seed_setting, error=exc),
+                                stacklevel=2,
+                            )
+                            seed_setting, seeds[index] = None, None
+                            settings = dict(create_world_settings or {})
+                            env, _ = create_and_join_world(
+                                conn, settings, join_world_settings, timeout=timeout
+                            )
                 except errors.DmEnvRpcClientError as exc:
                     raise errors.WorldError(
                         _WORLD_FAILED.format(index=index, address=address, error=exc),
@@ -190,6 +252,7 @@ class BatchedEnvironment:
             _shut_down(runner, connections, channels)
             raise
         batch = cls(envs, used, connections=connections)
+        batch.world_seeds = seeds
         batch._runner, batch._channels = runner, channels
         batch._streams = [conn.async_connection for conn in connections]
         batch._joined_specs = [env._wire_specs for env in envs]

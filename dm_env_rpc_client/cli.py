@@ -29,7 +29,7 @@ from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import connect
 from dm_env_rpc_client.environment import create_and_join_world, specs_table
 from dm_env_rpc_client.random_actions import random_action
-from dm_env_rpc_client.recording import EpisodeRecorder
+from dm_env_rpc_client.recording import Recording
 from dm_env_rpc_client.server import serve
 from dm_env_rpc_client.server._subprocess import server_subprocess
 from dm_env_rpc_client.server.catch import Catch
@@ -96,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
     ):
         count = len(batch)
         spec = batch.action_spec()
-        recorders = (
-            [EpisodeRecorder(args.record, world) for world in range(count)] if args.record else None
-        )
+        recording = Recording(args.record, count, batch.world_seeds) if args.record else None
         returns: list[float] = []
         running = np.zeros(count)
         episodes_done = 0
@@ -129,14 +127,15 @@ def run(args: argparse.Namespace) -> int:
                         returns.append(float(running[world]))
                         running[world] = 0.0
                         episodes_done += 1
-                    if recorders is not None:
-                        recorders[world].add(
-                            None if step_type == 0 else action,
-                            result.at(position),
+                    if recording is not None:
+                        recording.add(
+                            world, None if step_type == 0 else action, result.at(position)
                         )
                 received += len(result.env_ids)
                 progress.update(len(result.env_ids))
         elapsed = time.perf_counter() - started
+        if recording is not None:
+            recording.close()
         latencies = np.array(batch.latencies) * 1e3
     _print_summary(received, episodes_done, returns, elapsed, latencies, count, args)
     return 0

@@ -29,6 +29,7 @@ so ``except ValueError`` keeps working::
     +-- RequestTimeoutError (TimeoutError)
     +-- ProtocolError                  the server broke the protocol
     +-- WorldError                     one world of a batch failed; names index and address
+    +-- RecordingError (OSError)       a recording folder that is not usable
 
 Transport errors are converted at the boundary with ``raise ... from exc``: no
 raw ``grpc.RpcError`` or ``StopIteration`` reaches a user. Server errors keep
@@ -247,3 +248,7 @@ class WorldError(DmEnvRpcClientError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.args[0], self.index, self.address))
+
+
+class RecordingError(DmEnvRpcClientError, OSError):
+    """A recording folder is missing, not a folder, not empty, or cannot be created."""

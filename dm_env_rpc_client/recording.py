@@ -1,70 +1,160 @@
 """Episodes recorded for offline learning: one compressed ``.npz`` file per episode.
 
-Layout of ``episode_<world>_<n>.npz`` (``T`` is the number of transitions):
+Layout of ``episode_<world>_<n>.npz`` (``T`` transitions; ``len(episode) == T``):
 
-==========================  ================  =========================================
-key                         shape             meaning
-==========================  ================  =========================================
-``step_type``               ``[T+1]`` uint8   0 FIRST, 1 MID, 2 LAST (dm_env.StepType)
-``reward``                  ``[T+1]`` float64 ``reward[0]`` is NaN (FIRST has none)
-``discount``                ``[T+1]`` float64 ``discount[0]`` is NaN
-``observation/<name>``      ``[T+1, ...]``    observation ``t``; dotted names for nesting
-``action/<name>``           ``[T, ...]``      the action taken at observation ``t``
-==========================  ================  =========================================
+==============================  ================  =======================================
+key                             shape             meaning
+==============================  ================  =======================================
+``step_type``                   ``[T+1]`` uint8   0 FIRST, 1 MID, 2 LAST (dm_env.StepType)
+``reward``                      ``[T+1]`` float64 ``reward[0]`` is NaN (FIRST has none)
+``discount``                    ``[T+1]`` float64 ``discount[0]`` is NaN
+``observation/<name>``          ``[T+1, ...]``    observation ``t``; dotted names for nesting
+``action/<name>``               ``[T, ...]``      the action taken at observation ``t``
+``meta/world``                  ``[]`` int64      the world's index in its batch
+``meta/episode``                ``[]`` int64      the episode's number in that world, from 1
+``meta/seed``                   ``[]`` int64      the world's seed; -1 for none
+``meta/truncated``              ``[]`` bool       the recording stopped before the LAST step
+==============================  ================  =======================================
 
-An episode runs from a FIRST step to a LAST step; ``load_episode`` reads one
-back and ``iter_episodes`` reads a folder in order::
+A tensor whose shape changes from step to step (a variable-length spec) is
+stored as ``ragged/<group>/<name>`` (every step's values, flattened and
+concatenated) with ``ragged_shape/<group>/<name>`` (``[steps, ndim]`` int64);
+``load_episode`` gives it back as a list of arrays, one per step.
+
+Guarantees:
+
+- A file is written under a temporary name and renamed into place, so a
+  crash never leaves half an episode behind a real name.
+- An episode that has not reached its LAST step when the recording stops
+  (end of a run, Ctrl-C, a failed world) is saved with ``truncated`` set, as
+  long as it holds one transition or more; its last ``step_type`` is MID.
+- ``Recording`` refuses a folder that already holds files, so two runs never
+  mix: give every run a folder of its own.
+
+Reading back::
 
     episode = dmr.load_episode("recordings/episode_000_000001.npz")
     episode.observation["board"].shape   # (T+1, rows, columns)
+    len(episode), episode.world, episode.truncated
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import pathlib
-from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import dm_env
 import numpy as np
 
-from dm_env_rpc_client import specs
+from dm_env_rpc_client import errors, specs
+
+_NOT_EMPTY = (
+    "The recording folder {path} already holds {count} entries (e.g. {example!r}); "
+    "recording into it would mix two runs. Give an empty or new folder."
+)
+_NOT_A_FOLDER = "The recording folder {path} is not a folder; give a folder path."
+_CANNOT_CREATE = "Cannot create the recording folder {path}: {error}. Give a writable folder path."
+_NO_FOLDER = "There is no recording folder {path}; give the folder a run recorded into."
+_NO_SEED = -1
 
 
-class Episode(NamedTuple):
-    """One recorded episode (see the module docs for the layout)."""
+@dataclasses.dataclass(frozen=True)
+class Episode:
+    """One recorded episode (see the module docs for the layout).
+
+    ``len(episode)`` is the number of transitions ``T``: actions taken.
+
+    Attributes:
+      step_type: ``[T+1]`` uint8 step types.
+      reward: ``[T+1]`` float64, NaN first.
+      discount: ``[T+1]`` float64, NaN first.
+      observation: nested dict of ``[T+1, ...]`` arrays (lists for ragged tensors).
+      action: nested dict of ``[T, ...]`` arrays (lists for ragged tensors).
+      world: the world's index in its batch (None in files without metadata).
+      episode: the episode's number in its world, from 1 (None likewise).
+      seed: the world's seed, None for none.
+      truncated: True when the recording stopped before the episode's LAST step.
+    """
 
     step_type: np.ndarray
     reward: np.ndarray
     discount: np.ndarray
     observation: dict[str, Any]
     action: dict[str, Any]
+    world: int | None = None
+    episode: int | None = None
+    seed: int | None = None
+    truncated: bool = False
+
+    def __len__(self) -> int:
+        return max(0, len(self.step_type) - 1)
 
 
 def _number(value: Any) -> float:
     return float("nan") if value is None else float(np.asarray(value))
 
 
+def _save_atomically(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(temporary, "wb") as file:
+            np.savez_compressed(file, **arrays)  # type: ignore[arg-type]
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _stack(group: str, values: list[dict[str, Any]], arrays: dict[str, np.ndarray]) -> None:
+    for name in values[0] if values else ():
+        parts = [np.asarray(value[name]) for value in values]
+        if len({part.shape for part in parts}) == 1:
+            arrays[f"{group}/{name}"] = np.stack(parts)
+        else:  # a variable-length tensor: flattened values plus each step's shape
+            arrays[f"ragged/{group}/{name}"] = np.concatenate([part.ravel() for part in parts])
+            arrays[f"ragged_shape/{group}/{name}"] = np.array(
+                [part.shape for part in parts], np.int64
+            ).reshape(len(parts), -1)
+
+
 class EpisodeRecorder:
     """Buffers one world's steps and writes an ``.npz`` file at every LAST step.
 
+    It writes into ``directory`` as it is (use ``Recording`` for a whole run,
+    which refuses a folder that already holds files).
+
     Args:
       directory: the folder to write into (created if missing).
-      world: the world's index, part of the file names.
+      world: the world's index, in the file names and the metadata.
+      seed: the world's seed, for the metadata (None: none).
+
+    Attributes:
+      written: the paths written so far, in order.
     """
 
-    def __init__(self, directory: str | pathlib.Path, world: int = 0) -> None:
+    def __init__(
+        self, directory: str | pathlib.Path, world: int = 0, *, seed: int | None = None
+    ) -> None:
         self._directory = pathlib.Path(directory)
         self._directory.mkdir(parents=True, exist_ok=True)
         self._world = world
+        self._seed = seed
         self._count = 0
         self._steps: list[dm_env.TimeStep] = []
         self._actions: list[Mapping[str, Any]] = []
         self.written: list[pathlib.Path] = []
+        self.truncated = 0  # how many of ``written`` are truncated
 
     def add(self, action: Mapping[str, Any] | None, timestep: dm_env.TimeStep) -> None:
-        """Adds a TimeStep and the action that led to it (None for FIRST)."""
+        """Adds a TimeStep and the action that led to it (None for FIRST).
+
+        A FIRST step while an episode is unfinished saves that one truncated first.
+        """
         if timestep.first():
+            self.truncate()
             self._steps, self._actions = [timestep], []
             return
         if not self._steps:
@@ -72,49 +162,186 @@ class EpisodeRecorder:
         self._steps.append(timestep)
         self._actions.append(action or {})
         if timestep.last():
-            self._write()
+            self._write(truncated=False)
 
-    def _write(self) -> None:
+    def truncate(self) -> pathlib.Path | None:
+        """Saves the unfinished episode marked truncated, and starts afresh.
+
+        Call it when the recording stops before the episode's LAST step (the
+        end of a run, Ctrl-C, a world that failed). An episode with no
+        transition yet is dropped.
+
+        Returns:
+          The file written, or None when there was nothing to save.
+        """
+        if len(self._steps) < 2:
+            self._steps, self._actions = [], []
+            return None
+        return self._write(truncated=True)
+
+    def _write(self, *, truncated: bool) -> pathlib.Path:
         self._count += 1
         arrays: dict[str, np.ndarray] = {
             "step_type": np.array([int(s.step_type) for s in self._steps], np.uint8),
             "reward": np.array([_number(s.reward) for s in self._steps]),
             "discount": np.array([_number(s.discount) for s in self._steps]),
+            "meta/world": np.array(self._world, np.int64),
+            "meta/episode": np.array(self._count, np.int64),
+            "meta/seed": np.array(_NO_SEED if self._seed is None else self._seed, np.int64),
+            "meta/truncated": np.array(truncated),
         }
-        observations = [specs.flatten(_as_dict(s.observation)) for s in self._steps]
-        for name in observations[0]:
-            arrays[f"observation/{name}"] = np.stack([np.asarray(o[name]) for o in observations])
-        actions = [specs.flatten(dict(a)) for a in self._actions]
-        for name in actions[0] if actions else ():
-            arrays[f"action/{name}"] = np.stack([np.asarray(a[name]) for a in actions])
+        _stack("observation", [specs.flatten(_as_dict(s.observation)) for s in self._steps], arrays)
+        _stack("action", [specs.flatten(dict(a)) for a in self._actions], arrays)
         path = self._directory / f"episode_{self._world:03d}_{self._count:06d}.npz"
-        np.savez_compressed(path, **arrays)  # type: ignore[arg-type]
-        self.written.append(path)
         self._steps, self._actions = [], []
+        _save_atomically(path, arrays)
+        self.written.append(path)
+        self.truncated += truncated
+        return path
+
+
+class Recording:
+    """A whole run's recording: one ``EpisodeRecorder`` per world, in one fresh folder.
+
+    Args:
+      directory: the run's folder: created if missing; refused if it holds anything.
+      worlds: how many worlds the run has.
+      seeds: each world's seed, for the metadata (None: none).
+
+    Raises:
+      RecordingError: the folder is not empty, not a folder, or cannot be created.
+    """
+
+    def __init__(
+        self,
+        directory: str | pathlib.Path,
+        worlds: int,
+        seeds: Sequence[int | None] | None = None,
+    ) -> None:
+        self.directory = prepare_folder(directory)
+        seeds = list(seeds) if seeds is not None else [None] * worlds
+        self._recorders = [
+            EpisodeRecorder(self.directory, world, seed=seeds[world]) for world in range(worlds)
+        ]
+        self._closed = False
+
+    def add(self, world: int, action: Mapping[str, Any] | None, timestep: dm_env.TimeStep) -> None:
+        """Adds world ``world``'s TimeStep and the action that led to it (None for FIRST)."""
+        self._recorders[world].add(action, timestep)
+
+    def truncate(self, world: int) -> pathlib.Path | None:
+        """Saves world ``world``'s unfinished episode marked truncated (for a failed world).
+
+        Returns:
+          The file written, or None when there was nothing to save.
+        """
+        return self._recorders[world].truncate()
+
+    def close(self) -> None:
+        """Saves every unfinished episode marked truncated. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for recorder in self._recorders:
+            recorder.truncate()
+
+    @property
+    def episodes(self) -> int:
+        """Episode files written so far, truncated ones included."""
+        return sum(len(recorder.written) for recorder in self._recorders)
+
+    @property
+    def truncated(self) -> int:
+        """Truncated episode files written so far."""
+        return sum(recorder.truncated for recorder in self._recorders)
+
+    def __enter__(self) -> Recording:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def prepare_folder(directory: str | pathlib.Path) -> pathlib.Path:
+    """Creates an empty recording folder, or checks that an existing one is empty.
+
+    Returns:
+      The folder's path.
+
+    Raises:
+      RecordingError: the path is empty, not a folder, holds entries, or
+        cannot be created.
+    """
+    if not str(directory):
+        raise errors.RecordingError(_CANNOT_CREATE.format(path="''", error="the path is empty"))
+    path = pathlib.Path(directory)
+    if path.exists() and not path.is_dir():
+        raise errors.RecordingError(_NOT_A_FOLDER.format(path=path))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        entries = sorted(entry.name for entry in path.iterdir())
+    except OSError as exc:
+        raise errors.RecordingError(
+            _CANNOT_CREATE.format(path=path, error=exc.strerror or exc)
+        ) from exc
+    if entries:
+        raise errors.RecordingError(
+            _NOT_EMPTY.format(path=path, count=len(entries), example=entries[0])
+        )
+    return path
 
 
 def _as_dict(observation: Any) -> dict[str, Any]:
     return dict(observation) if isinstance(observation, Mapping) else {"observation": observation}
 
 
+def _ragged(values: np.ndarray, shapes: np.ndarray) -> list[np.ndarray]:
+    parts, start = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape))
+        parts.append(values[start : start + size].reshape(tuple(int(n) for n in shape)))
+        start += size
+    return parts
+
+
 def load_episode(path: str | pathlib.Path) -> Episode:
-    """Reads one recorded episode back; observations and actions are nested dicts."""
+    """Reads one recorded episode back; observations and actions are nested dicts.
+
+    Raises:
+      FileNotFoundError: there is no such file.
+    """
     with np.load(path, allow_pickle=False) as data:
         groups: dict[str, dict[str, Any]] = {"observation": {}, "action": {}}
         for key in data.files:
-            group, _, name = key.partition("/")
-            if name:
-                groups[group][name] = data[key]
+            kind, _, rest = key.partition("/")
+            if kind in groups:
+                groups[kind][rest] = data[key]
+            elif kind == "ragged":
+                group, _, name = rest.partition("/")
+                groups[group][name] = _ragged(data[key], data[f"ragged_shape/{rest}"])
+        meta = {key[len("meta/") :]: data[key] for key in data.files if key.startswith("meta/")}
+        seed = int(meta["seed"]) if "seed" in meta else _NO_SEED
         return Episode(
             step_type=data["step_type"],
             reward=data["reward"],
             discount=data["discount"],
             observation=specs.unflatten(groups["observation"]),
             action=specs.unflatten(groups["action"]),
+            world=int(meta["world"]) if "world" in meta else None,
+            episode=int(meta["episode"]) if "episode" in meta else None,
+            seed=None if seed == _NO_SEED else seed,
+            truncated=bool(meta.get("truncated", False)),
         )
 
 
 def iter_episodes(directory: str | pathlib.Path) -> Iterator[Episode]:
-    """Reads every recorded episode in a folder, in file-name order."""
-    for path in sorted(pathlib.Path(directory).glob("episode_*.npz")):
-        yield load_episode(path)
+    """Reads every recorded episode in a folder, in file-name order (world, then episode).
+
+    Raises:
+      RecordingError: the folder does not exist (raised by this call, not at
+        the first ``next``).
+    """
+    path = pathlib.Path(directory)
+    if not path.is_dir():
+        raise errors.RecordingError(_NO_FOLDER.format(path=path))
+    return (load_episode(file) for file in sorted(path.glob("episode_*.npz")))

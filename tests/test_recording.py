@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import dm_env
 import numpy as np
+import pytest
 
-from dm_env_rpc_client.recording import EpisodeRecorder, iter_episodes, load_episode
+from dm_env_rpc_client.errors import RecordingError
+from dm_env_rpc_client.recording import EpisodeRecorder, Recording, iter_episodes, load_episode
 
 
 def test_record_and_read_back(tmp_path: pathlib.Path) -> None:
@@ -36,3 +39,92 @@ def test_record_and_read_back(tmp_path: pathlib.Path) -> None:
     assert episode.observation["arm"]["a"].tolist() == [0, 1, 2, 3]
     assert episode.action["paddle"].tolist() == [-1, 0, 1]
     assert len(list(iter_episodes(tmp_path))) == 2
+
+
+def _episode(recording: Recording, world: int, steps: int, *, last: bool = True) -> None:
+    recording.add(world, None, dm_env.restart({"x": np.float32(0)}))
+    for t in range(1, steps + 1):
+        observation = {"x": np.float32(t)}
+        if last and t == steps:
+            recording.add(world, {"a": np.int8(t)}, dm_env.termination(1.0, observation))
+        else:
+            recording.add(world, {"a": np.int8(t)}, dm_env.transition(0.0, observation))
+
+
+def test_metadata_len_and_truncated_episodes(tmp_path: pathlib.Path) -> None:
+    with Recording(tmp_path / "run", 2, seeds=[7, 8]) as recording:
+        _episode(recording, 0, 3)
+        _episode(recording, 1, 2, last=False)
+        _episode(recording, 0, 1, last=False)
+        _episode(recording, 0, 2)  # its FIRST saves the unfinished one before it
+        _episode(recording, 1, 1, last=False)  # likewise; and this one is saved at close
+        assert recording.episodes == 4 and recording.truncated == 2
+    assert recording.episodes == 5 and recording.truncated == 3
+    episodes = list(iter_episodes(tmp_path / "run"))
+    summary = [(e.world, e.episode, e.seed, e.truncated, len(e)) for e in episodes]
+    assert summary == [
+        (0, 1, 7, False, 3),
+        (0, 2, 7, True, 1),
+        (0, 3, 7, False, 2),
+        (1, 1, 8, True, 2),
+        (1, 2, 8, True, 1),
+    ]
+    assert episodes[3].step_type.tolist() == [0, 1, 1]
+    assert len(episodes[3].action["a"]) == len(episodes[3]) == 2
+    recording.close()  # idempotent: nothing written twice
+    assert len(list((tmp_path / "run").iterdir())) == 5
+    with Recording(tmp_path / "first_only", 1) as recording:
+        recording.add(0, None, dm_env.restart({"x": np.float32(0)}))  # no transition: dropped
+    assert recording.episodes == 0 and list((tmp_path / "first_only").iterdir()) == []
+
+
+def test_a_recording_refuses_a_folder_that_is_not_empty(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "old.npz").write_bytes(b"")
+    with pytest.raises(RecordingError, match=r"already holds 1 entries \(e.g. 'old.npz'\)"):
+        Recording(tmp_path, 1)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(RecordingError, match="is not a folder"):
+        Recording(afile, 1)
+    with pytest.raises(RecordingError, match="the path is empty"):
+        Recording("", 1)
+    with pytest.raises(RecordingError, match="Cannot create the recording folder /proc/nope"):
+        Recording("/proc/nope/run", 1)
+    assert isinstance(RecordingError("x"), OSError)
+
+
+def test_iter_episodes_on_a_missing_folder_raises(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(RecordingError, match="There is no recording folder"):
+        iter_episodes(tmp_path / "missing")
+
+
+def test_writes_are_atomic(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def half_write(file: Any, **arrays: Any) -> None:
+        file.write(b"PK half an episode")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez_compressed", half_write)
+    recording = Recording(tmp_path / "run", 1)
+    with pytest.raises(OSError, match="No space left"):
+        _episode(recording, 0, 2)
+    assert list((tmp_path / "run").iterdir()) == []  # neither the episode nor a temporary file
+
+
+def test_variable_length_tensors_are_kept_per_step(tmp_path: pathlib.Path) -> None:
+    recorder = EpisodeRecorder(tmp_path)
+    recorder.add(None, dm_env.restart({"text": np.arange(1, dtype=np.int32)}))
+    for length in (3, 2):
+        recorder.add(
+            {"word": np.zeros((length, 2), np.float32)},
+            dm_env.transition(0.0, {"text": np.arange(length, dtype=np.int32)}),
+        )
+    recorder.add({"word": np.zeros((1, 2))}, dm_env.termination(1.0, {"text": np.arange(4)}))
+    episode = load_episode(recorder.written[0])
+    assert [t.tolist() for t in episode.observation["text"]] == [
+        [0],
+        [0, 1, 2],
+        [0, 1],
+        [0, 1, 2, 3],
+    ]
+    assert [w.shape for w in episode.action["word"]] == [(3, 2), (2, 2), (1, 2)]
+    assert len(episode) == 3
