@@ -46,7 +46,8 @@ DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 _CLOSED = "The connection is closed; open a new one with dmr.connect()."
-_STREAM_ENDED = "The server ended the stream ({code}: {details}); open a new connection."
+_STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
+_REOPEN = "; open a new connection."
 _CONNECT_TIMEOUT = (
     "Could not connect to {address} within {timeout} s. Check that the server is running "
     "and the address is right, or pass a longer timeout."
@@ -124,7 +125,7 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
     """The ConnectionClosedError for a stream that ended (exc None: ended cleanly)."""
     if exc is None:
         return errors.ConnectionClosedError(
-            _STREAM_ENDED.format(code="OK", details="the server closed the stream"),
+            _STREAM_ENDED.format(code="OK", details="the server closed the stream", advice=_REOPEN),
             grpc.StatusCode.OK,
             None,
         )
@@ -132,7 +133,14 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "UNKNOWN"
     return errors.ConnectionClosedError(
-        _STREAM_ENDED.format(code=name, details=details), code, details
+        # RESOURCE_EXHAUSTED: a new connection would be refused too; the details say what to do.
+        _STREAM_ENDED.format(
+            code=name,
+            details=details,
+            advice="." if code == grpc.StatusCode.RESOURCE_EXHAUSTED else _REOPEN,
+        ),
+        code,
+        details,
     )
 
 

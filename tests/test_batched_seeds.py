@@ -1,4 +1,4 @@
-"""BatchedEnvironment.connect: per-world seeds (seed + i) and joining existing worlds."""
+"""BatchedEnvironment.connect: per-world seeds (seed + i), joining existing worlds, stream limits."""
 
 from __future__ import annotations
 
@@ -103,3 +103,15 @@ def test_join_existing_worlds_by_name(catch_server: Server) -> None:
         env.close()
         with pytest.raises(ValueError, match="one world name per world: 2 names for 3"):
             dmr.BatchedEnvironment.connect([catch_server.address], 3, world_names=names)
+
+
+def test_more_worlds_than_the_server_serves_says_what_to_do() -> None:
+    with serve(lambda settings: Catch(**settings), max_workers=2) as server:
+        with pytest.raises(dmr.WorldError) as failed:
+            dmr.BatchedEnvironment.connect([server.address], 3)
+        message = str(failed.value)
+        assert "World 2" in message and "RESOURCE_EXHAUSTED" in message
+        assert "at most 2 streams" in message and "--max-workers" in message
+        assert "open a new connection" not in message
+        with dmr.BatchedEnvironment.connect([server.address], 2) as batch:  # both freed
+            assert len(batch) == 2

@@ -428,6 +428,8 @@ def test_streams_beyond_max_workers_are_refused() -> None:
                 second.create(seed=0)
             second.close()
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "at most 1 streams" in refused.value.details()
+            assert "--max-workers" in refused.value.details()
             assert first.step().state == State.RUNNING  # the first stream is untouched
         finally:
             first.close()

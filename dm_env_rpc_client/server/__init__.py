@@ -60,7 +60,13 @@ _OPTIONS = [
 ]
 _START_TIMEOUT = 30.0
 _STOP_SLACK = 2.0  # seconds stop() waits for the loop beyond the grace period
+_REFUSE_READ = 1.0  # seconds a refused stream waits for the client's first request
 _END = object()
+_TOO_MANY_STREAMS = (
+    "This server serves at most {limit} streams at once (one per world) and all are in use. "
+    "Start it with more (serve --max-workers N, or serve(..., max_workers=N)), "
+    "or spread the worlds over more servers."
+)
 
 MakeEnv = Callable[[dict[str, Any]], dm_env.Environment]
 
@@ -93,11 +99,11 @@ class Server:
     ) -> None:
         self._registry = Registry(make_env)
         self._stopped = False
+        self._max_streams = max_workers
+        self._streams = 0  # open streams; only the event loop touches it
         self._runner = LoopThread(name="dm_env_rpc_server-loop")
         try:
-            self._server, port = self._runner.run(
-                self._start(address, credentials, max_workers), _START_TIMEOUT
-            )
+            self._server, port = self._runner.run(self._start(address, credentials), _START_TIMEOUT)
         except BaseException:
             self._runner.close()
             raise
@@ -105,9 +111,9 @@ class Server:
         self.address = f"{host}:{port}"
 
     async def _start(
-        self, address: str, credentials: grpc.ServerCredentials | None, max_streams: int
+        self, address: str, credentials: grpc.ServerCredentials | None
     ) -> tuple[grpc.aio.Server, int]:
-        server = grpc.aio.server(options=_OPTIONS, maximum_concurrent_rpcs=max_streams)
+        server = grpc.aio.server(options=_OPTIONS)
         handler = grpc.stream_stream_rpc_method_handler(
             self._process,
             request_deserializer=dm_env_rpc_pb2.EnvironmentRequest.FromString,
@@ -140,6 +146,16 @@ class Server:
         answers the requests a pipelining client has already sent, so their
         answers are ready when the send is done.
         """
+        if self._streams >= self._max_streams:
+            # Take the client's first request before refusing: a client whose write fails
+            # on the aborted stream sees "Internal error from Core" instead of this status.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(anext(aiter(requests)), _REFUSE_READ)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                _TOO_MANY_STREAMS.format(limit=self._max_streams),
+            )
+        self._streams += 1
         session = Session(self._registry)
         answers: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -156,6 +172,7 @@ class Server:
                 await context.write(response)
             await reader  # raises what ended the reading, if anything but the stream's end
         finally:
+            self._streams -= 1
             reader.cancel()
             session.close()
 
@@ -212,8 +229,8 @@ def serve(
         Raise TypeError or ValueError for bad settings.
       address: ``host:port`` to listen on; port 0 picks a free port.
       credentials: server credentials for TLS; None serves plaintext.
-      max_workers: the most streams served at once; a stream beyond them fails
-        with RESOURCE_EXHAUSTED.
+      max_workers: the most streams (worlds) served at once; a stream beyond
+        them fails with RESOURCE_EXHAUSTED, whose message says what to do.
 
     Returns:
       The running Server (use it as a context manager, or call ``stop()``).
