@@ -243,16 +243,24 @@ class DmEnvAdaptor(dm_env.Environment):
         packed = self._actions.pack(action) if action else {}
         return dm_env_rpc_pb2.StepRequest(actions=packed, requested_observations=self._uids)
 
-    def reset(self, timeout: float | None = None) -> dm_env.TimeStep:
+    def reset(
+        self, timeout: float | None = None, *, settings: Mapping[str, Any] | None = None
+    ) -> dm_env.TimeStep:
         """Starts a new sequence: a ResetRequest, then the first step.
 
         Args:
           timeout: seconds to wait for each of the two responses (default: the
             adaptor's ``timeout``).
+          settings: ResetRequest settings (nested dicts of Python or NumPy
+            values), e.g. ``{"seed": 3}`` for a server that takes a seed there.
+
+        Raises:
+          InvalidArgumentError: the server refused the settings.
         """
         self._check_open()
         timeout = self._timeout if timeout is None else timeout
-        response = self._connection.send(dm_env_rpc_pb2.ResetRequest(), timeout)
+        request = dm_env_rpc_pb2.ResetRequest(settings=pack_settings(settings))
+        response = self._connection.send(request, timeout)
         if response.specs != self._wire_specs:
             self._set_specs(response.specs)
         with self._lock:

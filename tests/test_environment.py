@@ -250,6 +250,20 @@ def test_reset_refreshes_specs_and_close_is_idempotent(conn: Connection) -> None
         destroy_world(conn, world)
 
 
+def test_reset_sends_its_settings(conn: Connection) -> None:
+    env, _ = create_and_join_world(conn, {"rows": 2, "columns": 40}, {})
+
+    def first_boards(seed: int) -> list[list[float]]:
+        boards = [env.reset(settings={"seed": seed}).observation["board"][0].tolist()]
+        boards += [env.step({"paddle": 0}).observation["board"][0].tolist() for _ in range(4)]
+        return boards  # rows=2: every other step is FIRST, each with a new ball
+
+    assert first_boards(3) == first_boards(3) != first_boards(4)
+    with pytest.raises(errors.InvalidArgumentError, match="'colour'"):
+        env.reset(settings={"colour": 1})
+    env.close()
+
+
 def test_helpers_accept_nested_numpy_settings_and_reset_world(conn: Connection) -> None:
     world = create_world(conn, {"rows": np.int64(5), "columns": 4})
     env = join_world(conn, world)

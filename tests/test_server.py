@@ -17,7 +17,7 @@ from dm_env import specs as dm_specs
 from google.protobuf import any_pb2, struct_pb2
 from raw_stream import RawStream, uid_of
 
-from dm_env_rpc_client import tensors
+from dm_env_rpc_client import environment, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server.catch import Catch
@@ -162,7 +162,11 @@ def test_reset_and_reset_world(joined) -> None:
     assert reset.specs == specs
     assert stream.step().state == State.RUNNING
     error = stream.error(reset=dm_env_rpc_pb2.ResetRequest(settings={"x": tensors.pack_tensor(1)}))
-    assert "'x'" in error.message
+    assert error.code == INVALID_ARGUMENT and "'x'" in error.message
+    error = stream.error(
+        reset=dm_env_rpc_pb2.ResetRequest(settings={"seed": tensors.pack_tensor(-1)})
+    )
+    assert error.code == INVALID_ARGUMENT and "'seed'" in error.message
     stream.ok(leave_world=dm_env_rpc_pb2.LeaveWorldRequest())
     error = stream.error(reset=dm_env_rpc_pb2.ResetRequest())
     assert error.code == FAILED_PRECONDITION and "JoinWorldRequest" in error.message
@@ -170,6 +174,35 @@ def test_reset_and_reset_world(joined) -> None:
     stream.ok(reset_world=dm_env_rpc_pb2.ResetWorldRequest(world_name=world))
     error = stream.error(reset_world=dm_env_rpc_pb2.ResetWorldRequest(world_name="nope"))
     assert error.code == NOT_FOUND
+
+
+def _first_ball_columns(stream: RawStream, reset: dict[str, Any], episodes: int) -> list[int]:
+    """Resets with ``reset`` settings, then the ball's column in each episode's first board."""
+    stream.ok(reset=dm_env_rpc_pb2.ResetRequest(settings=environment.pack_settings(reset)))
+    columns = []
+    for _ in range(episodes):
+        first = stream.step(observations=[1])  # Catch's UID 1 is the board
+        board = tensors.unpack_tensor(first.observations[1])
+        columns.append(int(np.argmax(board[0])))
+        while stream.step().state == State.RUNNING:
+            pass
+    return columns
+
+
+def test_reset_settings_reach_the_environment_hook(stream: RawStream) -> None:
+    stream.join(stream.create(rows=3, columns=50))
+    seeded = _first_ball_columns(stream, {"seed": 7}, 3)
+    other = _first_ball_columns(stream, {"seed": 8}, 3)
+    assert _first_ball_columns(stream, {"seed": 7}, 3) == seeded != other
+    world = stream.create(rows=3, columns=50)
+    stream.ok(leave_world=dm_env_rpc_pb2.LeaveWorldRequest())
+    stream.join(world)
+    stream.ok(
+        reset_world=dm_env_rpc_pb2.ResetWorldRequest(
+            world_name=world, settings=environment.pack_settings({"seed": 7})
+        )
+    )
+    assert _first_ball_columns(stream, {}, 3) == seeded
 
 
 def test_reset_world_interrupts_the_other_connection(catch_server: Server) -> None:

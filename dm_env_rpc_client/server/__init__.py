@@ -25,6 +25,10 @@ Behaviour, in the protocol's terms:
   ``generate_value()``.
 - One connection joins a world at a time. When a connection ends, it leaves its
   world and every world it created is destroyed.
+- Reset settings: the settings of a ResetRequest or ResetWorldRequest go to the
+  environment's ``dm_env_rpc_reset_settings(settings)`` method (a nested dict),
+  before the next sequence starts; an environment without it refuses them
+  (INVALID_ARGUMENT). Catch takes ``seed``.
 - Properties: an environment with a ``dm_env_rpc_properties()`` method returning
   ``{key: Property}`` serves the properties extension (``server.properties``).
 - An exception inside the environment becomes an error Status (INVALID_ARGUMENT

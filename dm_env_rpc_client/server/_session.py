@@ -134,7 +134,7 @@ class Session:
 
     def _reset(self, request: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
         world = self._joined("ResetRequest")
-        _reject_settings(request.settings, "reset")
+        _apply_reset_settings(world, request.settings, "reset")
         self._state = State.INTERRUPTED
         return dm_env_rpc_pb2.EnvironmentResponse(
             reset=dm_env_rpc_pb2.ResetResponse(specs=world.specs)
@@ -142,7 +142,7 @@ class Session:
 
     def _reset_world(self, request: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
         world = self._registry.require(request.world_name)
-        _reject_settings(request.settings, "reset world")
+        _apply_reset_settings(world, request.settings, "reset world")
         world.epoch += 1
         if world.joined_by is self:
             self._state = State.INTERRUPTED
@@ -208,13 +208,29 @@ class Session:
         self._created.clear()
 
 
-def _reject_settings(settings: Any, what: str) -> None:
-    if settings:
-        names = ", ".join(repr(key) for key in sorted(settings))
+def _apply_reset_settings(world: World, settings: Any, what: str) -> None:
+    """Hands reset settings to the environment's ``dm_env_rpc_reset_settings`` hook.
+
+    Without the hook any setting is refused; a TypeError or ValueError of the
+    hook is the client's fault (INVALID_ARGUMENT naming the settings).
+    """
+    if not settings:
+        return
+    names = ", ".join(repr(key) for key in sorted(settings))
+    hook = getattr(world.env, "dm_env_rpc_reset_settings", None)
+    if hook is None:
         raise ServerError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"Unknown {what} settings {names}: this server takes none.",
+            f"Unknown {what} settings {names}: this environment takes none "
+            "(it has no dm_env_rpc_reset_settings() hook).",
         )
+    try:
+        hook(_settings(settings))
+    except (TypeError, ValueError) as exc:
+        raise ServerError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Bad {what} settings {names}: {type(exc).__name__}: {exc}",
+        ) from exc
 
 
 def _step_response(state: int, observations: list[tuple[int, Any]]) -> bytes:

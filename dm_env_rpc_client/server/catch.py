@@ -10,6 +10,8 @@ episode ends with reward ``+1`` if the paddle is under it and ``-1`` otherwise
 - Settings: ``rows`` (default 10), ``columns`` (default 5), ``seed`` (default 0),
   and ``max_steps`` (default none): when set, an episode that runs that many steps
   is truncated (``discount`` 1, so the server reports INTERRUPTED).
+- Reset settings (ResetRequest / ResetWorldRequest): ``seed`` re-seeds the ball's
+  random column from the next sequence on, so the same seed replays the same episodes.
 
 Properties (see ``dm_env_rpc_client.server.Property``): ``rows``, ``columns``,
 ``seed`` and ``stats.episodes`` are read-only; ``stats.catch_reward`` and
@@ -89,6 +91,21 @@ class Catch(dm_env.Environment):
             self._reset_next = True
             return dm_env.truncation(np.float32(0.0), observation, np.float32(1.0))
         return dm_env.transition(np.float32(0.0), observation, np.float32(1.0))
+
+    def dm_env_rpc_reset_settings(self, settings: dict[str, Any]) -> None:
+        """The reset-settings hook of the embedded server: ``seed`` re-seeds the game.
+
+        Raises:
+          TypeError: for a setting other than ``seed``.
+          ValueError: for a seed that is not an integer >= 0.
+        """
+        unknown = sorted(set(settings) - {"seed"})
+        if unknown:
+            raise TypeError(f"Catch takes only the reset setting 'seed', not {unknown}.")
+        if "seed" in settings:
+            self._seed = _int_setting("seed", settings["seed"], 0)
+            self._rng = np.random.default_rng(self._seed)
+            self._reset_next = True
 
     def observation_spec(self) -> dict[str, specs.Array]:
         return {
