@@ -44,8 +44,12 @@ NOTEBOOK_REQUIRES = ["ipykernel>=6.0", "matplotlib>=3.5", "nbclient>=0.7", "nbfo
 # The documentation site: mkdocs build --strict (tests/test_mkdocs.py).
 DOCS_REQUIRES = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
 
-# The tests run the notebook and build the site too.
-TEST_REQUIRES += NOTEBOOK_REQUIRES + DOCS_REQUIRES
+# Server fleets and sharded stepping on Ray (dm_env_rpc_client.integrations.ray).
+# Tested with Ray 2.60.0.
+RAY_REQUIRES = ["ray>=2.40"]
+
+# The tests run the notebook, build the site and run the Ray tests (a local Ray, about 20 s).
+TEST_REQUIRES += NOTEBOOK_REQUIRES + DOCS_REQUIRES + RAY_REQUIRES
 
 setuptools.setup(
     name="dm_env_rpc_client",
@@ -58,7 +62,12 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["dm_env_rpc_client", "dm_env_rpc_client.*"]),
     package_data={"dm_env_rpc_client": ["py.typed", "_proto/*.pyi"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES, "notebook": NOTEBOOK_REQUIRES, "docs": DOCS_REQUIRES},
+    extras_require={
+        "test": TEST_REQUIRES,
+        "notebook": NOTEBOOK_REQUIRES,
+        "docs": DOCS_REQUIRES,
+        "ray": RAY_REQUIRES,
+    },
     entry_points={"console_scripts": ["dm-env-rpc-client=dm_env_rpc_client.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -16,6 +17,11 @@ from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server._subprocess import ChildServer, server_subprocess
 from dm_env_rpc_client.server.catch import Catch
+
+# A Ray started by the tests listens on loopback only and reports no usage; Ray reads the
+# first when it is imported, so it is set here, before any test module imports it.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 @pytest.fixture

@@ -1,0 +1,323 @@
+"""Ray integration: server fleets and sharded stepping on one local Ray of this machine.
+
+One Ray (``num_cpus=2``, no dashboard, loopback addresses only) serves the whole
+module and is shut down at its end; every test checks it leaves no actor,
+placement group or process behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+import trustme
+from conftest import wait_for
+
+import dm_env_rpc_client as dmr
+from dm_env_rpc_client.server.catch import Catch
+
+ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
+rayi = pytest.importorskip("dm_env_rpc_client.integrations.ray")
+# Ray workers cannot import this test module: its functions travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+CPUS = 2
+FRACTION = 0.5  # CPUs per server or shard actor: two servers and two shards fit in 2 CPUs
+
+
+def make_catch(settings: dict) -> Catch:
+    return Catch(**settings)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (dead, not yet reaped by its Ray parent) counts as gone.
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _ray_processes() -> set[int]:
+    found = set()
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"raylet" in command or b"gcs_server" in command or b"ray::" in command:
+            found.add(int(entry.name))
+    return {pid for pid in found if _alive(pid)}
+
+
+def _all_free() -> bool:
+    """Every CPU is free again and every placement group removed."""
+    groups = ray.util.placement_group_table().values()
+    return ray.available_resources().get("CPU") == CPUS and all(
+        group["state"] == "REMOVED" for group in groups
+    )
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """One local Ray for the module; at the end, no Ray process may be left."""
+    before = _ray_processes()
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # set by conftest: loopback
+    assert rayi.init_ray("local", num_cpus=CPUS, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        assert wait_for(lambda: not (_ray_processes() - before), timeout=30)
+
+
+@pytest.fixture
+def clean_ray(local_ray: None) -> Iterator[None]:
+    """Checks that the test left no actor, placement group or reserved CPU behind."""
+    yield
+    assert wait_for(_all_free, timeout=30), (ray.available_resources(), ray.cluster_resources())
+
+
+def _step(addresses: list[str], worlds: int = 4, **connect: object) -> int:
+    with dmr.BatchedEnvironment.connect(addresses, worlds, timeout=30, **connect) as batch:
+        batch.reset()
+        steps = batch.step({"paddle": np.zeros(worlds, np.int8)})
+        return len(steps.env_ids)
+
+
+def test_fleet_serves_and_closes_leaving_nothing(clean_ray: None) -> None:
+    fleet = rayi.ServerFleet(make_catch, 2, num_cpus=FRACTION)
+    with fleet:
+        servers = fleet.servers()
+        assert [s.server for s in servers] == [0, 1]
+        addresses = fleet.addresses
+        assert len(set(addresses)) == 2
+        assert all(a.startswith("127.0.0.1:") for a in addresses)  # the node's IP (loopback here)
+        assert [h.ok for h in fleet.health()] == [True, True]
+        assert _step(addresses) == 4
+    pids = [s.pid for s in servers]
+    assert wait_for(lambda: not any(_alive(pid) for pid in pids), timeout=30)
+    fleet.close()  # idempotent
+    with pytest.raises(rayi.FleetError, match="closed"):
+        fleet.addresses  # noqa: B018
+
+
+def test_fleet_restarts_a_killed_server_and_reports_its_address(clean_ray: None) -> None:
+    with rayi.ServerFleet(make_catch, 2, num_cpus=FRACTION, max_restarts=1) as fleet:
+        first = fleet.servers()
+        os.kill(first[0].pid, signal.SIGKILL)
+        assert wait_for(lambda: fleet.servers()[0].pid != first[0].pid, timeout=60)
+        now = fleet.servers()
+        assert fleet.restarts == 1
+        assert now[1] == first[1]
+        # Same node, port free again: it binds its old address.
+        assert now[0].address == first[0].address
+        assert [h.ok for h in fleet.health()] == [True, True]
+        assert _step(fleet.addresses) == 4
+
+
+def test_fleet_reports_a_server_dead_beyond_its_restarts(clean_ray: None) -> None:
+    with rayi.ServerFleet(make_catch, 1, num_cpus=FRACTION, max_restarts=0, timeout=10) as fleet:
+        os.kill(fleet.servers()[0].pid, signal.SIGKILL)
+        assert wait_for(lambda: not fleet.health(timeout=2)[0].ok, timeout=30)
+        health = fleet.health(timeout=2)[0]
+        assert health.address is None and "Actor" in (health.error or "")
+        with pytest.raises(rayi.FleetError, match="Server 0 of the fleet"):
+            fleet.servers(timeout=2)
+
+
+def test_fleet_that_cannot_be_placed_says_what_to_do(clean_ray: None) -> None:
+    with pytest.raises(rayi.FleetError, match="could not place 2 servers of 8 CPU") as caught:
+        rayi.ServerFleet(make_catch, 2, num_cpus=8, timeout=1)
+    assert "num_cpus" in str(caught.value)
+    with pytest.raises(ValueError, match="Unknown placement strategy 'SPREADS'"):
+        rayi.ServerFleet(make_catch, 2, strategy="SPREADS")
+    with pytest.raises(ValueError, match="at least one server"):
+        rayi.ServerFleet(make_catch, 0)
+
+
+def test_fleet_serves_tls_with_credentials_passed_through(clean_ray: None) -> None:
+    authority = trustme.CA()
+    cert = authority.issue_cert("localhost")
+    chain = b"".join(blob.bytes() for blob in cert.cert_chain_pems)
+    server_credentials = functools.partial(
+        grpc.ssl_server_credentials, [(cert.private_key_pem.bytes(), chain)]
+    )
+    client_credentials = grpc.ssl_channel_credentials(authority.cert_pem.bytes())
+    with rayi.ServerFleet(
+        make_catch, 1, num_cpus=FRACTION, host="localhost", credentials=server_credentials
+    ) as fleet:
+        assert fleet.addresses[0].startswith("localhost:")
+        assert fleet.health(credentials=client_credentials)[0].ok
+        assert not fleet.health(timeout=1)[0].ok  # plaintext to a TLS server gets no answer
+        assert _step(fleet.addresses, 2, credentials=client_credentials) == 2
+
+
+def _catch_policy(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
+    """Moves the paddle towards the ball: deterministic, so recorded actions can be checked."""
+    boards = timestep.observation["board"]
+    actions = []
+    for board in boards:
+        ball = np.argwhere(board[:-1] > 0)
+        paddle = int(np.argmax(board[-1]))
+        target = int(ball[0][1]) if len(ball) else paddle
+        actions.append(int(np.sign(target - paddle)))
+    return {"paddle": np.asarray(actions, np.int8)}
+
+
+def test_sharded_run_adds_up_and_records_every_shard(
+    clean_ray: None, tmp_path: pathlib.Path
+) -> None:
+    record = tmp_path / "episodes"
+    with rayi.ServerFleet(make_catch, 2, num_cpus=FRACTION) as fleet:
+        seen: list[int] = []
+        run = rayi.run_sharded(
+            fleet,
+            num_worlds=8,
+            num_shards=2,
+            steps=1200,
+            seed=7,
+            record=record,
+            num_cpus=FRACTION,
+            progress=seen.append,
+        )
+    assert [s.worlds for s in run.shards] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert run.worlds == 8 and run.steps == 1200 == sum(s.steps for s in run.shards)
+    assert run.episodes == sum(s.episodes for s in run.shards) > 0
+    assert run.returns == run.shards[0].returns + run.shards[1].returns
+    assert run.episodes == len(run.returns)
+    latencies = np.concatenate([s.latencies for s in run.shards]) * 1e3
+    assert latencies.size == 1200
+    assert run.latency_p99_ms == pytest.approx(np.percentile(latencies, 99))
+    assert run.elapsed == max(s.elapsed for s in run.shards)
+    assert seen and seen[-1] <= 1200 and seen == sorted(seen)
+    # Every shard's episodes came back into one folder, and every one loads.
+    assert run.recorded == sorted(record.glob("episode_*.npz"))
+    episodes = list(dmr.iter_episodes(record))
+    assert len(episodes) == len(run.recorded)
+    assert {e.world for e in episodes} == set(range(8))
+    assert all(e.seed == 7 + e.world for e in episodes)  # world i created with seed + i
+    complete = [e for e in episodes if not e.truncated]
+    assert len(complete) == run.episodes
+    assert sorted(float(np.nansum(e.reward)) for e in complete) == sorted(run.returns)
+
+
+def test_sharded_run_steps_with_a_policy_in_the_shards(
+    clean_ray: None, tmp_path: pathlib.Path
+) -> None:
+    with rayi.ServerFleet(make_catch, 2, num_cpus=FRACTION) as fleet:
+        run = rayi.run_sharded(
+            fleet.addresses,
+            num_worlds=4,
+            num_shards=2,
+            steps=400,
+            seed=0,
+            policy=_catch_policy,
+            record=tmp_path / "policy",
+            num_cpus=FRACTION,
+        )
+    assert run.steps == 400 and run.episodes > 0
+    assert run.returns and all(r == 1.0 for r in run.returns)  # the policy always catches
+    for episode in dmr.iter_episodes(tmp_path / "policy"):
+        # The recorded action at t is what the policy chose for observation t.
+        for t in range(len(episode)):
+            expected = _catch_policy(_one(episode.observation["board"][t]))
+            assert episode.action["paddle"][t] == expected["paddle"][0]
+
+
+def _one(board: np.ndarray) -> dmr.BatchedTimeStep:
+    return dmr.BatchedTimeStep(
+        step_type=np.zeros(1, np.uint8),
+        reward=np.zeros(1),
+        discount=np.ones(1),
+        observation={"board": board[None]},
+        env_ids=np.zeros(1, np.int64),
+    )
+
+
+def test_a_shard_that_cannot_connect_is_named(clean_ray: None) -> None:
+    with (
+        rayi.ServerFleet(make_catch, 1, num_cpus=FRACTION) as fleet,
+        pytest.raises(rayi.ShardError, match=r"Shard \d \(worlds") as caught,
+    ):
+        rayi.run_sharded(
+            fleet,
+            num_worlds=2,
+            num_shards=2,
+            steps=10,
+            create_world_settings={"no_such_setting": 1},
+            num_cpus=FRACTION,
+        )
+    assert "no_such_setting" in str(caught.value)
+    assert caught.value.worlds in ([0], [1])
+
+
+def test_split_and_summarize_without_ray() -> None:
+    assert rayi.split(8, 3) == [[0, 1, 2], [3, 4], [5, 6, 7]]
+    assert rayi.split(2, 2) == [[0], [1]]
+    with pytest.raises(ValueError, match="Cannot split 2 worlds into 3 shards"):
+        rayi.split(2, 3)
+    rng = np.random.default_rng(0)
+    fast = rng.uniform(0.001, 0.002, 9_900)
+    slow = rng.uniform(0.050, 0.060, 100)
+    shards = [
+        rayi.ShardStats(0, [0], 9_900, 3, [1.0, -1.0, 1.0], 2.0, fast, 0, {}),
+        rayi.ShardStats(1, [1], 100, 1, [1.0], 1.0, slow, 2, {}),
+    ]
+    run = rayi.summarize(shards)
+    assert (run.steps, run.episodes, run.restarts, run.worlds) == (10_000, 4, 2, 2)
+    assert run.steps_per_second == 5_000.0
+    # The p99 over all steps, not the mean of the shards' p99s.
+    everything = np.concatenate([fast, slow]) * 1e3
+    assert run.latency_p99_ms == pytest.approx(np.percentile(everything, 99))
+    mean_of_shards = np.mean([np.percentile(s.latencies * 1e3, 99) for s in shards])
+    assert abs(run.latency_p99_ms - mean_of_shards) > 1.0
+
+
+def test_without_ray_the_import_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "try:\n"
+        "    import dm_env_rpc_client.integrations.ray\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "pip install 'dm_env_rpc_client[ray]'" in out.stdout
+    # The core never imports Ray, nor the integration.
+    core = "import sys, dm_env_rpc_client.cli; print(sorted({'ray'} & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", core], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_without_ray_initialized_the_fleet_says_so() -> None:
+    code = (
+        "from dm_env_rpc_client.integrations.ray import ServerFleet, run_sharded, FleetError\n"
+        "for call in (lambda: ServerFleet(print, 1), "
+        "lambda: run_sharded(['127.0.0.1:1'], num_worlds=1, num_shards=1, steps=1)):\n"
+        "    try:\n"
+        "        call()\n"
+        "    except FleetError as exc:\n"
+        "        print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.count("call ray.init() first") == 2
