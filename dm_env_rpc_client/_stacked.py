@@ -12,7 +12,8 @@ shapes, broadcasts, a missing observation) is unpacked tensor by tensor.
 
 It relies on every world sharing the template adaptor's wire specs, and on the
 adaptor's own ``reward``/``discount`` rules (the batch makes plain
-``DmEnvAdaptor``s), and reads the adaptor's private spec tables for it.
+``DmEnvAdaptor``s), and reads the private spec tables of its ``AdaptorCore``
+(``_adaptor_core``; this module never imports ``environment``).
 ``DmEnvAdaptor.step_iter`` uses ``columns`` the same way for a run of one
 world's finished steps, and then the adaptor's own rules step by step.
 """
@@ -26,8 +27,8 @@ import dm_env
 import numpy as np
 
 from dm_env_rpc_client import errors, specs, tensors
+from dm_env_rpc_client._adaptor_core import DISCOUNT, REWARD, AdaptorCore
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client.environment import DISCOUNT, REWARD, DmEnvAdaptor
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = int(dm_env.StepType.FIRST)
@@ -139,7 +140,7 @@ class StackedDecoder:
       template: one of the worlds' adaptors (or the one adaptor, for a run of its steps).
     """
 
-    def __init__(self, template: DmEnvAdaptor) -> None:
+    def __init__(self, template: AdaptorCore) -> None:
         manager = template._observations
         self._template = template
         names = template._visible + template._hidden  # in the order of template._uids

@@ -15,6 +15,10 @@ arrays; float ``[H, W]`` arrays with values in ``[0, 1]`` (such as the Catch
 board) are shown as grey images too. PNGs are encoded with the standard library
 (``zlib``), so no imaging package is needed. Small images are scaled up with
 nearest-neighbour pixels so that they are visible.
+
+Presentation depends on the core, never the reverse: this module imports no
+core module but the leaf ``_nesting``, and the core's ``_repr_html_`` methods
+import it only when a notebook renders them, passing plain rows and values.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any
 
 import dm_env
 import numpy as np
+
+from dm_env_rpc_client._nesting import flatten
 
 _MIN_SIDE = 128  # small images are scaled up to at least this many pixels
 
@@ -132,16 +138,18 @@ def specs_html(spec_rows: list[tuple[str, int, str, tuple[int, ...], str]], titl
     return f"<table><caption>{html.escape(title)}</caption><tr>{head}</tr>{cells}</table>"
 
 
-def adaptor_html(env: Any) -> str:
-    """HTML for a DmEnvAdaptor: its world, address, and spec tables."""
-    from dm_env_rpc_client.environment import specs_table
-
-    address = getattr(env.connection, "address", None)
+def adaptor_html(
+    world_name: str | None,
+    address: str | None,
+    action_rows: list[tuple[str, int, str, tuple[int, ...], str]],
+    observation_rows: list[tuple[str, int, str, tuple[int, ...], str]],
+) -> str:
+    """HTML for a DmEnvAdaptor: its world, address, and spec tables (rows as ``specs_html``)."""
     return (
-        f"<div><b>DmEnvAdaptor</b> world={html.escape(repr(env.world_name))} "
+        f"<div><b>DmEnvAdaptor</b> world={html.escape(repr(world_name))} "
         f"address={html.escape(repr(address))}"
-        + specs_html(specs_table(env.action_manager), "actions")
-        + specs_html(specs_table(env.observation_manager), "observations")
+        + specs_html(action_rows, "actions")
+        + specs_html(observation_rows, "observations")
         + "</div>"
     )
 
@@ -174,8 +182,6 @@ class Display:
             fields, lines = dict(self.value), []
         else:
             return summary(self.value)
-        from dm_env_rpc_client.specs import flatten
-
         for key, value in flatten({k: v for k, v in fields.items()}).items():
             inner = flatten(value) if isinstance(value, Mapping) else {key: value}
             lines.extend(f"  {name}: {summary(item)}" for name, item in inner.items())

@@ -12,16 +12,9 @@
             ...
         env.close()
 
-Step types follow the server's states in request order: RUNNING after RUNNING
-is MID, RUNNING otherwise FIRST, TERMINATED or INTERRUPTED after RUNNING LAST;
-any other transition raises ``ProtocolError``. The ``reward`` and ``discount``
-observations, when the server offers them, become ``TimeStep.reward`` and
-``TimeStep.discount`` and are left out of the observation unless requested by
-name. Without a reward observation the reward is 0.0; without a discount
-observation the discount is 1.0 while RUNNING or INTERRUPTED and 0.0 on
-TERMINATED. Reward and discount are None on FIRST, as dm_env requires (the
-reference package passes a server's discount through on FIRST). Override
-``reward()`` and ``discount()`` to change this.
+The adaptor adds the I/O (sync, over a ``Connection``) to ``AdaptorCore``
+(``_adaptor_core``), which holds the step-type state machine and the
+reward/discount rules: see that module for them.
 
 ``reset()`` sends a ResetRequest and takes the first step. If the server's
 specs change on reset, the adaptor refreshes them (the reference package raises
@@ -34,47 +27,29 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import dm_env
-import numpy as np
-from dm_env import specs as dm_specs
 from google.protobuf import message
 
-from dm_env_rpc_client import errors, specs, tensors
+from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client._adaptor_core import (
+    DISCOUNT,
+    REWARD,
+    AdaptorCore,
+    State,
+    pack_settings,
+)
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client.connection import ConnectionLike, wait_response
 from dm_env_rpc_client.properties import PropertiesExtension
 
-State = dm_env_rpc_pb2.EnvironmentStateType
-REWARD = "reward"
-DISCOUNT = "discount"
-
-_BAD_TRANSITION = (
-    "The server's state went from {before} to {after}, which no step type describes. "
-    "Usually the server ended a sequence that had not started (two ends in a row), or "
-    "did not start a new sequence after TERMINATED/INTERRUPTED/reset."
-)
-_INVALID_STATE = (
-    "The server sent the invalid state {state}; it must be RUNNING, TERMINATED or INTERRUPTED."
-)
-_CLOSED = "The environment is closed; create or join a world again."
+specs_table = specs.specs_table  # importable from here as before
 
 
-def _state_name(state: int | None) -> str:
-    return "none (no step yet)" if state is None else State.Name(state)  # type: ignore[arg-type]
-
-
-def pack_settings(settings: Mapping[str, Any] | None) -> dict[str, dm_env_rpc_pb2.Tensor]:
-    """Packs settings (nested dicts of Python or NumPy values) as ``{dotted key: Tensor}``."""
-    if not settings:
-        return {}
-    return {key: tensors.pack_tensor(value) for key, value in specs.flatten(settings).items()}
-
-
-class DmEnvAdaptor(dm_env.Environment):
+class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
     """A joined dm_env_rpc world as a ``dm_env.Environment``.
 
     Args:
@@ -106,142 +81,17 @@ class DmEnvAdaptor(dm_env.Environment):
     ) -> None:
         self._connection = connection
         self._timeout = timeout
-        self._nested = nested_tensors
-        self._validate = validate
-        self._requested_names = (
-            None if requested_observations is None else list(requested_observations)
-        )
-        self.world_name = world_name
         self._destroy_on_close = destroy_on_close
-        self._last_state: int | None = None
-        self._lock = threading.Lock()
-        self._closed = False
         self._properties: PropertiesExtension | None = None
-        self._set_specs(specs)
-
-    def _set_specs(self, wire_specs: dm_env_rpc_pb2.ActionObservationSpecs) -> None:
-        self._wire_specs = wire_specs
-        self._actions = specs.SpecManager(
-            wire_specs.actions, validate=self._validate, kind="action"
+        super().__init__(
+            specs,
+            requested_observations,
+            nested_tensors,
+            validate=validate,
+            world_name=world_name,
         )
-        self._observations = specs.SpecManager(wire_specs.observations, kind="observation")
-        names = self._observations.names()
-        self._has_reward = REWARD in names
-        self._has_discount = DISCOUNT in names
-        if self._requested_names is None:
-            visible = [name for name in names if name not in (REWARD, DISCOUNT)]
-        else:
-            visible = list(self._requested_names)
-            for name in visible:
-                self._observations.name_to_uid(name)  # raises UnknownNameError
-        self._visible = visible
-        self._dotted = any("." in name for name in visible)  # else nesting changes nothing
-        self._hidden = [
-            name for name in (REWARD, DISCOUNT) if name in names and name not in visible
-        ]
-        self._uids = [self._observations.name_to_uid(name) for name in visible + self._hidden]
-
-    # --- the TimeStep state machine ------------------------------------------------------
-
-    def step_response(self, response: dm_env_rpc_pb2.StepResponse) -> dm_env.TimeStep:
-        """The TimeStep of a StepResponse to a request from ``step_request``.
-
-        For driving the connection yourself: call it once per response, in
-        request order, as it advances the step-type state machine.
-
-        Raises:
-          ProtocolError: an impossible state transition.
-        """
-        step_type = self._advance(response.state)
-        return self._timestep(step_type, response)
-
-    def _advance(self, state: int) -> dm_env.StepType:
-        """Moves the state machine on by one response's state; returns its step type."""
-        with self._lock:
-            before = self._last_state
-            if state == State.RUNNING:
-                step_type = (
-                    dm_env.StepType.MID if before == State.RUNNING else dm_env.StepType.FIRST
-                )
-            elif state in (State.TERMINATED, State.INTERRUPTED):
-                if before != State.RUNNING:
-                    raise errors.ProtocolError(
-                        _BAD_TRANSITION.format(before=_state_name(before), after=_state_name(state))
-                    )
-                step_type = dm_env.StepType.LAST
-            else:
-                raise errors.ProtocolError(_INVALID_STATE.format(state=state))
-            self._last_state = state
-        return step_type
-
-    def _timestep(
-        self, step_type: dm_env.StepType, response: dm_env_rpc_pb2.StepResponse
-    ) -> dm_env.TimeStep:
-        observations = self._observations.unpack(response.observations, nested=False)
-        return self._timestep_of(step_type, response.state, observations)
-
-    def _timestep_of(
-        self, step_type: dm_env.StepType, state: int, observations: dict[str, Any]
-    ) -> dm_env.TimeStep:
-        """The TimeStep from decoded flat observations (``reward``/``discount`` included)."""
-        reward = self.reward(state, step_type, observations)
-        discount = self.discount(state, step_type, observations)
-        for name in self._hidden:
-            observations.pop(name, None)
-        if self._nested and self._dotted:
-            observations = specs.unflatten(observations)
-        return dm_env.TimeStep(step_type, reward, discount, observations)
-
-    def reward(
-        self, state: int, step_type: dm_env.StepType, observations: Mapping[str, Any]
-    ) -> Any:
-        """The TimeStep reward: the ``reward`` observation; None on FIRST. Override freely.
-
-        Args:
-          state: the server's EnvironmentStateType.
-          step_type: the dm_env StepType.
-          observations: the flat observations, including reward and discount.
-        """
-        if step_type == dm_env.StepType.FIRST:
-            return None
-        if self._has_reward:
-            return observations.get(REWARD)
-        return 0.0
-
-    def discount(
-        self, state: int, step_type: dm_env.StepType, observations: Mapping[str, Any]
-    ) -> Any:
-        """The TimeStep discount: None on FIRST, the ``discount`` observation, else by state.
-
-        Override freely. (The reference package passes a discount observation
-        through on FIRST steps too, which breaks dm_env's contract.)
-        """
-        if step_type == dm_env.StepType.FIRST:
-            return None
-        if self._has_discount and DISCOUNT in observations:
-            return observations[DISCOUNT]
-        return 0.0 if state == State.TERMINATED else 1.0
 
     # --- dm_env.Environment ---------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise errors.ConnectionClosedError(_CLOSED)
-
-    def step_request(self, action: Mapping[str, Any] | None) -> dm_env_rpc_pb2.StepRequest:
-        """The StepRequest for an action (packed and checked against the specs).
-
-        For driving the connection yourself (``step_async`` does this for you):
-        send it, then pass its response to ``step_response``.
-
-        Raises:
-          UnknownNameError: for an action name not in the specs.
-          SpecValidationError: for a wrong dtype, shape or bound.
-          ConnectionClosedError: the environment is closed.
-        """
-        self._check_open()
-        packed = self._actions.pack(action) if action else {}
-        return dm_env_rpc_pb2.StepRequest(actions=packed, requested_observations=self._uids)
 
     def reset(
         self, timeout: float | None = None, *, settings: Mapping[str, Any] | None = None
@@ -318,8 +168,6 @@ class DmEnvAdaptor(dm_env.Environment):
         """
         if in_flight < 1:
             raise ValueError(f"in_flight must be at least 1, not {in_flight}.")
-        from dm_env_rpc_client._stacked import StackedDecoder  # imports this module
-
         decoder = StackedDecoder(self)
         window: collections.deque[tuple[message.Message, concurrent.futures.Future[Any]]] = (
             collections.deque()
@@ -352,29 +200,6 @@ class DmEnvAdaptor(dm_env.Environment):
             observations = {name: column[index] for name, column in columns.items()}
             yield self._timestep_of(step_type, response.state, observations)
 
-    def observation_spec(self) -> dict[str, Any]:
-        converted = {
-            name: specs.tensor_spec_to_dm_env_spec(self._observations.name_to_spec(name))
-            for name in self._visible
-        }
-        return specs.unflatten(converted) if self._nested else converted
-
-    def action_spec(self) -> dict[str, Any]:
-        return self._actions.dm_env_specs(nested=self._nested)
-
-    def reward_spec(self) -> dm_specs.Array:
-        if self._has_reward:
-            return specs.tensor_spec_to_dm_env_spec(self._observations.name_to_spec(REWARD))
-        return dm_specs.Array((), np.float64, name=REWARD)
-
-    def discount_spec(self) -> dm_specs.BoundedArray:
-        if self._has_discount:
-            spec = specs.tensor_spec_to_dm_env_spec(self._observations.name_to_spec(DISCOUNT))
-            if isinstance(spec, dm_specs.BoundedArray):
-                return spec
-            return dm_specs.BoundedArray(spec.shape, spec.dtype, 0.0, 1.0, name=DISCOUNT)
-        return dm_specs.BoundedArray((), np.float64, 0.0, 1.0, name=DISCOUNT)
-
     @property
     def connection(self) -> ConnectionLike:
         """The connection this environment talks over."""
@@ -386,16 +211,6 @@ class DmEnvAdaptor(dm_env.Environment):
         if self._properties is None:
             self._properties = PropertiesExtension(self._connection)
         return self._properties
-
-    @property
-    def action_manager(self) -> specs.SpecManager:
-        """The SpecManager of the actions."""
-        return self._actions
-
-    @property
-    def observation_manager(self) -> specs.SpecManager:
-        """The SpecManager of the observations."""
-        return self._observations
 
     def close(self, timeout: float | None = None) -> None:
         """Leaves the world (once; idempotent), and destroys it if ``destroy_on_close``.
@@ -428,9 +243,14 @@ class DmEnvAdaptor(dm_env.Environment):
         )
 
     def _repr_html_(self) -> str:
-        from dm_env_rpc_client import display
+        from dm_env_rpc_client import display  # presentation: only when rendered
 
-        return display.adaptor_html(self)
+        return display.adaptor_html(
+            self.world_name,
+            getattr(self._connection, "address", None),
+            specs.specs_table(self._actions),
+            specs.specs_table(self._observations),
+        )
 
 
 # --- world helpers -----------------------------------------------------------------------------
@@ -526,15 +346,18 @@ def reset_world(
     connection.send(request, timeout)
 
 
-def specs_table(manager: specs.SpecManager) -> list[tuple[str, int, str, tuple[int, ...], str]]:
-    """Rows of (name, uid, dtype, shape, bounds) for display."""
-    rows = []
-    for name in manager.names():
-        spec = manager.name_to_spec(name)
-        dtype = tensors.DATA_TYPE_TO_NUMPY[spec.dtype]
-        bound = ""
-        if dtype.kind in "iuf" and (spec.HasField("min") or spec.HasField("max")):
-            low, high = specs.bounds(spec)
-            bound = f"[{low}, {high}]"
-        rows.append((name, manager.name_to_uid(name), str(dtype), tuple(spec.shape), bound))
-    return rows
+__all__ = [
+    "DISCOUNT",
+    "REWARD",
+    "CreateAndJoinResult",
+    "DmEnvAdaptor",
+    "State",
+    "create_and_join_world",
+    "create_world",
+    "destroy_world",
+    "join_world",
+    "leave_world",
+    "pack_settings",
+    "reset_world",
+    "specs_table",
+]

@@ -26,7 +26,7 @@ from google.protobuf import any_pb2, message
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client.tensors import _varint
+from dm_env_rpc_client._wire import _varint
 
 EXTENSION = "extension"
 METHOD = "/dm_env_rpc.v1.Environment/Process"

@@ -1,4 +1,4 @@
-"""TensorSpecs: bounds, the UID <-> name ``SpecManager``, and ``dm_env.specs`` conversion.
+"""TensorSpecs: the UID <-> name ``SpecManager`` that packs and checks values, and spec tables.
 
 A server describes its actions and observations as ``{uid: TensorSpec}`` maps.
 ``SpecManager`` turns user-facing values keyed by name (nested dicts for dotted
@@ -14,23 +14,30 @@ and back, validating dtype, shape and bounds on the way out::
     tensors = manager.pack({"arm": {"joint": np.array([0.5, -0.5], np.float32)}})
     assert manager.unpack(tensors)["arm"]["joint"].tolist() == [0.5, -0.5]
 
-Variable dimensions (a negative entry in ``TensorSpec.shape``) become
-:class:`VariableArray` / :class:`VariableBoundedArray` dm_env specs: their
-``shape`` keeps the ``-1`` and their ``validate`` accepts any length on that
-axis; ``generate_value`` gives length 0 there.
+The spec helpers live in their own modules and are importable from here too:
+bounds (``bounds``, ``set_bounds``: ``_bounds``), nesting (``flatten``,
+``unflatten``: ``_nesting``) and ``dm_env.specs`` conversion
+(``tensor_spec_to_dm_env_spec`` and back, ``VariableArray``: ``_spec_conversion``).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
-from dm_env import specs as dm_specs
 
 from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client._bounds import Bounds, bounds, set_bounds
+from dm_env_rpc_client._nesting import flatten, unflatten
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._spec_conversion import (
+    VariableArray,
+    VariableBoundedArray,
+    dm_env_spec_to_tensor_spec,
+    flatten_dm_env_specs,
+    tensor_spec_to_dm_env_spec,
+)
 
 TensorSpec = dm_env_rpc_pb2.TensorSpec
 DataType = dm_env_rpc_pb2.DataType
@@ -43,218 +50,6 @@ _WRONG_SHAPE = "{kind} {name!r} expects shape {expected} but got shape {actual}.
 _OUT_OF_BOUNDS = (
     "{kind} {name!r} must lie in [{low}, {high}] but got {value}. Clip the value to its bounds."
 )
-_NON_NUMERIC_BOUNDS = "TensorSpec {name!r} has non-numeric dtype {dtype}, which has no bounds."
-_BOUND_DTYPE = "TensorSpec {name!r} has dtype {dtype} but its {which} is of type {payload}."
-_BAD_BOUNDS = "TensorSpec {name!r} has invalid bounds: {problem}."
-_NESTING_CLASH = (
-    "Names {a!r} and {b!r} cannot both be nested: one is a prefix of the other. "
-    "Use nested=False to keep dotted keys."
-)
-
-
-class Bounds(NamedTuple):
-    """Inclusive bounds of a numeric TensorSpec: scalars or arrays of its shape."""
-
-    min: Any
-    max: Any
-
-
-def _numeric_dtype(spec: TensorSpec) -> np.dtype:
-    dtype = tensors.DATA_TYPE_TO_NUMPY.get(spec.dtype)
-    if dtype is None or dtype.kind not in "iuf":
-        name = tensors._name(spec.dtype) if spec.dtype in tensors.DATA_TYPE_TO_NUMPY else spec.dtype
-        raise errors.BoundsError(_NON_NUMERIC_BOUNDS.format(name=spec.name, dtype=name))
-    return dtype
-
-
-def _range(dtype: np.dtype) -> tuple[Any, Any]:
-    if dtype.kind == "f":
-        return dtype.type(-np.inf), dtype.type(np.inf)
-    info = np.iinfo(dtype)
-    return dtype.type(info.min), dtype.type(info.max)
-
-
-def _read_bound(spec: TensorSpec, which: str, dtype: np.dtype, default: Any) -> Any:
-    value = getattr(spec, which)
-    payload = value.WhichOneof("payload")
-    if payload is None:
-        return default
-    if tensors._FIELD_TO_DATA_TYPE[payload] != spec.dtype:
-        raise errors.BoundsError(
-            _BOUND_DTYPE.format(
-                name=spec.name, dtype=tensors._name(spec.dtype), which=which, payload=payload
-            )
-        )
-    flat = tensors.payload_to_array(value, payload)
-    if flat.size == 1:
-        return flat[0]
-    shape = tuple(spec.shape)
-    if any(dim < 0 for dim in shape):
-        raise errors.BoundsError(
-            _BAD_BOUNDS.format(
-                name=spec.name,
-                problem=f"a variable shape {list(shape)} takes scalar bounds only",
-            )
-        )
-    if flat.size != math.prod(shape):
-        raise errors.BoundsError(
-            _BAD_BOUNDS.format(
-                name=spec.name,
-                problem=f"{which} has {flat.size} elements but shape {list(shape)} needs 1 "
-                f"or {math.prod(shape)}",
-            )
-        )
-    return flat.reshape(shape)
-
-
-def _check_bounds(name: str, dtype: np.dtype, minimum: Any, maximum: Any) -> None:
-    low, high = np.asarray(minimum), np.asarray(maximum)
-    if dtype.kind == "f" and (np.isnan(low).any() or np.isnan(high).any()):
-        raise errors.BoundsError(_BAD_BOUNDS.format(name=name, problem="NaN is not a bound"))
-    if np.any(low > high):
-        raise errors.BoundsError(
-            _BAD_BOUNDS.format(
-                name=name, problem=f"min {_show(minimum)} is larger than max {_show(maximum)}"
-            )
-        )
-
-
-def _show(value: Any) -> Any:
-    array = np.asarray(value)
-    return array.reshape(-1)[0] if array.size == 1 else array.tolist()
-
-
-def bounds(spec: TensorSpec) -> Bounds:
-    """Returns the inclusive bounds of a numeric TensorSpec.
-
-    An unset bound is the dtype's limit (``-inf``/``inf`` for floats).
-
-    Args:
-      spec: the TensorSpec.
-
-    Returns:
-      ``Bounds(min, max)``: NumPy scalars, or arrays of the spec's shape.
-
-    Raises:
-      BoundsError: for a non-numeric dtype, a bound of another type, a bound of
-        the wrong size, NaN, or min > max.
-    """
-    dtype = _numeric_dtype(spec)
-    low, high = _range(dtype)
-    minimum = _read_bound(spec, "min", dtype, low)
-    maximum = _read_bound(spec, "max", dtype, high)
-    _check_bounds(spec.name, dtype, minimum, maximum)
-    return Bounds(minimum, maximum)
-
-
-def _bound_value(spec: TensorSpec, dtype: np.dtype, value: Any, which: str) -> Any:
-    array = np.asarray(value)
-    if array.dtype.kind not in "biuf":
-        raise errors.BoundsError(
-            _BAD_BOUNDS.format(name=spec.name, problem=f"{which} {value!r} is not a number")
-        )
-    if array.dtype.kind == "f" and np.isnan(array).any():
-        raise errors.BoundsError(_BAD_BOUNDS.format(name=spec.name, problem="NaN is not a bound"))
-    shape = tuple(spec.shape)
-    if array.size != 1:
-        if any(dim < 0 for dim in shape):
-            raise errors.BoundsError(
-                _BAD_BOUNDS.format(
-                    name=spec.name,
-                    problem=f"a variable shape {list(shape)} takes scalar bounds only",
-                )
-            )
-        if array.shape != shape:
-            raise errors.BoundsError(
-                _BAD_BOUNDS.format(
-                    name=spec.name,
-                    problem=f"{which} has shape {array.shape}; use a scalar or shape {shape}",
-                )
-            )
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        if array.dtype.kind == "f" and not np.array_equal(array, np.trunc(array)):
-            raise errors.BoundsError(
-                _BAD_BOUNDS.format(name=spec.name, problem=f"{which} {value} is not integral")
-            )
-        if array.size and (array.min() < info.min or array.max() > info.max):
-            raise errors.BoundsError(
-                _BAD_BOUNDS.format(
-                    name=spec.name,
-                    problem=f"{which} {value} does not fit {dtype.name} [{info.min}, {info.max}]",
-                )
-            )
-    elif array.size and np.isfinite(array).all():
-        info = np.finfo(dtype)
-        if array.min() < info.min or array.max() > info.max:
-            raise errors.BoundsError(
-                _BAD_BOUNDS.format(
-                    name=spec.name, problem=f"{which} {value} does not fit {dtype.name}"
-                )
-            )
-    return array.astype(dtype).reshape(-1)
-
-
-def set_bounds(spec: TensorSpec, minimum: Any, maximum: Any) -> None:
-    """Sets (or, with None, clears) the inclusive bounds of a numeric TensorSpec.
-
-    Args:
-      spec: a TensorSpec whose name, dtype and shape are already set.
-      minimum: a scalar or an array of the spec's shape, or None to clear.
-      maximum: a scalar or an array of the spec's shape, or None to clear.
-
-    Raises:
-      BoundsError: for a non-numeric dtype, values not representable in the dtype,
-        NaN, per-element bounds on a variable shape, or min > max.
-    """
-    dtype = _numeric_dtype(spec)
-    low = None if minimum is None else _bound_value(spec, dtype, minimum, "min")
-    high = None if maximum is None else _bound_value(spec, dtype, maximum, "max")
-    if low is not None and high is not None:
-        _check_bounds(spec.name, dtype, low, high)
-    for which, flat in (("min", low), ("max", high)):
-        getattr(spec, which).Clear()
-        if flat is not None:
-            data = tensors.array_to_value_bytes(spec.dtype, flat)
-            getattr(spec, which).MergeFromString(data)
-
-
-# --- nesting ------------------------------------------------------------------------------
-
-
-def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flattens nested dicts into dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def unflatten(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Nests dotted keys: ``{"a.b": 1}`` -> ``{"a": {"b": 1}}``.
-
-    Raises:
-      SpecError: when one name is a prefix of another (``"a"`` and ``"a.b"``).
-    """
-    nested: dict[str, Any] = {}
-    for name, value in values.items():
-        parts = name.split(".")
-        node = nested
-        for index, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise errors.SpecError(
-                    _NESTING_CLASH.format(a=".".join(parts[: index + 1]), b=name)
-                )
-            node = child
-        if parts[-1] in node:
-            raise errors.SpecError(_NESTING_CLASH.format(a=name, b=f"{name}.*"))
-        node[parts[-1]] = value
-    return nested
 
 
 # --- SpecManager ------------------------------------------------------------------------------
@@ -359,8 +154,7 @@ class SpecManager:
         return len(self._by_uid)
 
     def _repr_html_(self) -> str:
-        from dm_env_rpc_client import display
-        from dm_env_rpc_client.environment import specs_table
+        from dm_env_rpc_client import display  # presentation: only when rendered
 
         return display.specs_html(specs_table(self), f"{self._kind}s")
 
@@ -576,128 +370,18 @@ class SpecManager:
         return unflatten(converted) if nested and self._nested else converted
 
 
-# --- dm_env spec conversion -------------------------------------------------------------------
-
-
-def _fits_variable(shape: tuple[int, ...], actual: tuple[int, ...]) -> bool:
-    return len(shape) == len(actual) and all(
-        want < 0 or want == got for want, got in zip(shape, actual, strict=True)
-    )
-
-
-class VariableArray(dm_specs.Array):
-    """A ``dm_env`` Array spec with variable (-1) dimensions: any length fits there."""
-
-    def validate(self, value: Any) -> np.ndarray:
-        value = np.asarray(value)
-        if not _fits_variable(self.shape, value.shape):
-            self._fail_validation(f"Expected shape {self.shape} but found {value.shape}")
-        if value.dtype != self.dtype:
-            self._fail_validation(f"Expected dtype {self.dtype} but found {value.dtype}")
-        return value
-
-    def generate_value(self) -> np.ndarray:
-        return np.zeros([max(dim, 0) for dim in self.shape], self.dtype)
-
-
-class VariableBoundedArray(dm_specs.BoundedArray):
-    """A ``dm_env`` BoundedArray with variable (-1) dimensions and scalar bounds."""
-
-    def __init__(self, shape: Iterable[int], dtype: Any, minimum: Any, maximum: Any, name: str):
-        # BoundedArray broadcasts bounds against the shape, which -1 breaks: use ().
-        super().__init__((), dtype, minimum, maximum, name)
-        self._shape = tuple(int(dim) for dim in shape)
-
-    def validate(self, value: Any) -> np.ndarray:
-        value = np.asarray(value)
-        if not _fits_variable(self.shape, value.shape):
-            self._fail_validation(f"Expected shape {self.shape} but found {value.shape}")
-        if (value < self.minimum).any() or (value > self.maximum).any():
-            self._fail_validation(
-                f"Values were not all within bounds {self.minimum} <= {value} <= {self.maximum}"
-            )
-        return value
-
-    def generate_value(self) -> np.ndarray:
-        shape = [max(dim, 0) for dim in self.shape]
-        return np.full(shape, self.minimum, self.dtype)
-
-
-def tensor_spec_to_dm_env_spec(spec: TensorSpec) -> dm_specs.Array:
-    """Converts a TensorSpec into a ``dm_env`` spec.
-
-    STRING -> ``StringArray``; PROTO -> ``Array`` of object; numeric without bounds ->
-    ``Array``; a scalar integer spec with min 0 and a max -> ``DiscreteArray``; other
-    bounded specs -> ``BoundedArray``. Variable shapes -> ``VariableArray`` /
-    ``VariableBoundedArray``.
-    """
-    shape = tuple(spec.shape)
-    dtype = tensors.DATA_TYPE_TO_NUMPY[spec.dtype]
-    variable = any(dim < 0 for dim in shape)
-    if dtype.kind == "U":
-        if variable:
-            return VariableArray(shape, np.object_, name=spec.name)
-        return dm_specs.StringArray(shape, name=spec.name)
-    if dtype.kind == "O":
-        return (VariableArray if variable else dm_specs.Array)(shape, dtype, name=spec.name)
-    if not (spec.HasField("min") or spec.HasField("max")):
-        return (VariableArray if variable else dm_specs.Array)(shape, dtype, name=spec.name)
-    low, high = bounds(spec)
-    if (
-        dtype.kind in "iu"
-        and shape == ()
-        and spec.HasField("min")
-        and spec.HasField("max")
-        and low == 0
-    ):
-        return dm_specs.DiscreteArray(int(high) + 1, dtype=dtype, name=spec.name)
-    if variable:
-        return VariableBoundedArray(shape, dtype, low, high, spec.name)
-    return dm_specs.BoundedArray(shape, dtype, low, high, name=spec.name)
-
-
-def dm_env_spec_to_tensor_spec(spec: dm_specs.Array, name: str | None = None) -> TensorSpec:
-    """Converts a ``dm_env`` spec into a TensorSpec (the way back).
-
-    Args:
-      spec: an ``Array``, ``BoundedArray``, ``DiscreteArray`` or ``StringArray``.
-      name: the TensorSpec name; defaults to ``spec.name``.
-
-    Raises:
-      UnsupportedDtypeError: for a dtype dm_env_rpc cannot carry.
-    """
-    name = spec.name if name is None else name
-    if isinstance(spec, dm_specs.StringArray):
-        return TensorSpec(name=name or "", shape=spec.shape, dtype=DataType.STRING)
-    dtype = np.dtype(spec.dtype)
-    data_type = DataType.PROTO if dtype.kind == "O" else tensors.np_type_to_data_type(dtype)
-    out = TensorSpec(name=name or "", shape=spec.shape, dtype=data_type)  # type: ignore[arg-type]
-    if isinstance(spec, dm_specs.BoundedArray):
-        minimum, maximum = np.asarray(spec.minimum), np.asarray(spec.maximum)
-        low = minimum.flat[0] if minimum.size and np.all(minimum == minimum.flat[0]) else minimum
-        high = maximum.flat[0] if maximum.size and np.all(maximum == maximum.flat[0]) else maximum
-        set_bounds(out, low, high)
-    return out
-
-
-def flatten_dm_env_specs(nested: Any, prefix: str = "") -> dict[str, dm_specs.Array]:
-    """Flattens a nested structure of dm_env specs into ``{dotted name: spec}``.
-
-    Dicts nest by key; a single spec at the top level is named by ``prefix`` or its own name.
-    """
-    if isinstance(nested, dm_specs.Array):
-        return {prefix or nested.name or "": nested}
-    if isinstance(nested, Mapping):
-        flat: dict[str, dm_specs.Array] = {}
-        for key, value in nested.items():
-            flat.update(flatten_dm_env_specs(value, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    if isinstance(nested, (list, tuple)):
-        flat = {}
-        for index, value in enumerate(nested):
-            flat.update(flatten_dm_env_specs(value, f"{prefix}.{index}" if prefix else str(index)))
-        return flat
-    raise errors.SpecError(f"Cannot convert {type(nested).__name__} at {prefix!r} to a spec.")
+def specs_table(manager: SpecManager) -> list[tuple[str, int, str, tuple[int, ...], str]]:
+    """Rows of (name, uid, dtype, shape, bounds) for display."""
+    rows = []
+    for name in manager.names():
+        spec = manager.name_to_spec(name)
+        dtype = tensors.DATA_TYPE_TO_NUMPY[spec.dtype]
+        bound = ""
+        if dtype.kind in "iuf" and (spec.HasField("min") or spec.HasField("max")):
+            low, high = bounds(spec)
+            bound = f"[{low}, {high}]"
+        rows.append((name, manager.name_to_uid(name), str(dtype), tuple(spec.shape), bound))
+    return rows
 
 
 __all__ = [
@@ -710,6 +394,7 @@ __all__ = [
     "flatten",
     "flatten_dm_env_specs",
     "set_bounds",
+    "specs_table",
     "tensor_spec_to_dm_env_spec",
     "unflatten",
 ]

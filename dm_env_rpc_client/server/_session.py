@@ -11,9 +11,9 @@ from google.rpc import status_pb2
 
 from dm_env_rpc_client import specs, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client._wire import _varint
 from dm_env_rpc_client.server import properties
 from dm_env_rpc_client.server._worlds import Registry, ServerError, World
-from dm_env_rpc_client.tensors import _varint
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 DEFAULT_WORLD = ""

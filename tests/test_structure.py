@@ -1,0 +1,161 @@
+"""The house: every module imports alone, imports form no circle, modules stay small."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "dm_env_rpc_client"
+MAX_LINES = 550  # the guideline is ~500 lines
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {
+        _module_name(path): path
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "_proto" not in path.parts
+    }
+
+
+def _imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
+    """The package modules ``name`` imports anywhere in its code (functions included)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # ``from package import module`` imports the module; else the names' module.
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                for alias in node.names
+            ]
+        else:
+            continue
+        found.update(t for t in targets if t in known and t != name)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _imports(name, path, known) for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of the graph, or None."""
+    done: set[str] = set()
+
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        if node in trail:
+            return [*trail[trail.index(node) :], node]
+        if node in done:
+            return None
+        for target in sorted(graph[node]):
+            found = visit(target, [*trail, node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found:
+            return found
+    return None
+
+
+def test_the_import_graph_checker_sees_circles() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_two_modules_import_each_other_not_even_inside_a_function() -> None:
+    graph = _graph()
+    # Packages import their own modules to re-export them; only their modules count here.
+    graph = {
+        name: {t for t in targets if not name.startswith(t + ".")}
+        for name, targets in graph.items()
+        if name != "dm_env_rpc_client"
+    }
+    pairs = sorted(
+        (a, b) for a, targets in graph.items() for b in targets if a < b and a in graph.get(b, ())
+    )
+    assert pairs == []
+    assert _cycle(graph) is None
+
+
+def test_presentation_depends_on_the_core_never_the_reverse() -> None:
+    graph = _graph()
+    assert "dm_env_rpc_client.environment" not in graph["dm_env_rpc_client.display"]
+    assert "dm_env_rpc_client.specs" not in graph["dm_env_rpc_client.display"]
+    assert "dm_env_rpc_client.environment" not in graph["dm_env_rpc_client._stacked"]
+    # Core modules import display only inside the methods that render (checked by name).
+    for name in ("dm_env_rpc_client.specs", "dm_env_rpc_client.environment"):
+        tree = ast.parse(_modules()[name].read_text())
+        top = [
+            node
+            for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and "display" in ast.unparse(node)
+        ]
+        assert top == [], name
+
+
+def test_each_module_imports_alone() -> None:
+    # The package's __init__ imports everything, which would hide a module that
+    # works only after another was imported: stand in an empty package for it.
+    names = [
+        name for name in _modules() if name != "dm_env_rpc_client" and not name.endswith("__main__")
+    ]
+    script = (
+        "import importlib, sys, types\n"
+        f"root = {str(PACKAGE)!r}\n"
+        "for name in sys.argv[1:]:\n"
+        "    for key in [k for k in sys.modules if k.startswith('dm_env_rpc_client')]:\n"
+        "        if '._proto' not in key:\n"
+        "            del sys.modules[key]\n"
+        "    stub = types.ModuleType('dm_env_rpc_client')\n"
+        "    stub.__path__ = [root]\n"
+        "    sys.modules['dm_env_rpc_client'] = stub\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as exc:\n"
+        "        print(f'{name}: {type(exc).__name__}: {exc}')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, *names], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+
+
+def test_modules_stay_under_the_size_guideline() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    assert {name: size for name, size in sizes.items() if size > MAX_LINES} == {}
+
+
+def test_the_docs_layout_lists_every_module() -> None:
+    text = (ROOT / "docs" / "index.md").read_text()
+    layout = text[text.index("## How the package is laid out") :]
+    missing = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "_proto" not in path.parts
+        and "integrations" not in path.parts  # a folder of its own, listed as one
+        and f"`{path.relative_to(PACKAGE)}`" not in layout
+    ]
+    assert missing == [], "add these modules to the layout table in docs/index.md"
