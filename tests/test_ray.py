@@ -203,6 +203,7 @@ def test_sharded_run_adds_up_and_records_every_shard(
     assert latencies.size == 1200
     assert run.latency_p99_ms == pytest.approx(np.percentile(latencies, 99))
     assert run.elapsed == max(s.elapsed for s in run.shards)
+    assert all(s.cpu > 0 for s in run.shards)
     assert seen and seen[-1] <= 1200 and seen == sorted(seen)
     # Every shard's episodes came back into one folder, and every one loads.
     assert run.recorded == sorted(record.glob("episode_*.npz"))
@@ -274,12 +275,13 @@ def test_split_and_summarize_without_ray() -> None:
     fast = rng.uniform(0.001, 0.002, 9_900)
     slow = rng.uniform(0.050, 0.060, 100)
     shards = [
-        rayi.ShardStats(0, [0], 9_900, 3, [1.0, -1.0, 1.0], 2.0, fast, 0, {}),
-        rayi.ShardStats(1, [1], 100, 1, [1.0], 1.0, slow, 2, {}),
+        rayi.ShardStats(0, [0], 9_900, 3, [1.0, -1.0, 1.0], 2.0, 1.5, fast, 0, {}),
+        rayi.ShardStats(1, [1], 100, 1, [1.0], 1.0, 0.5, slow, 2, {}),
     ]
     run = rayi.summarize(shards)
     assert (run.steps, run.episodes, run.restarts, run.worlds) == (10_000, 4, 2, 2)
     assert run.steps_per_second == 5_000.0
+    assert run.cpu_us_per_step == pytest.approx(200.0)  # (1.5 + 0.5) s over 10,000 steps
     # The p99 over all steps, not the mean of the shards' p99s.
     everything = np.concatenate([fast, slow]) * 1e3
     assert run.latency_p99_ms == pytest.approx(np.percentile(everything, 99))

@@ -66,6 +66,7 @@ class ShardStats(NamedTuple):
       episodes: episodes that ended (LAST steps).
       returns: each ended episode's return, in the order they ended.
       elapsed: seconds spent stepping.
+      cpu: CPU seconds the shard's process spent meanwhile (all its threads).
       latencies: round trip of every step in seconds (the latest 100,000).
       restarts: worlds restarted after a failure (the batch's ``failures``).
       recordings: recorded episodes, file name -> ``.npz`` bytes.
@@ -77,6 +78,7 @@ class ShardStats(NamedTuple):
     episodes: int
     returns: list[float]
     elapsed: float
+    cpu: float
     latencies: np.ndarray
     restarts: int
     recordings: dict[str, bytes]
@@ -92,6 +94,8 @@ class ShardedRun(NamedTuple):
       returns: every ended episode's return, shard by shard.
       elapsed: the slowest shard's stepping time (the shards step at once).
       steps_per_second: ``steps / elapsed``.
+      cpu_us_per_step: the shards' CPU time per step, in microseconds: what one
+        step costs the clients, wherever they run.
       latency_p50_ms: median round trip over every step of every shard.
       latency_p99_ms: 99th percentile of the same.
       restarts: world restarts over all shards.
@@ -105,6 +109,7 @@ class ShardedRun(NamedTuple):
     returns: list[float]
     elapsed: float
     steps_per_second: float
+    cpu_us_per_step: float
     latency_p50_ms: float
     latency_p99_ms: float
     restarts: int
@@ -137,6 +142,7 @@ def summarize(shards: Sequence[ShardStats], recorded: Sequence[pathlib.Path] = (
         returns=[r for s in shards for r in s.returns],
         elapsed=elapsed,
         steps_per_second=steps / elapsed if elapsed > 0 else float("nan"),
+        cpu_us_per_step=sum(s.cpu for s in shards) / steps * 1e6 if steps else float("nan"),
         latency_p50_ms=float(p50),
         latency_p99_ms=float(p99),
         restarts=sum(s.restarts for s in shards),
@@ -205,7 +211,7 @@ class _Shard:
         returns: list[float] = []
         spec = batch.action_spec()
         received = sent = 0
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         ready: BatchedTimeStep | None = None
         if policy is not None:  # the policy needs observations: start from FIRST steps
             ready = batch.reset(timeout=self._timeout)
@@ -243,7 +249,7 @@ class _Shard:
                     recorders[world].add(None if step_type == 0 else action, ready.at(position))
             received += len(ready.env_ids)
             self._received = received
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         recordings: dict[str, bytes] = {}
         if folder is not None and recorders is not None:
             for recorder in recorders:
@@ -257,6 +263,7 @@ class _Shard:
             episodes=len(returns),
             returns=returns,
             elapsed=elapsed,
+            cpu=cpu,
             latencies=np.asarray(batch.latencies, np.float64),
             restarts=len(getattr(batch, "failures", ())),
             recordings=recordings,

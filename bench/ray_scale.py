@@ -1,0 +1,151 @@
+"""What Ray adds: 16 Catch worlds on a fleet of 2 servers, stepped locally or in 1 or 2 shards.
+
+Run: ``python bench/ray_scale.py [--steps N] [--rounds R]``. It starts a local
+Ray (``num_cpus=2``, no dashboard) and a ``ServerFleet`` of 2 embedded Catch
+servers (Ray actors), then, interleaved in rounds in a seeded shuffled order:
+
+- **local process**: one ``BatchedEnvironment`` over the 16 worlds in a plain
+  child process (no Ray started there), stepped by the same loop the shards
+  run (random actions, 8 in flight per world);
+- **1 shard** and **2 shards**: ``run_sharded`` over the same 16 worlds.
+
+Steps/s is aggregate (all steps over the slowest stepper's time); client CPU
+per step is the stepping processes' CPU time (each measures its own, all
+threads) per step; server CPU per step sums both server processes (from
+/proc), over the whole run including connecting. Medians over the rounds; the
+ratio is the median of per-round ratios against the local process.
+
+On one 2-core machine this can only show what Ray costs, not what it gains:
+2 servers and 2 shards share 2 cores. docs/ray.md projects to N nodes from
+one shard's client CPU per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+# _common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _common import DEFAULT_ROUNDS, print_table, process_cpu_seconds
+
+# isort: split
+# A local Ray on loopback only, reporting nothing (read when Ray is imported).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray starts its workers at nice 15; at 0 they compete with the local process on equal terms.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
+import ray
+
+from dm_env_rpc_client.integrations._ray_shards import _Shard
+from dm_env_rpc_client.integrations.ray import ServerFleet, init_ray, run_sharded
+from dm_env_rpc_client.server.catch import Catch
+
+WORLDS = 16
+PIPELINE = 8
+LOCAL = "local process"
+SHARDS = {"1 shard": 1, "2 shards": 2}
+FRACTION = 0.5  # CPUs reserved per server and per shard: 2 servers + 2 shards fit 2 CPUs
+
+
+def make_catch(settings: dict[str, Any]) -> Catch:
+    return Catch(**settings)
+
+
+def local(addresses: list[str], steps: int) -> tuple[float, float]:
+    """The shards' stepping loop over all worlds, in a child process without Ray started.
+
+    Not in this process: Ray's driver threads here would be counted in its CPU time.
+    """
+    out = subprocess.run(
+        [sys.executable, __file__, "--local-child", str(steps), *addresses],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    rate, cpu = json.loads(out.stdout.strip().splitlines()[-1])
+    return rate, cpu
+
+
+def local_child(steps: int, addresses: list[str]) -> None:
+    worlds = list(range(WORLDS))
+    shard = _Shard(0, worlds, [addresses[w % len(addresses)] for w in worlds], 0, {})
+    try:
+        stats = shard.run(steps, None, PIPELINE, False)
+    finally:
+        shard.close()
+    print(json.dumps([stats.steps / stats.elapsed, stats.cpu / stats.steps * 1e6]))
+
+
+def sharded(fleet: ServerFleet, shards: int, steps: int) -> tuple[float, float]:
+    run = run_sharded(
+        fleet,
+        num_worlds=WORLDS,
+        num_shards=shards,
+        steps=steps,
+        seed=0,
+        pipeline=PIPELINE,
+        num_cpus=FRACTION,
+    )
+    return run.steps_per_second, run.cpu_us_per_step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8000)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--local-child", type=int, metavar="STEPS", help=argparse.SUPPRESS)
+    args, addresses = parser.parse_known_args()
+    if args.local_child is not None:
+        local_child(args.local_child, addresses)
+        return
+    started = init_ray("local", num_cpus=2, log_to_driver=False)
+    names = [LOCAL, *SHARDS]
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    try:
+        with ServerFleet(make_catch, 2, num_cpus=FRACTION) as fleet:
+            addresses = fleet.addresses
+            pids = [server.pid for server in fleet.servers()]
+            order = list(names)
+            rng = random.Random(0)
+            for _ in range(args.rounds):
+                rng.shuffle(order)
+                for name in order:
+                    before = sum(process_cpu_seconds(pid) for pid in pids)
+                    if name == LOCAL:
+                        rate, cpu = local(addresses, args.steps)
+                    else:
+                        rate, cpu = sharded(fleet, SHARDS[name], args.steps)
+                    server = (sum(process_cpu_seconds(pid) for pid in pids) - before) / args.steps
+                    samples[name].append((rate, cpu, server * 1e6))
+    finally:
+        if started:
+            ray.shutdown()
+
+    def median(name: str, field: int) -> float:
+        return statistics.median(sample[field] for sample in samples[name])
+
+    def ratio(name: str) -> str:
+        ratios = [a[0] / b[0] for a, b in zip(samples[name], samples[LOCAL], strict=True)]
+        return f"{statistics.median(ratios):.2f}x"
+
+    print_table(
+        f"{WORLDS} Catch worlds on a fleet of 2 servers, {PIPELINE} steps in flight per world",
+        ["client", "steps/s", "client CPU µs/step", "server CPU µs/step", "vs local process"],
+        [[name, median(name, 0), median(name, 1), median(name, 2), ratio(name)] for name in names],
+    )
+    print(
+        f"\nMedians over {args.rounds} interleaved rounds of {args.steps:,} steps per client; "
+        f"Ray {ray.__version__}, {os.cpu_count()} cores."
+    )
+
+
+if __name__ == "__main__":
+    main()
