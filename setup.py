@@ -48,8 +48,16 @@ DOCS_REQUIRES = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0
 # Tested with Ray 2.60.0.
 RAY_REQUIRES = ["ray>=2.40"]
 
-# The tests run the notebook, build the site and run the Ray tests (a local Ray, about 20 s).
-TEST_REQUIRES += NOTEBOOK_REQUIRES + DOCS_REQUIRES + RAY_REQUIRES
+# dm_env_rpc_client.integrations.gymnasium; 1.2.2 is the version RLlib pins.
+GYMNASIUM_REQUIRES = ["gymnasium>=1.2.2"]
+
+# The training tier (pytest -m training): learners on top of the integrations. torch is
+# not listed: .ci/run installs torch==2.13.0 (the CPU build) first, which these then use.
+TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3>=2.4"]
+
+# The tests run the notebook, build the site, run the Ray tests (a local Ray, about 20 s)
+# and drive the gymnasium bridge.
+TEST_REQUIRES += NOTEBOOK_REQUIRES + DOCS_REQUIRES + RAY_REQUIRES + GYMNASIUM_REQUIRES
 
 setuptools.setup(
     name="dm_env_rpc_client",
@@ -67,6 +75,8 @@ setuptools.setup(
         "notebook": NOTEBOOK_REQUIRES,
         "docs": DOCS_REQUIRES,
         "ray": RAY_REQUIRES,
+        "gymnasium": GYMNASIUM_REQUIRES,
+        "training": TRAINING_REQUIRES,
     },
     entry_points={"console_scripts": ["dm-env-rpc-client=dm_env_rpc_client.cli:main"]},
     classifiers=[

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import importlib.util
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,6 +23,21 @@ from dm_env_rpc_client.server.catch import Catch
 # first when it is imported, so it is set here, before any test module imports it.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+_NO_TORCH = (
+    "needs torch (the training tier): pip install torch==2.13.0 && pip install -e '.[training]', "
+    "then pytest -m training; .ci/run does this"
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``training`` are skipped, with the reason, where torch is not installed."""
+    if importlib.util.find_spec("torch") is not None:
+        return
+    skip = pytest.mark.skip(reason=_NO_TORCH)
+    for item in items:
+        if "training" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

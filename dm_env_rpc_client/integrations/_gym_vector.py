@@ -1,0 +1,323 @@
+"""``GymnasiumVectorEnv``: a ``BatchedEnvironment`` as a ``gymnasium.vector.VectorEnv``.
+
+Every ``step`` sends all the worlds' actions in one pipelined batch and waits
+for their answers (``step_async`` / ``step_wait`` split the two, so inference
+can overlap the servers' work). Autoreset is gymnasium's NEXT_STEP, which is
+what the protocol does already: the step after a world's LAST step is the
+FIRST step of its next sequence, and that step's action is ignored. So a world
+that ended is carried into its next episode by the next ``step``, with no
+extra round trip, and that step reports reward 0 and neither terminated nor
+truncated.
+
+Each world's ``terminated`` is its server state TERMINATED, ``truncated`` its
+state INTERRUPTED. ``infos`` follow gymnasium's vector format: ``discount``
+(masked by ``_discount``, False on a FIRST step) and ``env_id`` (the world's
+index in the batch) with its ``_env_id`` mask.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import error as gym_error
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._stacked import batch_of
+from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.integrations._gym_spaces import AnyText, SpaceAdapter, leaf
+
+State = dm_env_rpc_pb2.EnvironmentStateType
+_FIRST = 0  # dm_env.StepType.FIRST
+
+_ONE_SOURCE = "Give GymnasiumVectorEnv either a BatchedEnvironment or addresses=, not {what}."
+_NUM_ENVS = "num_envs={num_envs} but the BatchedEnvironment has {count} worlds."
+_SEEDS = "reset(seed=) takes an int or one seed per world ({count}), not {seed!r}."
+_BAD_ACTION = (
+    "Action {name!r} does not fit the batched action space {space} (one row per world, "
+    "{count} worlds): got {value!r}. Sample from envs.action_space to see a fitting value."
+)
+_SEED_REFUSED = (
+    "World {index} refused the reset setting {name!r} ({error}); resets are not seeded on the "
+    "server, only gymnasium's np_random is. Pass seed_setting= with the name the server "
+    "takes, or seed_setting=None to silence this."
+)
+_WORLD_FAILED = "World {index} at {address} failed: {error}"
+
+
+def refused_setting(exc: errors.InvalidArgumentError, name: str | None) -> bool:
+    """Whether a server's INVALID_ARGUMENT names the reset setting ``name``."""
+    return name is not None and repr(name) in str(exc)
+
+
+class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
+    """Many dm_env_rpc worlds as one gymnasium ``VectorEnv``. See the module docs.
+
+    Args:
+      batch: the worlds (the caller keeps owning it), all with the same specs.
+      addresses: server addresses to connect to instead (worlds round-robin over them).
+      num_envs: how many worlds (with ``addresses``); default one per address.
+      create_world_settings: settings of every CreateWorldRequest.
+      join_world_settings: settings of every JoinWorldRequest.
+      timeout: seconds to wait for the servers, and for each step and reset.
+      seed_setting: the reset setting that carries ``reset(seed=...)``; None never sends it.
+      unwrap_single: a world with one action (observation) has that tensor's
+        space, not a ``Dict``.
+      connect_kwargs: more arguments for ``BatchedEnvironment.connect``.
+
+    Raises:
+      ValueError: neither or both of ``batch`` and ``addresses``.
+      SpecError: a tensor has no gymnasium space (the message says how to leave it out).
+      WorldError: a world could not be created or joined.
+    """
+
+    # gymnasium declares ``metadata`` as a class attribute dict.
+    metadata: dict[str, Any] = {  # noqa: RUF012
+        "autoreset_mode": AutoresetMode.NEXT_STEP,
+        "render_modes": [],
+    }
+    _owned = False  # until __init__ has a batch: gymnasium's __del__ may close a half-made env
+
+    def __init__(
+        self,
+        batch: BatchedEnvironment | None = None,
+        *,
+        addresses: Sequence[str] | str | None = None,
+        num_envs: int | None = None,
+        create_world_settings: Mapping[str, Any] | None = None,
+        join_world_settings: Mapping[str, Any] | None = None,
+        timeout: float | None = 30.0,
+        seed_setting: str | None = "seed",
+        unwrap_single: bool = False,
+        connect_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if (batch is None) == (addresses is None):
+            raise ValueError(_ONE_SOURCE.format(what="both" if batch else "neither"))
+        self._owned = batch is None
+        if batch is None:
+            assert addresses is not None
+            batch = BatchedEnvironment.connect(
+                [addresses] if isinstance(addresses, str) else list(addresses),
+                num_envs,
+                create_world_settings=create_world_settings,
+                join_world_settings=join_world_settings,
+                timeout=timeout,
+                **dict(connect_kwargs or {}),
+            )
+        elif num_envs is not None and num_envs != len(batch):
+            raise ValueError(_NUM_ENVS.format(num_envs=num_envs, count=len(batch)))
+        self._batch = batch
+        self._timeout = timeout
+        self._seed_setting = seed_setting
+        self._waiting = False
+        self.num_envs = len(batch)
+        self._ids = list(range(self.num_envs))
+        try:
+            template = batch.envs[0]
+            wire = template._wire_specs
+            self._observations = SpaceAdapter(
+                wire.observations,
+                list(specs.flatten(template.observation_spec())),
+                "observation",
+                unwrap_single,
+            )
+            self._actions = SpaceAdapter(
+                wire.actions, list(specs.flatten(template.action_spec())), "action", unwrap_single
+            )
+        except BaseException:
+            if self._owned:
+                batch.close()
+            raise
+        self.single_observation_space = self._observations.space
+        self.single_action_space = self._actions.space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        # The batched space of each action, by dotted name, for checks before sending.
+        self._action_checks = [
+            (name, batch_space(leaf(self._actions.dict_space, name), self.num_envs))
+            for name in self._actions.names
+        ]
+        self._infos_env_id = np.arange(self.num_envs, dtype=np.int64)
+
+    @property
+    def batch(self) -> BatchedEnvironment:
+        """The underlying ``BatchedEnvironment``."""
+        return self._batch
+
+    def _world_error(self, index: int, exc: BaseException) -> errors.WorldError:
+        address = self._batch.addresses[index]
+        return errors.WorldError(
+            _WORLD_FAILED.format(index=index, address=address, error=exc), index, address
+        )
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Starts a new sequence in every world.
+
+        A step sent by ``step_async`` and not yet waited for is received and dropped first.
+
+        Args:
+          seed: world ``i`` gets ``seed + i`` (as gymnasium's vector envs do), or
+            one seed (or None) per world; each goes to its server as the reset
+            setting ``seed_setting``.
+          options: ``{"settings": {...}}`` adds reset settings for every world.
+
+        Returns:
+          ``(observations, infos)``, batched; ``infos`` holds ``env_id``.
+
+        Raises:
+          ValueError: a seed list of the wrong length.
+          WorldError: a world failed or refused the reset.
+        """
+        super().reset(seed=seed if isinstance(seed, int) else None)
+        if isinstance(seed, int):
+            seeds: list[int | None] = [seed + index for index in self._ids]
+        elif seed is None:
+            seeds = [None] * self.num_envs
+        elif len(seed) == self.num_envs:
+            seeds = list(seed)
+        else:
+            raise ValueError(_SEEDS.format(count=self.num_envs, seed=seed))
+        if self._waiting:
+            self._waiting = False
+            self._batch.recv(env_ids=self._ids, timeout=self._timeout)
+        extra = dict((options or {}).get("settings", {}))
+        timesteps = []
+        for index, env in enumerate(self._batch.envs):
+            settings = dict(extra)
+            if seeds[index] is not None and self._seed_setting is not None:
+                settings[self._seed_setting] = seeds[index]
+            try:
+                try:
+                    timesteps.append(env.reset(self._timeout, settings=settings))
+                except errors.InvalidArgumentError as exc:
+                    if seeds[index] is None or not refused_setting(exc, self._seed_setting):
+                        raise
+                    warnings.warn(
+                        _SEED_REFUSED.format(index=index, name=self._seed_setting, error=exc),
+                        stacklevel=2,
+                    )
+                    self._seed_setting = None
+                    timesteps.append(env.reset(self._timeout, settings=extra))
+            except errors.DmEnvRpcClientError as exc:
+                raise self._world_error(index, exc) from exc
+        observations = self._from_batch(batch_of(timesteps, self._ids).observation)
+        return observations, {"env_id": self._infos_env_id.copy(), "_env_id": self._all()}
+
+    def _all(self) -> np.ndarray:
+        return np.ones(self.num_envs, dtype=bool)
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Steps every world: ``step_async(actions)`` then ``step_wait()``."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: Any) -> None:
+        """Sends every world its row of ``actions`` (one pipelined batch); returns at once.
+
+        The whole batch is checked against ``action_space`` first, so a bad
+        action sends nothing.
+
+        Raises:
+          gymnasium.error.AlreadyPendingCallError: the previous step was not waited for.
+          SpecValidationError: an action does not fit ``action_space`` (named).
+          WorldError: a world's connection is closed.
+        """
+        if self._waiting:
+            raise gym_error.AlreadyPendingCallError(
+                "step_async was called again before step_wait; call step_wait first.",
+                "step",
+            )
+        sdk_actions = self._actions.to_sdk(actions)
+        for name, space in self._action_checks:
+            try:
+                value = leaf(sdk_actions, name)
+            except (KeyError, TypeError, IndexError):
+                raise errors.SpecValidationError(
+                    _BAD_ACTION.format(name=name, space=space, count=self.num_envs, value="nothing")
+                ) from None
+            if isinstance(space, gymnasium.spaces.Tuple) and isinstance(value, (list, np.ndarray)):
+                value = tuple(value)
+            if not space.contains(value):
+                raise errors.SpecValidationError(
+                    _BAD_ACTION.format(name=name, space=space, count=self.num_envs, value=value)
+                )
+        self._batch.send(sdk_actions, self._ids)
+        self._waiting = True
+
+    def step_wait(
+        self, timeout: float | None = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Waits for the steps ``step_async`` sent.
+
+        Args:
+          timeout: seconds to wait (default: the env's ``timeout``). After a
+            timeout the steps stay in flight, and ``step_wait`` may be called again.
+
+        Returns:
+          ``(observations, rewards, terminations, truncations, infos)``, batched.
+
+        Raises:
+          gymnasium.error.NoAsyncCallError: no step was sent.
+          WorldError: a world failed, or did not answer within ``timeout``.
+        """
+        if not self._waiting:
+            raise gym_error.NoAsyncCallError(
+                "step_wait was called without step_async; call step_async first.", "step"
+            )
+        try:
+            batch = self._batch.recv(
+                env_ids=self._ids, timeout=self._timeout if timeout is None else timeout
+            )
+        except errors.WorldError as exc:
+            if not isinstance(exc.__cause__, errors.RequestTimeoutError):
+                self._waiting = False  # the batch took (and dropped) the steps
+            raise
+        self._waiting = False
+        # One step per world was in flight, so each adaptor's latest state is this step's.
+        states = np.fromiter((env._last_state for env in self._batch.envs), np.int64)
+        not_first = batch.step_type != _FIRST
+        rewards = np.where(not_first, batch.reward, 0.0)
+        infos = {
+            "discount": batch.discount,
+            "_discount": not_first,
+            "env_id": batch.env_ids,
+            "_env_id": self._all(),
+        }
+        return (
+            self._from_batch(batch.observation),
+            rewards,
+            states == State.TERMINATED,
+            states == State.INTERRUPTED,
+            infos,
+        )
+
+    def _from_batch(self, observation: dict[str, Any]) -> Any:
+        """Stacked SDK observations as a value of ``observation_space``."""
+        for name in self._observations.names:
+            if isinstance(leaf(self._observations.dict_space, name), AnyText):
+                *path, last = name.split(".")
+                parent = observation
+                for key in path:
+                    parent = parent[key]
+                parent[last] = tuple(str(text) for text in parent[last])
+        single = self._observations.single
+        return observation if single is None else leaf(observation, single)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Closes the batch if this env made it (``VectorEnv.close`` calls this once)."""
+        if self._owned:
+            self._batch.close()
+
+    def __repr__(self) -> str:
+        return f"GymnasiumVectorEnv({self._batch!r})"
