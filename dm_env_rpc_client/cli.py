@@ -4,183 +4,304 @@ Commands:
 
 - ``run``: random-action stepping over one or more worlds, pipelined; with no
   ``--address`` it starts the embedded Catch server itself, in a child process
-  (``--in-process`` keeps it in this one). Prints a summary:
-  steps, episodes, episode returns, steps per second, round-trip latency.
-- ``specs ADDRESS``: prints the action and observation specs of a world.
-- ``serve``: serves the embedded Catch game until Ctrl-C.
+  sized for the worlds (``--in-process`` keeps it in this one). Prints a
+  summary (``--json``: one JSON object): steps, episodes, returns, steps per
+  second, round-trip latency, seeds, recording.
+- ``specs ADDRESS``: prints the action and observation specs of a world, by name.
+- ``serve``: serves Catch, or your own environment factory, until Ctrl-C
+  (the same program as ``python -m dm_env_rpc_client.server``).
 
-Exit code 0 means success. A failure prints one paragraph (add ``--debug`` for
-the traceback) and exits with 1.
+Before connecting, ``run`` and ``specs`` check each address: a host that does
+not resolve, or a port that refuses connections, fails at once with a
+message saying so; a remote host needs ``--insecure`` or TLS flags.
+
+Exit codes: 0 success; 1 an error, printed as one paragraph (``--debug`` for
+the traceback and gRPC's own log lines); 2 bad arguments; 130 Ctrl-C (``run``
+prints its summary first).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import importlib.metadata
+import os
+import signal
+import socket
 import sys
-import time
+import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
+import grpc
 
 from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client._args import (
+    SETTING_HELP,
+    parse_setting,
+    positive_float,
+    positive_int,
+)
+from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
+from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.connection import connect
-from dm_env_rpc_client.environment import create_and_join_world, specs_table
-from dm_env_rpc_client.random_actions import random_action
-from dm_env_rpc_client.recording import Recording
+from dm_env_rpc_client.connection import connect, is_local
+from dm_env_rpc_client.environment import create_and_join_world, join_world, specs_table
+from dm_env_rpc_client.recording import Recording, prepare_folder
 from dm_env_rpc_client.server import serve
 from dm_env_rpc_client.server._subprocess import server_subprocess
 from dm_env_rpc_client.server.catch import Catch
 
+INTERRUPTED = 130
+DEFAULT_TIMEOUT = 30.0
+EMBEDDED_MIN_WORKERS = 64  # the embedded server serves at least this many worlds at once
+_PROBE_TIMEOUT = 5.0  # seconds for the address checks (resolve, then a TCP connect)
 
-def parse_setting(text: str) -> tuple[str, Any]:
-    """Parses ``key=value``: ints, floats, true/false, else a string."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"settings look like key=value, not {text!r}")
-    value: Any = raw
-    lowered = raw.lower()
-    if lowered in ("true", "false"):
-        value = lowered == "true"
-    else:
-        for convert in (int, float):
-            try:
-                value = convert(raw)
-                break
-            except ValueError:
-                continue
-    return key, value
+_BAD_ADDRESS = "The address {address!r} is not host:port (e.g. 127.0.0.1:50051) or unix:PATH."
+_NO_RESOLVE = "The host {host!r} of {address} does not resolve ({error}); check the name."
+_SLOW_RESOLVE = "The host {host!r} of {address} did not resolve within {timeout} s."
+_REFUSED = (
+    "Nothing accepts connections at {address} (connection refused). Start the server there, "
+    "or check the host and port."
+)
+_PLAINTEXT = (
+    "{address} is a remote host: pass --insecure to talk to it in plaintext, or --tls / "
+    "--root-certificates PEM to use TLS."
+)
+_TLS_AND_INSECURE = "--insecure and the TLS flags contradict each other; give one or the other."
+_KEY_PAIR = "--certificate and --private-key go together (client certificate for mutual TLS)."
+_SEED_TWICE = (
+    "--create-setting {name}=... and --seed both set the world's seed: use --seed "
+    "(world i gets seed + i), or pass --seed-setting '' to keep your own."
+)
+_WORLD_COUNT = (
+    "--world names {names} worlds but --num-envs asks for {count}; give one name per world."
+)
+_WORLD_CREATE = "--world joins existing worlds: --create-setting does not apply to them."
+_BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
+
+
+class UsageError(Exception):
+    """A bad combination of arguments: printed as one line, exit code 2."""
 
 
 def _settings(pairs: Sequence[tuple[str, Any]] | None) -> dict[str, Any]:
     return specs.unflatten(dict(pairs or ()))
 
 
-@contextlib.contextmanager
-def _addresses(given: Sequence[str] | None, in_process: bool = False) -> Iterator[list[str]]:
-    if given:
-        yield list(given)
+def _record_folder(text: str) -> str:
+    """argparse type for --record: an empty or new folder, created now."""
+    try:
+        prepare_folder(text)
+    except errors.RecordingError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+# --- connecting -------------------------------------------------------------------------
+
+
+def _read_pem(path: str | None, flag: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise UsageError(_BAD_FILE.format(flag=flag, error=exc)) from exc
+
+
+def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """credentials / insecure / options for the SDK, from the TLS flags."""
+    tls = bool(args.tls or args.root_certificates or args.certificate or args.private_key)
+    if tls and args.insecure:
+        raise UsageError(_TLS_AND_INSECURE)
+    if (args.certificate is None) != (args.private_key is None):
+        raise UsageError(_KEY_PAIR)
+    options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
+    credentials = None
+    if tls:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read_pem(args.root_certificates, "--root-certificates"),
+            private_key=_read_pem(args.private_key, "--private-key"),
+            certificate_chain=_read_pem(args.certificate, "--certificate"),
+        )
+    return {"credentials": credentials, "insecure": args.insecure, "options": options or None}
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
+    if "://" in address or address.startswith(
+        ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
+    ):
+        return None
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UsageError(_BAD_ADDRESS.format(address=address))
+    return host.strip("[]"), int(port_text)
+
+
+def check_address(address: str, kwargs: dict[str, Any], timeout: float, quiet: bool) -> None:
+    """Fails fast on an address that cannot work; see the module docs.
+
+    Raises:
+      UsageError: not host:port, or plaintext to a remote host without --insecure.
+      DmEnvRpcConnectionError: the host does not resolve, or the port refuses.
+    """
+    target = _host_port(address)
+    if target is None:
         return
-    if in_process:
-        with serve(lambda settings: Catch(**settings)) as server:
+    host, port = target
+    probe_timeout = min(timeout, _PROBE_TIMEOUT)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dm_env_rpc_client-resolve")
+    try:  # getaddrinfo has no timeout of its own
+        found = pool.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+        infos = found.result(timeout=probe_timeout)
+    except socket.gaierror as exc:
+        raise errors.DmEnvRpcConnectionError(
+            _NO_RESOLVE.format(host=host, address=address, error=exc.strerror)
+        ) from exc
+    except concurrent.futures.TimeoutError:
+        raise errors.DmEnvRpcConnectionError(
+            _SLOW_RESOLVE.format(host=host, address=address, timeout=probe_timeout)
+        ) from None
+    finally:
+        pool.shutdown(wait=False)
+    if kwargs["credentials"] is None and not kwargs["insecure"] and not is_local(address):
+        raise UsageError(_PLAINTEXT.format(address=address))
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.settimeout(probe_timeout)
+        try:
+            probe.connect(sockaddr)
+        except ConnectionRefusedError as exc:
+            raise errors.DmEnvRpcConnectionError(_REFUSED.format(address=address)) from exc
+        except OSError:
+            pass  # unreachable or slow: gRPC waits for it, up to the timeout
+    if not quiet:
+        print(f"Connecting to {address} (waiting up to {timeout:g} s)...", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[list[str]]:
+    if args.address:
+        for address in dict.fromkeys(args.address):
+            check_address(address, kwargs, args.timeout, args.quiet or args.json)
+        yield list(args.address)
+        return
+    workers = max(EMBEDDED_MIN_WORKERS, args.num_envs)
+    if args.in_process:
+        with serve(lambda settings: Catch(**settings), max_workers=workers) as server:
             yield [server.address]
         return
     # A child process: the server gets a core (and a GIL) of its own, about twice the steps/s.
-    with server_subprocess("catch") as server:
+    with server_subprocess("catch", max_workers=workers) as server:
         yield [server.address]
 
 
-def _stack_actions(actions: list[Any]) -> Any:
-    first = actions[0]
-    if isinstance(first, dict):
-        return {key: _stack_actions([a[key] for a in actions]) for key in first}
-    return np.stack([np.asarray(a) for a in actions])
+# --- commands ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _stop_on_sigint() -> Iterator[threading.Event]:
+    """Ctrl-C sets the event instead of raising, so the loop ends between steps."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # signals reach the main thread only: Ctrl-C raises as usual
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``run`` command."""
+    """The ``run`` command; returns 130 after a Ctrl-C (with the summary printed)."""
     from tqdm.auto import tqdm
 
-    rng = np.random.default_rng(args.seed)
-    with (
-        _addresses(args.address, args.in_process) as addresses,
-        BatchedEnvironment.connect(
-            addresses,
-            args.num_envs,
-            create_world_settings=_settings(args.create_setting),
-            join_world_settings=_settings(args.join_setting),
-            timeout=args.timeout,
-        ) as batch,
-    ):
-        count = len(batch)
-        spec = batch.action_spec()
-        recording = Recording(args.record, count, batch.world_seeds) if args.record else None
-        returns: list[float] = []
-        running = np.zeros(count)
-        episodes_done = 0
-        actions_sent: list[list[Any]] = [[] for _ in range(count)]
-        started = time.perf_counter()
-        sent = received = 0
-        window = max(1, args.pipeline)
-        with tqdm(total=args.steps, unit="step", disable=args.quiet) as progress:
-            while received < args.steps:
-                # Top every world up to `window` steps in flight, up to the total asked for.
-                while sent < args.steps:
-                    ids = [w for w in range(count) if batch.in_flight(w) < window]
-                    ids = ids[: args.steps - sent]
-                    if not ids:
-                        break
-                    actions = [random_action(spec, rng) for _ in ids]
-                    batch.send(_stack_actions(actions), ids)
-                    for world, action in zip(ids, actions, strict=True):
-                        actions_sent[world].append(action)
-                    sent += len(ids)
-                result = batch.recv(1, timeout=args.timeout)
-                for position, world in enumerate(result.env_ids):
-                    action = actions_sent[world].pop(0)
-                    step_type = int(result.step_type[position])
-                    if step_type != 0:
-                        running[world] += result.reward[position]
-                    if step_type == 2:
-                        returns.append(float(running[world]))
-                        running[world] = 0.0
-                        episodes_done += 1
+    kwargs = _channel_kwargs(args)
+    seed_setting = args.seed_setting or None
+    create_settings = _settings(args.create_setting)
+    if seed_setting is not None and seed_setting in create_settings and not args.world:
+        raise UsageError(_SEED_TWICE.format(name=seed_setting))
+    with _addresses(args, kwargs) as addresses:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            batch = BatchedEnvironment.connect(
+                addresses,
+                args.num_envs,
+                create_world_settings=create_settings,
+                join_world_settings=_settings(args.join_setting),
+                timeout=args.timeout,
+                seed=args.seed,
+                seed_setting=seed_setting,
+                world_names=args.world,
+                **kwargs,
+            )
+        for warning in caught:  # e.g. a server that takes no seed setting
+            print(f"note: {warning.message}", file=sys.stderr)
+        failed = True
+        try:
+            recording = (
+                Recording(args.record, len(batch), batch.world_seeds) if args.record else None
+            )
+            with (
+                _stop_on_sigint() as stop,
+                tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
+            ):
+                try:
+                    stats = step_worlds(
+                        batch,
+                        steps=args.steps,
+                        pipeline=args.pipeline,
+                        timeout=args.timeout,
+                        seed=args.seed,
+                        recording=recording,
+                        stop=stop,
+                        progress=progress,
+                    )
+                finally:
                     if recording is not None:
-                        recording.add(
-                            world, None if step_type == 0 else action, result.at(position)
-                        )
-                received += len(result.env_ids)
-                progress.update(len(result.env_ids))
-        elapsed = time.perf_counter() - started
-        if recording is not None:
-            recording.close()
-        latencies = np.array(batch.latencies) * 1e3
-    _print_summary(received, episodes_done, returns, elapsed, latencies, count, args)
-    return 0
+                        recording.close()  # unfinished episodes are saved, marked truncated
+            failed = False
+        finally:
+            # After a failure the worlds may be stuck: give up on them quickly.
+            batch.close(timeout=min(1.0, args.timeout) if failed else args.timeout)
+    if recording is not None:
+        stats.recorded = args.record
+        stats.recorded_episodes, stats.recorded_truncated = recording.episodes, recording.truncated
+    report(stats, args)
+    return INTERRUPTED if stats.interrupted else 0
 
 
-def _print_summary(
-    steps: int,
-    episodes: int,
-    returns: list[float],
-    elapsed: float,
-    latencies: np.ndarray,
-    worlds: int,
-    args: argparse.Namespace,
-) -> None:
-    def fmt(values: list[float], reducer: Any) -> str:
-        return f"{reducer(values):.3f}" if values else "n/a"
-
-    lines = [
-        f"worlds          {worlds}",
-        f"steps           {steps}",
-        f"episodes        {episodes}",
-        f"return mean     {fmt(returns, np.mean)}",
-        f"return min      {fmt(returns, min)}",
-        f"return max      {fmt(returns, max)}",
-        f"steps/s         {steps / elapsed:.1f}" if elapsed > 0 else "steps/s         n/a",
-        f"latency p50 ms  {np.percentile(latencies, 50):.3f}" if latencies.size else "",
-        f"latency p99 ms  {np.percentile(latencies, 99):.3f}" if latencies.size else "",
-    ]
-    if args.record:
-        lines.append(f"recorded to     {args.record}")
-    print("\n".join(line for line in lines if line))
+def report(stats: RunStats, args: argparse.Namespace) -> None:
+    """Prints the run's summary (the one place that does; restarts and shards report here)."""
+    print_summary(stats, as_json=args.json)
 
 
 def show_specs(args: argparse.Namespace) -> int:
-    """The ``specs`` command."""
-    with connect(args.address, timeout=args.timeout) as conn:
-        env, _ = create_and_join_world(
-            conn, _settings(args.create_setting), _settings(args.join_setting)
-        )
+    """The ``specs`` command: tables of the actions and observations, sorted by name."""
+    kwargs = _channel_kwargs(args)
+    check_address(args.address, kwargs, args.timeout, quiet=True)
+    with connect(args.address, timeout=args.timeout, **kwargs) as conn:
+        if args.world:
+            env = join_world(conn, args.world, _settings(args.join_setting), timeout=args.timeout)
+        else:
+            env, _ = create_and_join_world(
+                conn,
+                _settings(args.create_setting),
+                _settings(args.join_setting),
+                timeout=args.timeout,
+            )
         try:
             for title, manager in (
                 ("actions", env.action_manager),
                 ("observations", env.observation_manager),
             ):
-                print(_table(title, specs_table(manager)))
+                print(_table(title, sorted(specs_table(manager))))
         finally:
             env.close()
     return 0
@@ -198,60 +319,173 @@ def _table(title: str, rows: list[tuple[Any, ...]]) -> str:
     return "\n".join(lines)
 
 
+# --- arguments --------------------------------------------------------------------------
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("dm_env_rpc_client")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _connection_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection (remote servers)")
+    group.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds to wait for a server, and for any step (default: {DEFAULT_TIMEOUT:g})",
+    )
+    group.add_argument("--insecure", action="store_true", help="plaintext to a remote host")
+    group.add_argument("--tls", action="store_true", help="TLS, trusting the system's roots")
+    group.add_argument(
+        "--root-certificates", metavar="PEM", help="TLS, trusting the CA certificates in PEM"
+    )
+    group.add_argument("--certificate", metavar="PEM", help="mutual TLS: client certificate chain")
+    group.add_argument("--private-key", metavar="PEM", help="mutual TLS: client private key")
+    group.add_argument(
+        "--server-name", metavar="NAME", help="TLS: the name the server's certificate holds"
+    )
+
+
+def _settings_flags(parser: argparse.ArgumentParser) -> None:
+    for flag, what in (("--create-setting", "CreateWorld"), ("--join-setting", "JoinWorld")):
+        parser.add_argument(
+            flag,
+            action="append",
+            type=parse_setting,
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"a {what} setting: {SETTING_HELP}",
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The command line's arguments."""
     parser = argparse.ArgumentParser(
         prog="dm-env-rpc-client", description="Drive dm_env_rpc environments."
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and gRPC's log lines")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run_parser = commands.add_parser("run", help="random-action stepping over many worlds")
-    run_parser.add_argument("--address", nargs="+", help="servers (default: embedded Catch)")
-    run_parser.add_argument("--num-envs", type=int, default=4, help="worlds (default 4)")
-    run_parser.add_argument("--steps", type=int, default=2000, help="total steps (default 2000)")
-    run_parser.add_argument("--pipeline", type=int, default=8, help="steps in flight per world")
-    run_parser.add_argument("--seed", type=int, default=0)
-    run_parser.add_argument("--create-setting", nargs="*", type=parse_setting, default=[])
-    run_parser.add_argument("--join-setting", nargs="*", type=parse_setting, default=[])
-    run_parser.add_argument("--record", metavar="DIR", help="write each episode as .npz")
-    run_parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
-    run_parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    run_parser = commands.add_parser(
+        "run",
+        help="random-action stepping over many worlds",
+        description="Steps worlds with random actions, pipelined, and prints a summary.",
+    )
+    run_parser.add_argument(
+        "--address", nargs="+", metavar="HOST:PORT", help="servers (default: embedded Catch)"
+    )
+    run_parser.add_argument(
+        "--world", nargs="+", metavar="NAME", help="join these existing worlds, one each"
+    )
+    run_parser.add_argument(
+        "--num-envs", type=positive_int, help="worlds (default: 4, or one per --world name)"
+    )
+    run_parser.add_argument(
+        "--steps", type=positive_int, default=2000, help="total steps (default: 2000)"
+    )
+    run_parser.add_argument(
+        "--pipeline", type=positive_int, default=8, help="steps in flight per world (default: 8)"
+    )
+    run_parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="world i is created with seed + i, and draws its actions from its own "
+        "generator seeded from seed + i (default: 0)",
+    )
+    run_parser.add_argument(
+        "--seed-setting",
+        default="seed",
+        metavar="NAME",
+        help="the create setting that carries the seed; '' to send none (default: seed)",
+    )
+    _settings_flags(run_parser)
+    run_parser.add_argument(
+        "--record",
+        metavar="DIR",
+        type=_record_folder,
+        help="write each episode as .npz into DIR, which must be empty or new",
+    )
+    run_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run_parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     run_parser.add_argument(
         "--in-process",
         action="store_true",
         help="without --address: run the embedded server in this process, not a child process",
     )
+    _connection_flags(run_parser)
     run_parser.set_defaults(handler=run)
 
-    specs_parser = commands.add_parser("specs", help="print the specs of a world")
-    specs_parser.add_argument("address")
-    specs_parser.add_argument("--create-setting", nargs="*", type=parse_setting, default=[])
-    specs_parser.add_argument("--join-setting", nargs="*", type=parse_setting, default=[])
-    specs_parser.add_argument("--timeout", type=float, default=30.0)
+    specs_parser = commands.add_parser(
+        "specs",
+        help="print the specs of a world",
+        description="Creates (or joins) a world and prints its specs, sorted by name.",
+    )
+    specs_parser.add_argument("address", metavar="HOST:PORT", help="the server")
+    specs_parser.add_argument("--world", metavar="NAME", help="join this existing world")
+    _settings_flags(specs_parser)
+    _connection_flags(specs_parser)
     specs_parser.set_defaults(handler=show_specs)
 
     # Imported here, not at module level: `python -m dm_env_rpc_client.server` must not find
     # its __main__ already imported by the package.
     from dm_env_rpc_client.server import __main__ as server_main
 
-    serve_parser = commands.add_parser("serve", help="serve the embedded Catch game")
+    serve_parser = commands.add_parser(
+        "serve", help="serve Catch or your own environment", description=server_main.DESCRIPTION
+    )
     server_main.build_parser(serve_parser)
-    serve_parser.set_defaults(handler=lambda a: server_main.run(a.env, a.host, a.port, a.size))
-    for sub in (run_parser, specs_parser, serve_parser):
+    serve_parser.set_defaults(handler=lambda a: server_main.serve_command(serve_parser, a))
+    for sub in (run_parser, specs_parser):
         sub.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
         )
+    parser.set_defaults(parsers={"run": run_parser, "specs": specs_parser})
     return parser
 
 
+def _check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.world:
+        if args.num_envs is not None and args.num_envs != len(args.world):
+            parser.error(_WORLD_COUNT.format(names=len(args.world), count=args.num_envs))
+        if args.create_setting:
+            parser.error(_WORLD_CREATE)
+        args.num_envs = len(args.world)
+    elif args.num_envs is None:
+        args.num_envs = 4
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the console script; ``argv`` None reads ``sys.argv``.
+
+    As a program (``argv`` None), gRPC's C-core log lines are silenced unless
+    ``--debug`` is given; called from Python with a list, nothing is.
+    """
+    if argv is None:
+        quiet_grpc_logs(sys.argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        _check_run(args.parsers["run"], args)
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a closed pipe fails here, not at exit
+        return code
+    except UsageError as exc:
+        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`specs ... | head`): not an error; say nothing more.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (errors.DmEnvRpcClientError, OSError, ValueError, TypeError) as exc:
         if args.debug:
             raise

@@ -1,66 +1,250 @@
-"""``python -m dm_env_rpc_client.server``: serve the Catch game (or a test env) until stopped.
+"""python -m dm_env_rpc_client.server: serve an environment over dm_env_rpc until stopped.
 
-Prints one line, ``Serving <env> on <host:port>``, then serves until Ctrl-C or
-SIGTERM, and stops cleanly.
+Serves the built-in Catch game (``--env catch``), one large float32
+observation (``--env large --size N``), or your own ``dm_env.Environment``
+factory (``--env package.module:factory``, called as ``factory(settings)``
+with each CreateWorldRequest's settings as a nested dict). Before serving it
+makes one environment with no settings, to refuse flags the environment
+rejects (``--skip-check`` for a factory that needs settings).
+
+Prints one line, ``Serving <env> on <host:port>``, then serves until Ctrl-C
+(exit code 130) or SIGTERM (exit code 0). Errors print one line and exit with 1
+(2 for bad flags); ``--debug`` shows tracebacks and gRPC's own log lines.
+``dm-env-rpc-client serve`` is the same program.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dm_env
+import grpc
 
+from dm_env_rpc_client._args import port, positive_int
+from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client.server import serve
 from dm_env_rpc_client.server.catch import Catch
 from dm_env_rpc_client.server.envs import LargeObservation
 
-ENVS = {"catch": Catch, "large": LargeObservation}
+ENVS: dict[str, Callable[..., dm_env.Environment]] = {"catch": Catch, "large": LargeObservation}
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 0
+DEFAULT_MAX_WORKERS = 64
+INTERRUPTED = 130
+DESCRIPTION = " ".join((__doc__ or "").split("\n\n")[1].replace("``", "").split())
+
+_BAD_ENV = "{text!r} is neither a built-in environment ({names}) nor package.module:factory"
+_NO_FACTORY = "cannot load the factory {text!r}: {error}"
+_BAD_FLAGS = (
+    "error: the {env} environment refused its flags ({error}). Fix the flags, "
+    "or pass --skip-check if the factory needs settings that only clients give."
+)
+_BAD_FILE = "error: cannot read the {flag} file ({error}); give a readable PEM file."
+_SIZE_ONLY_LARGE = "--size applies to --env large only"
+_TLS_PAIR = "--certificate and --private-key go together (PEM files); give both or neither"
+_CLIENT_CA_NEEDS_TLS = "--client-ca needs --certificate and --private-key"
 
 
-def make_factory(name: str, defaults: dict[str, Any]) -> Any:
-    """Returns make_env for a named environment, with command-line defaults."""
-    env_class = ENVS[name]
+def env_name(text: str) -> str:
+    """An argparse type: a built-in environment name, or an importable package.module:factory."""
+    if text in ENVS:
+        return text
+    module, sep, attribute = text.partition(":")
+    if not sep or not module or not attribute:
+        raise argparse.ArgumentTypeError(_BAD_ENV.format(text=text, names=", ".join(sorted(ENVS))))
+    try:
+        factory = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise argparse.ArgumentTypeError(_NO_FACTORY.format(text=text, error=exc)) from None
+    if not callable(factory):
+        raise argparse.ArgumentTypeError(_NO_FACTORY.format(text=text, error="not callable"))
+    return text
 
-    def make_env(settings: dict[str, Any]) -> dm_env.Environment:
-        return env_class(**{**defaults, **settings})
 
-    return make_env
+def make_factory(name: str, defaults: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
+    """Returns ``make_env(settings)`` for a built-in name (with command-line defaults) or a factory."""
+    if name in ENVS:
+        env_class = ENVS[name]
+
+        def make_env(settings: dict[str, Any]) -> dm_env.Environment:
+            return env_class(**{**defaults, **settings})
+
+        return make_env
+    module, _, attribute = name.partition(":")
+    factory: Callable[[dict[str, Any]], Any] = getattr(importlib.import_module(module), attribute)
+    return factory
 
 
-def run(env: str, host: str, port: int, size: int | None = None) -> int:
-    """Serves until SIGINT or SIGTERM; returns the exit code."""
-    defaults = {} if size is None else {"size": size}
+class _FlagError(Exception):
+    """A flag's value is unusable; the message is the one line to print."""
+
+
+def _read(path: str | None, flag: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise _FlagError(_BAD_FILE.format(flag=flag, error=exc)) from exc
+
+
+def _credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
+    key = _read(args.private_key, "--private-key")
+    chain = _read(args.certificate, "--certificate")
+    client_ca = _read(args.client_ca, "--client-ca")
+    if key is None or chain is None:
+        return None
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def _watch_parent(stop: Callable[[], None]) -> None:
+    """Calls ``stop`` when standard input ends: the parent that holds its other end died."""
+
+    def watch() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        stop()
+
+    threading.Thread(target=watch, name="dm_env_rpc_server-parent", daemon=True).start()
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(BrokenPipeError, ValueError):  # nobody reads our output any more
+        print(line, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serves until SIGINT (returns 130) or SIGTERM (returns 0), as the module docs say."""
+    defaults = {} if args.size is None else {"size": args.size}
+    make_env = make_factory(args.env, defaults)
+    if not args.skip_check:
+        try:
+            make_env({}).close()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise _FlagError(_BAD_FLAGS.format(env=args.env, error=error)) from exc
+    credentials = _credentials(args)
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    with serve(make_factory(env, defaults), f"{host}:{port}") as server:
-        print(f"Serving {env} on {server.address}", flush=True)
+    code = [0]
+
+    def stop_with(exit_code: int) -> Callable[..., None]:
+        def handler(*_: object) -> None:
+            code[0] = exit_code
+            stop.set()
+
+        return handler
+
+    signal.signal(signal.SIGTERM, stop_with(0))
+    if args.exit_with_parent:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C, then ends us
+        _watch_parent(stop_with(0))
+    else:
+        signal.signal(signal.SIGINT, stop_with(INTERRUPTED))
+    address = f"{args.host}:{args.port}"
+    with serve(make_env, address, credentials=credentials, max_workers=args.max_workers) as server:
+        tls = " (TLS)" if credentials is not None else ""
+        _say(f"Serving {args.env} on {server.address}{tls}")
         while not stop.wait(0.5):
             pass
-    print("Stopped.", flush=True)
-    return 0
+    _say("Stopped.")
+    return code[0]
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """The arguments of the serve command (shared with the main CLI)."""
+    """The arguments of the serve program (shared with ``dm-env-rpc-client serve``)."""
     parser = parser or argparse.ArgumentParser(
-        prog="python -m dm_env_rpc_client.server", description=__doc__.splitlines()[0]
+        prog="python -m dm_env_rpc_client.server",
+        description=DESCRIPTION,
     )
-    parser.add_argument("--env", choices=sorted(ENVS), default="catch")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--size", type=int, default=None, help="observation size (--env large)")
+    parser.add_argument(
+        "--env",
+        type=env_name,
+        default="catch",
+        help="catch, large, or package.module:factory (default: catch)",
+    )
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface (default: {DEFAULT_HOST})")
+    parser.add_argument(
+        "--port",
+        type=port,
+        default=DEFAULT_PORT,
+        help="0 to 65535; 0 picks a free port (default: 0)",
+    )
+    parser.add_argument(
+        "--size", type=positive_int, default=None, help="observation size, --env large only"
+    )
+    parser.add_argument(
+        "--max-workers",
+        type=positive_int,
+        default=DEFAULT_MAX_WORKERS,
+        help=f"most streams (worlds) served at once (default: {DEFAULT_MAX_WORKERS})",
+    )
+    parser.add_argument("--certificate", metavar="PEM", help="serve TLS: certificate chain file")
+    parser.add_argument("--private-key", metavar="PEM", help="serve TLS: private key file")
+    parser.add_argument(
+        "--client-ca",
+        metavar="PEM",
+        help="mutual TLS: require client certificates signed by this CA",
+    )
+    parser.add_argument(
+        "--skip-check", action="store_true", help="do not make one environment at start"
+    )
+    parser.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show tracebacks and gRPC's log lines",
+    )
     return parser
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses flag combinations argparse cannot express (exits with 2)."""
+    if args.size is not None and args.env != "large":
+        parser.error(_SIZE_ONLY_LARGE)
+    if (args.certificate is None) != (args.private_key is None):
+        parser.error(_TLS_PAIR)
+    if args.client_ca is not None and args.certificate is None:
+        parser.error(_CLIENT_CA_NEEDS_TLS)
+
+
+def serve_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Checks the flags and serves; errors print one line (exit 2 for flags, else 1)."""
+    debug = getattr(args, "debug", False)
+    check_args(parser, args)
+    try:
+        return run(args)
+    except _FlagError as exc:
+        if debug:
+            raise
+        print(exc, file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. the port is in use
+        if debug:
+            raise
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run(args.env, args.host, args.port, args.size)
+    """Entry point; with ``argv`` None (the program), gRPC's log lines are silenced too."""
+    if argv is None:
+        quiet_grpc_logs(sys.argv[1:])
+    parser = build_parser()
+    return serve_command(parser, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,67 @@
+"""argparse value types shared by the command line programs.
+
+Each raises ``argparse.ArgumentTypeError`` with a message that says what a
+good value looks like; argparse names the flag and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+SETTING_HELP = (
+    "KEY=VALUE; repeat the flag for more. Values parse as int, float, true/false, "
+    "else a string; dotted keys nest (arm.speed=2 gives {'arm': {'speed': 2}})"
+)
+
+
+def positive_int(text: str) -> int:
+    """A whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0 picks a free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a whole number, not {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535 (0 picks a free one), not {value}")
+    return value
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """``key=value``: ints, floats, true/false, else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"settings look like key=value, not {text!r}")
+    value: Any = raw
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        value = lowered == "true"
+    else:
+        for convert in (int, float):
+            try:
+                value = convert(raw)
+                break
+            except ValueError:
+                continue
+    return key, value

@@ -1,0 +1,283 @@
+"""The ``run`` command's stepping loop and its summary (used by ``cli.py``).
+
+``step_worlds(batch, ...)`` steps every world of a ``BatchedEnvironment`` with
+random actions, pipelined, and returns a ``RunStats``:
+
+- Reproducible: world ``i`` takes exactly its share of the steps
+  (``steps // worlds``, one more for the first ``steps % worlds`` worlds), and
+  draws its actions from a generator of its own, seeded from ``seed + i`` (a
+  stream apart from the one its server gets). So the same command, against
+  servers seeded the same way, plays the same steps whatever order the
+  responses come back in.
+- Variable-length actions are sent world by world when they do not stack.
+- Ctrl-C (``stop`` set) ends the loop between steps: what was received
+  is counted and recorded, and ``interrupted`` is set.
+- A stall raises ``RequestTimeoutError`` after ``timeout`` seconds without a
+  step, naming every world that has steps in flight and its address.
+
+``RunStats.merge`` sums several loops' statistics (several shards of one run);
+latency percentiles come from every step's latency. ``summary`` is the one
+dict both the table and ``--json`` print, and ``print_summary`` prints it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dm_env_rpc_client import errors
+from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.random_actions import random_action
+from dm_env_rpc_client.recording import Recording
+
+ACTION_STREAM = 1  # world i's actions: numpy.random.default_rng((seed + i, ACTION_STREAM))
+_SLICE = 0.25  # seconds between checks for Ctrl-C while waiting for steps
+_STALLED = (
+    "No step finished within {timeout} s. Waiting on: {waiting}. The server may be stopped, "
+    "overloaded or unreachable; pass a longer --timeout if it is only slow."
+)
+
+
+@dataclasses.dataclass
+class RunStats:
+    """What one run (or one shard of it) did.
+
+    Attributes:
+      worlds: worlds stepped.
+      steps: steps received.
+      episodes: episodes that reached their LAST step.
+      unfinished: episodes still running when the run stopped.
+      returns: the return of every finished episode, world by world.
+      latencies: each step's round trip in seconds (the latest ones per batch).
+      elapsed: seconds from the first send to the last step (the longest shard).
+      world_seeds: each world's seed, None where its server took none.
+      recorded: the recording folder, if any.
+      recorded_episodes: episode files written, truncated ones included.
+      recorded_truncated: truncated episode files written.
+      interrupted: the run was stopped by Ctrl-C.
+    """
+
+    worlds: int = 0
+    steps: int = 0
+    episodes: int = 0
+    unfinished: int = 0
+    returns: list[float] = dataclasses.field(default_factory=list)
+    latencies: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    elapsed: float = 0.0
+    world_seeds: list[int | None] = dataclasses.field(default_factory=list)
+    recorded: str | None = None
+    recorded_episodes: int = 0
+    recorded_truncated: int = 0
+    interrupted: bool = False
+
+    @classmethod
+    def merge(cls, parts: Sequence[RunStats]) -> RunStats:
+        """One RunStats for several shards that ran side by side."""
+        return cls(
+            worlds=sum(p.worlds for p in parts),
+            steps=sum(p.steps for p in parts),
+            episodes=sum(p.episodes for p in parts),
+            unfinished=sum(p.unfinished for p in parts),
+            returns=[r for p in parts for r in p.returns],
+            latencies=np.concatenate([p.latencies for p in parts]) if parts else np.zeros(0),
+            elapsed=max((p.elapsed for p in parts), default=0.0),
+            world_seeds=[s for p in parts for s in p.world_seeds],
+            recorded=next((p.recorded for p in parts if p.recorded), None),
+            recorded_episodes=sum(p.recorded_episodes for p in parts),
+            recorded_truncated=sum(p.recorded_truncated for p in parts),
+            interrupted=any(p.interrupted for p in parts),
+        )
+
+
+def _stack(actions: list[Any]) -> Any:
+    first = actions[0]
+    if isinstance(first, dict):
+        return {key: _stack([a[key] for a in actions]) for key in first}
+    return np.stack([np.asarray(a) for a in actions])
+
+
+def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> None:
+    try:
+        stacked = _stack(actions)
+    except ValueError:  # variable-length actions of different lengths: one world at a time
+        for world, action in zip(ids, actions, strict=True):
+            batch.send(_stack([action]), [world])
+        return
+    batch.send(stacked, ids)
+
+
+def _stalled(batch: BatchedEnvironment, timeout: float) -> errors.RequestTimeoutError:
+    waiting = [
+        f"world {world} at {batch.addresses[world]} ({batch.in_flight(world)} in flight)"
+        for world in range(len(batch))
+        if batch.in_flight(world)
+    ]
+    return errors.RequestTimeoutError(
+        _STALLED.format(timeout=timeout, waiting="; ".join(waiting) or "nothing")
+    )
+
+
+def _recv(batch: BatchedEnvironment, timeout: float, stop: threading.Event) -> Any:
+    """The next finished steps, or None once ``stop`` is set."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return batch.recv(1, timeout=max(0.0, min(_SLICE, left)))
+        except errors.RequestTimeoutError:
+            if stop.is_set():
+                return None
+            if left <= _SLICE:
+                raise _stalled(batch, timeout) from None
+
+
+def step_worlds(
+    batch: BatchedEnvironment,
+    *,
+    steps: int,
+    pipeline: int,
+    timeout: float,
+    seed: int,
+    recording: Recording | None = None,
+    stop: threading.Event | None = None,
+    progress: Any = None,
+) -> RunStats:
+    """Steps every world with random actions; see the module docs.
+
+    Args:
+      batch: the worlds.
+      steps: total steps over all worlds.
+      pipeline: steps in flight per world.
+      timeout: seconds without any finished step before giving up.
+      seed: world ``i``'s actions come from ``default_rng((seed + i, ACTION_STREAM))``.
+      recording: where to record the episodes (closed by the caller).
+      stop: set it (from a signal handler) to end the run between steps.
+      progress: a tqdm-like bar (``update(n)``), or None.
+
+    Raises:
+      RequestTimeoutError: no step finished within ``timeout``; names the worlds.
+      WorldError: a world failed.
+    """
+    stop = stop or threading.Event()
+    count = len(batch)
+    spec = batch.action_spec()
+    rngs = [np.random.default_rng((seed + world, ACTION_STREAM)) for world in range(count)]
+    left = [steps // count + (world < steps % count) for world in range(count)]
+    sent: list[collections.deque[Any]] = [collections.deque() for _ in range(count)]
+    running = np.zeros(count)
+    in_episode = [False] * count
+    returns: list[list[float]] = [[] for _ in range(count)]
+    stats = RunStats(worlds=count, world_seeds=list(batch.world_seeds))
+    started = time.perf_counter()
+    while stats.steps < steps and not stop.is_set():
+        ids = [w for w in range(count) if left[w] and batch.in_flight(w) < pipeline]
+        if ids:
+            actions = [random_action(spec, rngs[world]) for world in ids]
+            _send(batch, ids, actions)
+            for world, action in zip(ids, actions, strict=True):
+                sent[world].append(action)
+                left[world] -= 1
+        result = _recv(batch, timeout, stop)
+        if result is None:
+            break
+        for position, world in enumerate(result.env_ids):
+            action = sent[world].popleft()
+            step_type = int(result.step_type[position])
+            if step_type == 0:
+                running[world], in_episode[world] = 0.0, True
+            else:
+                running[world] += result.reward[position]
+            if step_type == 2 and in_episode[world]:
+                returns[world].append(float(running[world]))
+                stats.episodes += 1
+                in_episode[world] = False
+            if recording is not None:
+                recording.add(world, None if step_type == 0 else action, result.at(position))
+        stats.steps += len(result.env_ids)
+        if progress is not None:
+            progress.update(len(result.env_ids))
+    stats.elapsed = time.perf_counter() - started
+    stats.interrupted = stop.is_set()
+    stats.unfinished = sum(in_episode)
+    stats.returns = [r for world_returns in returns for r in world_returns]
+    stats.latencies = np.asarray(batch.latencies, dtype=np.float64)
+    return stats
+
+
+def summary(stats: RunStats) -> dict[str, Any]:
+    """The run's summary as one flat dict (the ``--json`` object; the table shows the same)."""
+    returns = stats.returns
+    latencies_ms = stats.latencies * 1e3
+
+    def rounded(value: Any, digits: int = 3) -> float | None:
+        return None if value is None else round(float(value), digits)
+
+    return {
+        "worlds": stats.worlds,
+        "steps": stats.steps,
+        "episodes": stats.episodes,
+        "unfinished_episodes": stats.unfinished,
+        "return_mean": rounded(np.mean(returns)) if returns else None,
+        "return_min": rounded(min(returns)) if returns else None,
+        "return_max": rounded(max(returns)) if returns else None,
+        "steps_per_second": rounded(stats.steps / stats.elapsed, 1) if stats.elapsed else None,
+        "latency_p50_ms": rounded(np.percentile(latencies_ms, 50)) if latencies_ms.size else None,
+        "latency_p99_ms": rounded(np.percentile(latencies_ms, 99)) if latencies_ms.size else None,
+        "world_seeds": stats.world_seeds,
+        "recorded_to": stats.recorded,
+        "recorded_episodes": stats.recorded_episodes,
+        "recorded_truncated": stats.recorded_truncated,
+        "interrupted": stats.interrupted,
+    }
+
+
+def _seeds_text(seeds: list[int | None]) -> str:
+    if not seeds or all(seed is None for seed in seeds):
+        return "none"
+    if all(seed is not None for seed in seeds) and len(seeds) > 1:
+        return f"{seeds[0]} to {seeds[-1]} (world i: {seeds[0]} + i)"
+    return ", ".join("none" if seed is None else str(seed) for seed in seeds)
+
+
+def print_summary(stats: RunStats, *, as_json: bool = False) -> None:
+    """Prints the summary: a table, or one JSON object with ``as_json``."""
+    data = summary(stats)
+    if as_json:
+        print(json.dumps(data), flush=True)
+        return
+
+    def number(key: str, digits: int = 3) -> str:
+        value = data[key]
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    rows = [
+        ("worlds", str(data["worlds"])),
+        ("steps", str(data["steps"])),
+        ("episodes", str(data["episodes"])),
+        ("unfinished", str(data["unfinished_episodes"])),
+        ("return mean", number("return_mean")),
+        ("return min", number("return_min")),
+        ("return max", number("return_max")),
+        ("steps/s", number("steps_per_second", 1)),
+        ("latency p50 ms", number("latency_p50_ms")),
+        ("latency p99 ms", number("latency_p99_ms")),
+        ("world seeds", _seeds_text(data["world_seeds"])),
+    ]
+    if data["recorded_to"] is not None:
+        rows.append(
+            (
+                "recorded to",
+                f"{data['recorded_to']} ({data['recorded_episodes']} episodes, "
+                f"{data['recorded_truncated']} of them truncated)",
+            )
+        )
+    if data["interrupted"]:
+        rows.append(("interrupted", "yes (Ctrl-C)"))
+    print("\n".join(f"{label:<16}{value}" for label, value in rows), flush=True)

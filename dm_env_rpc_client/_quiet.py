@@ -1,0 +1,44 @@
+"""Keeps gRPC's C-core log lines off the terminal of the command line programs.
+
+gRPC reads ``GRPC_VERBOSITY`` once, when ``grpc`` is imported, and importing
+this package imports grpc before any command runs. So ``quiet_grpc_logs()``
+(called by the programs' entry points, never by the library) sets
+``GRPC_VERBOSITY=NONE`` for child processes, and points this process's file
+descriptor 2, where the C core writes, at ``/dev/null``, while Python's
+``sys.stderr`` moves to a duplicate of the real standard error: everything
+Python prints (errors, warnings, the progress bar) still shows.
+
+Nothing is silenced with ``--debug``, or when ``GRPC_VERBOSITY`` is already set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+
+def quiet_grpc_logs(argv: Sequence[str]) -> bool:
+    """Silences gRPC's C-core logs for this program and its children.
+
+    Args:
+      argv: the program's arguments; ``--debug`` among them keeps the logs.
+
+    Returns:
+      Whether the logs were silenced.
+    """
+    if "--debug" in argv or "GRPC_VERBOSITY" in os.environ:
+        return False
+    os.environ["GRPC_VERBOSITY"] = "NONE"
+    try:
+        sys.stderr.flush()
+        real = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, AttributeError):
+        return False  # no usable standard error: nothing to keep clean
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    sys.stderr = open(  # noqa: SIM115 - lives as long as the program
+        real, "w", buffering=1, encoding="utf-8", errors="backslashreplace"
+    )
+    return True

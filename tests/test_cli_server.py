@@ -1,0 +1,117 @@
+"""``serve`` / ``python -m dm_env_rpc_client.server``, and the ``run`` command's child server."""
+
+from __future__ import annotations
+
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import wait_for
+
+CLI = [sys.executable, "-m", "dm_env_rpc_client"]
+SERVER = [sys.executable, "-m", "dm_env_rpc_client.server"]
+
+
+def _start(command: list[str]) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("Serving catch on 127.0.0.1:"), line
+    return process, line.split()[3]
+
+
+@pytest.mark.parametrize(
+    ("command", "stop", "code"),
+    [
+        ([*CLI, "serve"], signal.SIGTERM, 0),
+        ([*CLI, "serve"], signal.SIGINT, 130),
+        (SERVER, signal.SIGINT, 130),
+    ],
+)
+def test_serve_prints_the_address_and_stops(command: list[str], stop: int, code: int) -> None:
+    process, _ = _start([*command, "--env", "catch", "--port", "0"])
+    try:
+        process.send_signal(stop)
+        assert process.wait(timeout=20) == code
+        assert process.stdout is not None and process.stderr is not None
+        assert "Stopped." in process.stdout.read()
+        assert process.stderr.read() == ""  # no gRPC log lines ("Got goaway", ...)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_port_in_use_is_one_line_from_both_commands() -> None:
+    process, address = _start([*CLI, "serve"])
+    port = address.rsplit(":", 1)[1]
+    try:
+        results = [
+            subprocess.run([*command, "--port", port], capture_output=True, text=True, timeout=60)
+            for command in ([*CLI, "serve"], SERVER)
+        ]
+        debug = subprocess.run(
+            [*SERVER, "--port", port, "--debug"], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        process.kill()
+        process.wait()
+    for result in results:
+        assert result.returncode == 1
+        assert (
+            result.stderr
+            == f"error: Cannot bind the dm_env_rpc server to '127.0.0.1:{port}'; pick another port.\n"
+        )
+    assert results[0].stderr == results[1].stderr
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "add_port.cc" in debug.stderr
+
+
+def test_serve_refuses_flags_its_environment_rejects() -> None:
+    factory = "dm_env_rpc_client.server.envs:LargeObservation"  # takes size=, not a settings dict
+    refused = subprocess.run(
+        [*CLI, "serve", "--env", factory], capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2
+    assert f"the {factory} environment refused its flags" in refused.stderr
+    assert "--skip-check" in refused.stderr
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")  # a zombie has exited; only its parent's wait() is missing
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
+def test_the_child_server_dies_with_run(stop: int) -> None:
+    process = subprocess.Popen(
+        [*CLI, "run", "--steps", "100000000", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert wait_for(lambda: bool(_children(process.pid)), timeout=60)
+        (child,) = _children(process.pid)
+        assert wait_for(lambda: process.poll() is None and not _gone(child), timeout=5)
+        process.send_signal(stop)
+        process.wait(timeout=60)
+        assert wait_for(lambda: _gone(child), timeout=30), f"server {child} outlived run"
+    finally:
+        process.kill()
+        process.wait()
