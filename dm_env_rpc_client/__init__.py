@@ -12,11 +12,17 @@ See the guide in ``docs/`` for tensors, connections, environments, batching,
 the command line and the embedded server.
 """
 
+from dm_env_rpc_client._foreign import ForeignConnection, create_secure_channel_and_connect
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
 from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
 from dm_env_rpc_client.cli import main as cli_main
-from dm_env_rpc_client.connection import Connection, ConnectionLike, connect
+from dm_env_rpc_client.connection import (
+    DEFAULT_CONNECT_TIMEOUT,
+    Connection,
+    ConnectionLike,
+    connect,
+)
 from dm_env_rpc_client.display import show
 from dm_env_rpc_client.environment import (
     CreateAndJoinResult,
@@ -99,6 +105,7 @@ __all__ = [
     "ConnectionLike",
     "CreateAndJoinResult",
     "DATA_TYPE_TO_NUMPY",
+    "DEFAULT_CONNECT_TIMEOUT",
     "DataType",
     "DmEnvAdaptor",
     "DmEnvRpcClientError",
@@ -108,6 +115,7 @@ __all__ = [
     "EmptyTensorError",
     "Episode",
     "EpisodeRecorder",
+    "ForeignConnection",
     "IntegerRangeError",
     "InvalidArgumentError",
     "NUMPY_TO_DATA_TYPE",
@@ -138,6 +146,7 @@ __all__ = [
     "connect",
     "connect_async",
     "create_and_join_world",
+    "create_secure_channel_and_connect",
     "create_world",
     "data_type_to_np_type",
     "destroy_world",

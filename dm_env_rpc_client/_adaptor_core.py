@@ -43,6 +43,35 @@ _INVALID_STATE = (
     "The server sent the invalid state {state}; it must be RUNNING, TERMINATED or INTERRUPTED."
 )
 _CLOSED = "The environment is closed; create or join a world again."
+_NOT_A_DICT = (
+    "An action is a dict keyed by action name, e.g. env.step({example}); got {type_name} "
+    "{value}. The actions are: {names}."
+)
+
+
+def _plain(value: Any) -> str:
+    """A value as a user would type it: ``1`` for ``np.int8(1)``, lists for arrays."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        value = value.tolist()
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def not_a_dict_error(action: Any, names: list[str]) -> errors.SpecValidationError:
+    """The error for an action that is not a dict, showing the dict form with its names."""
+    shown = _plain(action)
+    if len(names) == 1:
+        example = f"{{{names[0]!r}: {shown}}}"
+    else:
+        example = "{" + ", ".join(f"{name!r}: ..." for name in names[:3]) + "}"
+    return errors.SpecValidationError(
+        _NOT_A_DICT.format(
+            example=example,
+            type_name=type(action).__name__,
+            value=shown,
+            names=", ".join(repr(name) for name in names) or "(none)",
+        )
+    )
 
 
 def _state_name(state: int | None) -> str:
@@ -205,10 +234,13 @@ class AdaptorCore:
 
         Raises:
           UnknownNameError: for an action name not in the specs.
-          SpecValidationError: for a wrong dtype, shape or bound.
+          SpecValidationError: for a wrong dtype, shape or bound, or an action
+            that is not a dict (the message shows the dict form).
           ConnectionClosedError: the environment is closed.
         """
         self._check_open()
+        if action is not None and not isinstance(action, Mapping):
+            raise not_a_dict_error(action, self._actions.names())
         packed = self._actions.pack(action) if action else {}
         return dm_env_rpc_pb2.StepRequest(actions=packed, requested_observations=self._uids)
 

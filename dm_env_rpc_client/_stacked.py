@@ -33,6 +33,11 @@ from dm_env_rpc_client._proto import dm_env_rpc_pb2
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = int(dm_env.StepType.FIRST)
 _BAD_BATCH = "Action {name!r} has batch size {actual} but {expected} worlds were stepped."
+_NOT_BATCHED = (
+    "Batched actions are one dict of arrays with the batch axis first, e.g. "
+    "envs.step({example}) for {count} worlds, or a list of {count} per-world dicts; "
+    "got {what}."
+)
 
 
 class _Column(NamedTuple):
@@ -116,6 +121,32 @@ def unstack(actions: Mapping[str, Any], count: int, prefix: str = "") -> list[di
         for index in range(count):
             out[index][key] = array[index]
     return out
+
+
+def split_actions(actions: Any, count: int, names: Sequence[str]) -> list[Mapping[str, Any]]:
+    """One action dict per world, from the stacked form or a list of per-world dicts.
+
+    Args:
+      actions: ``{name: [count, ...] array}`` (nested dicts alike), or a list or
+        tuple of ``count`` dicts, one per world in order.
+      count: how many worlds are stepped.
+      names: the action names, for the example in an error message.
+
+    Raises:
+      SpecValidationError: anything else, with a message that shows the stacked form.
+    """
+    if isinstance(actions, Mapping):
+        return unstack(actions, count)  # type: ignore[return-value]
+    if isinstance(actions, (list, tuple)):
+        if len(actions) == count and all(isinstance(a, Mapping) for a in actions):
+            return list(actions)
+        kinds = sorted({type(a).__name__ for a in actions}) or ["nothing"]
+        what = f"a {type(actions).__name__} of {len(actions)} ({', '.join(kinds)})"
+    else:
+        what = f"{type(actions).__name__}"
+    first = names[0] if names else "name"
+    example = f"{{{first!r}: np.array([...] * {count})}}"
+    raise errors.SpecValidationError(_NOT_BATCHED.format(example=example, count=count, what=what))
 
 
 def batch_of(timesteps: Sequence[dm_env.TimeStep], env_ids: Sequence[int]) -> BatchedTimeStep:

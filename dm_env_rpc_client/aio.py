@@ -34,6 +34,7 @@ from dm_env_rpc_client.connection import (
     _CONNECT_TIMEOUT,
     _IN_FLIGHT_TIMEOUT,
     _REQUEST_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT,
     closed_error,
     create_channel,
 )
@@ -238,7 +239,7 @@ async def connect_async(
     address: str,
     *,
     credentials: grpc.ChannelCredentials | None = None,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     metadata: Sequence[tuple[str, str]] | None = None,
     options: Sequence[tuple[str, Any]] | None = None,
     insecure: bool = False,

@@ -51,7 +51,7 @@ import grpc
 
 from dm_env_rpc_client import errors, messages
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
-from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of, unstack
+from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of, split_actions
 from dm_env_rpc_client.aio import AsyncConnection
 from dm_env_rpc_client.connection import ConnectionLike, create_channel
 from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world, join_world
@@ -133,7 +133,7 @@ class BatchedEnvironment:
     @classmethod
     def connect(
         cls,
-        addresses: Sequence[str],
+        addresses: str | Sequence[str],
         num_envs: int | None = None,
         *,
         create_world_settings: Mapping[str, Any] | None = None,
@@ -159,7 +159,7 @@ class BatchedEnvironment:
         ``world_seeds`` says which seed each world got.
 
         Args:
-          addresses: server addresses (``host:port`` or ``unix:path``).
+          addresses: server addresses (``host:port`` or ``unix:path``), or one address.
           num_envs: how many worlds; default one per address.
           create_world_settings: settings for every CreateWorldRequest.
           join_world_settings: settings for every JoinWorldRequest.
@@ -181,6 +181,8 @@ class BatchedEnvironment:
             both set the seed setting, or ``world_names`` does not match ``num_envs``.
           WorldError: naming the world that could not be created or joined.
         """
+        if isinstance(addresses, str):
+            addresses = [addresses]
         count = len(addresses) if num_envs is None else num_envs
         if world_names is not None:
             count = len(world_names) if num_envs is None else count
@@ -291,8 +293,10 @@ class BatchedEnvironment:
                 raise self._wrap(index, exc) from exc
         return batch_of(timesteps, range(len(self.envs)))
 
-    def step(self, actions: Mapping[str, Any], timeout: float | None = None) -> BatchedTimeStep:
+    def step(self, actions: Any, timeout: float | None = None) -> BatchedTimeStep:
         """Steps every world with its slice of ``actions`` (batch axis first).
+
+        A list of one action dict per world works too (``[{"paddle": 0}] * 4``).
 
         Raises:
           SpecValidationError: the actions do not fit the batch or the specs.
@@ -302,14 +306,17 @@ class BatchedEnvironment:
         self.send(actions, env_ids)
         return self.recv(len(env_ids), timeout=timeout, env_ids=env_ids)
 
-    def send(self, actions: Mapping[str, Any], env_ids: Sequence[int]) -> None:
+    def send(self, actions: Any, env_ids: Sequence[int]) -> None:
         """Sends one step to each world in ``env_ids`` (actions stacked in that order); returns at once.
+
+        ``actions`` is a dict of arrays with the batch axis first, or a list of
+        one action dict per world of ``env_ids``.
 
         Raises:
           SpecValidationError: the actions do not fit the batch or the specs.
           WorldError: a world's connection is closed.
         """
-        per_world = unstack(actions, len(env_ids))
+        per_world = split_actions(actions, len(env_ids), self.envs[0].action_manager.names())
         sent = time.perf_counter()
         if self._runner is None:  # adaptors over connections of their own
             for index, action in zip(env_ids, per_world, strict=True):

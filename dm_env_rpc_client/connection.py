@@ -45,6 +45,8 @@ DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_reconnect_backoff_ms", 1_000),
 )
 
+DEFAULT_CONNECT_TIMEOUT = 30.0  # seconds connect() waits for a server by default
+
 _CLOSED = "The connection is closed; open a new one with dmr.connect()."
 _STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
 _REOPEN = "; open a new connection."
@@ -343,7 +345,7 @@ def connect(
     address: str,
     *,
     credentials: grpc.ChannelCredentials | None = None,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
     metadata: Sequence[tuple[str, str]] | None = None,
     options: Sequence[tuple[str, Any]] | None = None,
     insecure: bool = False,
@@ -358,7 +360,8 @@ def connect(
       address: ``host:port`` or ``unix:path``.
       credentials: channel credentials for TLS. Loopback and unix addresses use
         local credentials by default.
-      timeout: seconds to wait for the server; None waits indefinitely.
+      timeout: seconds to wait for the server (default ``DEFAULT_CONNECT_TIMEOUT``,
+        30 s); None waits indefinitely.
       metadata: gRPC metadata for the stream.
       options: extra gRPC channel options (override the defaults).
       insecure: allow plaintext to a remote host.

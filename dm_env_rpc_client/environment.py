@@ -27,6 +27,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import difflib
+import inspect
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -41,9 +43,15 @@ from dm_env_rpc_client._adaptor_core import (
     State,
     pack_settings,
 )
+from dm_env_rpc_client._foreign import as_connection
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import StackedDecoder
-from dm_env_rpc_client.connection import ConnectionLike, wait_response
+from dm_env_rpc_client.connection import (
+    DEFAULT_CONNECT_TIMEOUT,
+    ConnectionLike,
+    connect,
+    wait_response,
+)
 from dm_env_rpc_client.properties import PropertiesExtension
 
 specs_table = specs.specs_table  # importable from here as before
@@ -79,9 +87,10 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         destroy_on_close: bool = False,
         timeout: float | None = None,
     ) -> None:
-        self._connection = connection
+        self._connection = as_connection(connection, "DmEnvAdaptor")
         self._timeout = timeout
         self._destroy_on_close = destroy_on_close
+        self._owns_connection = False  # set by the helpers that connected to an address
         self._properties: PropertiesExtension | None = None
         super().__init__(
             specs,
@@ -215,6 +224,9 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
     def close(self, timeout: float | None = None) -> None:
         """Leaves the world (once; idempotent), and destroys it if ``destroy_on_close``.
 
+        An adaptor made from an address (``create_and_join_world("host:port")``)
+        also closes the connection it opened.
+
         Args:
           timeout: seconds to wait for each response (default: the adaptor's
             ``timeout``); a dead server is not waited for.
@@ -231,6 +243,9 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
                 )
         except errors.ConnectionClosedError:
             pass  # the server is gone: nothing left to leave
+        finally:
+            if self._owns_connection:
+                self._connection.close()
 
     def __repr__(self) -> str:
         address = getattr(self._connection, "address", None)
@@ -255,6 +270,44 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
 
 # --- world helpers -----------------------------------------------------------------------------
 
+_UNKNOWN_KEYWORD = (
+    "{caller}() got an unexpected keyword argument {name!r}{suggestion}. "
+    "It takes the DmEnvAdaptor keywords: {known}."
+)
+# What the helpers set themselves, never from adaptor_kwargs.
+_HELPER_SET = ("self", "connection", "specs", "world_name", "destroy_on_close")
+
+
+def _check_adaptor_kwargs(caller: str, adaptor_kwargs: Mapping[str, Any]) -> None:
+    """Refuses misspelled adaptor keywords before anything is sent (TypeError)."""
+    known = [
+        name
+        for name in inspect.signature(DmEnvAdaptor.__init__).parameters
+        if name not in _HELPER_SET
+    ]
+    for name in adaptor_kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            raise TypeError(
+                _UNKNOWN_KEYWORD.format(
+                    caller=caller,
+                    name=name,
+                    suggestion=f" (did you mean {close[0]!r}?)" if close else "",
+                    known=", ".join(known),
+                )
+            )
+
+
+def _open(
+    connection: ConnectionLike | str, caller: str, timeout: float | None
+) -> tuple[ConnectionLike, bool]:
+    """The connection to use, and whether the caller opened it (from an address string)."""
+    if isinstance(connection, str):
+        return connect(
+            connection, timeout=DEFAULT_CONNECT_TIMEOUT if timeout is None else timeout
+        ), True
+    return as_connection(connection, caller, takes_address=True), False
+
 
 class CreateAndJoinResult(NamedTuple):
     """What ``create_and_join_world`` returns."""
@@ -271,65 +324,145 @@ def create_world(
 ) -> str:
     """Creates a world and returns its name. Settings: nested dicts of Python or NumPy values.
 
+    Args:
+      connection: a ``Connection``, or an object with the reference package's
+        ``send(request)``.
+      create_world_settings: the CreateWorldRequest settings.
+      timeout: seconds to wait for the response.
+
     Raises:
       RequestTimeoutError: no response within ``timeout`` seconds.
+      InvalidArgumentError: the server refused the settings.
     """
+    connection = as_connection(connection, "create_world")
     request = dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(create_world_settings))
     return connection.send(request, timeout).world_name
 
 
 def join_world(
-    connection: ConnectionLike,
+    connection: ConnectionLike | str,
     world_name: str,
     join_world_settings: Mapping[str, Any] | None = None,
     **adaptor_kwargs: Any,
 ) -> DmEnvAdaptor:
     """Joins a world and returns it as a DmEnvAdaptor (``adaptor_kwargs`` go to it).
 
-    An adaptor ``timeout=`` also bounds the wait for the join.
+    If the adaptor cannot be made after the server let us join (an unknown
+    ``requested_observations`` name), the world is left again, so the
+    connection stays usable. An adaptor ``timeout=`` also bounds the wait for
+    the join.
+
+    Args:
+      connection: a ``Connection``; an object with the reference package's
+        ``send(request)``; or an address ``"host:port"``, which is connected to
+        (within ``timeout``, default ``DEFAULT_CONNECT_TIMEOUT``) and closed by
+        ``env.close()``.
+      world_name: the world to join.
+      join_world_settings: the JoinWorldRequest settings.
+      **adaptor_kwargs: keywords of ``DmEnvAdaptor``.
+
+    Raises:
+      TypeError: an unknown keyword (checked before anything is sent), or not a connection.
+      UnknownNameError: a requested observation the world does not have.
+      DmEnvRpcError: the server refused the join.
     """
+    _check_adaptor_kwargs("join_world", adaptor_kwargs)
+    timeout = adaptor_kwargs.get("timeout")
+    conn, owned = _open(connection, "join_world", timeout)
+    try:
+        env = _join(conn, world_name, join_world_settings, adaptor_kwargs)
+    except BaseException:
+        if owned:
+            conn.close()
+        raise
+    env._owns_connection = owned
+    return env
+
+
+def _join(
+    connection: ConnectionLike,
+    world_name: str,
+    join_world_settings: Mapping[str, Any] | None,
+    adaptor_kwargs: Mapping[str, Any],
+) -> DmEnvAdaptor:
+    timeout = adaptor_kwargs.get("timeout")
     request = dm_env_rpc_pb2.JoinWorldRequest(
         world_name=world_name, settings=pack_settings(join_world_settings)
     )
-    response = connection.send(request, adaptor_kwargs.get("timeout"))
-    return DmEnvAdaptor(connection, response.specs, world_name=world_name, **adaptor_kwargs)
+    response = connection.send(request, timeout)
+    try:
+        return DmEnvAdaptor(connection, response.specs, world_name=world_name, **adaptor_kwargs)
+    except BaseException:
+        with contextlib.suppress(Exception):  # raise the adaptor's error, not the cleanup's
+            leave_world(connection, timeout=timeout)
+        raise
 
 
 def create_and_join_world(
-    connection: ConnectionLike,
+    connection: ConnectionLike | str,
     create_world_settings: Mapping[str, Any] | None = None,
     join_world_settings: Mapping[str, Any] | None = None,
     **adaptor_kwargs: Any,
 ) -> CreateAndJoinResult:
     """Creates a world and joins it; ``env.close()`` later leaves and destroys it.
 
-    If the join fails, the new world is destroyed and the join's error is raised
-    (never an error of that cleanup). An adaptor ``timeout=`` bounds every call,
-    these included.
+    If the join fails, the world is left (if it was joined) and destroyed, so
+    the connection stays usable, and the join's error is raised (never an
+    error of that cleanup). A misspelled keyword raises before anything is
+    created. An adaptor ``timeout=`` bounds every call, these included.
+
+    Args:
+      connection: a ``Connection``; an object with the reference package's
+        ``send(request)``; or an address ``"host:port"``, which is connected to
+        (within ``timeout``, default ``DEFAULT_CONNECT_TIMEOUT``) and closed by
+        ``env.close()``.
+      create_world_settings: the CreateWorldRequest settings (nested dicts).
+      join_world_settings: the JoinWorldRequest settings (nested dicts).
+      **adaptor_kwargs: keywords of ``DmEnvAdaptor`` (``requested_observations``,
+        ``timeout``, ...).
+
+    Returns:
+      ``(env, world_name)``.
+
+    Raises:
+      TypeError: an unknown keyword, or not a connection (the message says what to pass).
+      ConnectTimeoutError: an address that did not answer.
+      UnknownNameError: a requested observation the world does not have.
+      DmEnvRpcError: the server refused the create or the join.
     """
+    _check_adaptor_kwargs("create_and_join_world", adaptor_kwargs)
     timeout = adaptor_kwargs.get("timeout")
-    world_name = create_world(connection, create_world_settings, timeout=timeout)
+    conn, owned = _open(connection, "create_and_join_world", timeout)
     try:
-        env = join_world(
-            connection, world_name, join_world_settings, destroy_on_close=True, **adaptor_kwargs
-        )
+        world_name = create_world(conn, create_world_settings, timeout=timeout)
+        try:
+            env = _join(
+                conn, world_name, join_world_settings, {**adaptor_kwargs, "destroy_on_close": True}
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):  # raise the join's error, not the cleanup's
+                leave_world(conn, timeout=timeout)  # a no-op unless the join went through
+                destroy_world(conn, world_name, timeout=timeout)
+            raise
     except BaseException:
-        with contextlib.suppress(Exception):
-            destroy_world(connection, world_name, timeout=timeout)
+        if owned:
+            conn.close()
         raise
+    env._owns_connection = owned
     return CreateAndJoinResult(env, world_name)
 
 
 def leave_world(connection: ConnectionLike, *, timeout: float | None = None) -> None:
     """Leaves the joined world (a no-op when not joined)."""
-    connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
+    as_connection(connection, "leave_world").send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
 
 
 def destroy_world(
     connection: ConnectionLike, world_name: str, *, timeout: float | None = None
 ) -> None:
     """Destroys a world (it must not be joined)."""
-    connection.send(dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name), timeout)
+    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name)
+    as_connection(connection, "destroy_world").send(request, timeout)
 
 
 def reset_world(
@@ -343,7 +476,7 @@ def reset_world(
     request = dm_env_rpc_pb2.ResetWorldRequest(
         world_name=world_name, settings=pack_settings(settings)
     )
-    connection.send(request, timeout)
+    as_connection(connection, "reset_world").send(request, timeout)
 
 
 __all__ = [

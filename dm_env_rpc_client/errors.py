@@ -34,14 +34,25 @@ so ``except ValueError`` keeps working::
 Transport errors are converted at the boundary with ``raise ... from exc``: no
 raw ``grpc.RpcError`` or ``StopIteration`` reaches a user. Server errors keep
 their code, message and details and survive pickling.
+
+Code written for the reference ``dm-env-rpc`` package catches its
+``dm_env_rpc.v1.error.DmEnvRpcError``. Once that package is imported (by the
+user; this SDK never imports it), every ``DmEnvRpcError`` this SDK builds is
+also an instance of the reference class, so such ``except`` clauses keep
+working. Its ``code`` stays a ``grpc.StatusCode`` (the reference's is an int:
+``error.code.value[0]``).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
+
+# Where the reference package keeps its server error class (never imported here).
+_REFERENCE_ERROR_MODULE = "dm_env_rpc.v1.error"
 
 
 class DmEnvRpcClientError(Exception):
@@ -122,16 +133,48 @@ def _status_code(code: int | grpc.StatusCode) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
+_BRIDGED: dict[tuple[type, type], type] = {}
+
+
+def _bridged(cls: type) -> type:
+    """``cls``, also deriving from the reference's DmEnvRpcError if that package is loaded."""
+    module = sys.modules.get(_REFERENCE_ERROR_MODULE)
+    reference = getattr(module, "DmEnvRpcError", None)
+    if not isinstance(reference, type) or issubclass(cls, reference):
+        return cls
+    key = (cls, reference)
+    bridged = _BRIDGED.get(key)
+    if bridged is None:
+        # Plain class attributes shadow the reference's read-only properties, so
+        # that __init__ can set code, message and details on the instance.
+        namespace = {
+            "code": None,
+            "message": None,
+            "details": None,
+            "_sdk_class": cls,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+        }
+        bridged = _BRIDGED[key] = type(cls.__name__, (cls, reference), namespace)
+    return bridged
+
+
 class DmEnvRpcError(DmEnvRpcClientError):
     """The server answered a request with an error ``google.rpc.Status``.
 
     Only the request that got the error fails; the connection stays usable.
+    When the reference ``dm-env-rpc`` package is imported, instances are also
+    instances of its ``DmEnvRpcError`` (see the module docs).
 
     Attributes:
       code: the status code as a ``grpc.StatusCode``.
       message: the server's message.
       details: the status details (``google.protobuf.Any`` messages).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> DmEnvRpcError:
+        return super().__new__(_bridged(cls), *args)  # type: ignore[no-any-return]
 
     def __init__(
         self,
@@ -142,7 +185,8 @@ class DmEnvRpcError(DmEnvRpcClientError):
         self.code = _status_code(code)
         self.message = message
         self.details = list(details)
-        super().__init__(code, message, details)
+        # Not super(): with the reference's class among the bases it takes other arguments.
+        BaseException.__init__(self, code, message, details)
 
     def __str__(self) -> str:
         return f"{self.code.name}: {self.message}"
@@ -152,7 +196,8 @@ class DmEnvRpcError(DmEnvRpcClientError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         details = [(d.type_url, d.value) for d in self.details]
-        return (_rebuild_server_error, (type(self), self.code.value[0], self.message, details))
+        cls = getattr(type(self), "_sdk_class", type(self))  # bridged classes pickle as ours
+        return (_rebuild_server_error, (cls, self.code.value[0], self.message, details))
 
     @classmethod
     def from_status(cls, status: Any) -> DmEnvRpcError:

@@ -10,6 +10,9 @@ puts the environment it returns behind the protocol::
     with dmr.serve(lambda settings: Catch(**settings)) as server:
         print(server.address)  # e.g. 127.0.0.1:38541
 
+A class works as well as a factory: ``serve(Catch)`` makes each world with
+``Catch(**settings)``, the create settings as keyword arguments.
+
 Behaviour, in the protocol's terms:
 
 - World names are ``world-1``, ``world-2``, ... A JoinWorldRequest for the empty
@@ -75,6 +78,18 @@ _TOO_MANY_STREAMS = (
 MakeEnv = Callable[[dict[str, Any]], dm_env.Environment]
 
 
+def _factory(make_env: MakeEnv | type[dm_env.Environment]) -> MakeEnv:
+    """``make_env`` itself, or for a class one that passes the settings as keyword arguments."""
+    if not isinstance(make_env, type):
+        return make_env
+    env_class = make_env
+
+    def make(settings: dict[str, Any]) -> dm_env.Environment:
+        return env_class(**settings)
+
+    return make
+
+
 def _serialize(response: Any) -> bytes:
     """Responses are messages, or wire bytes already (steps)."""
     if isinstance(response, (bytes, bytearray)):
@@ -95,13 +110,13 @@ class Server:
 
     def __init__(
         self,
-        make_env: MakeEnv,
+        make_env: MakeEnv | type[dm_env.Environment],
         address: str = "127.0.0.1:0",
         *,
         credentials: grpc.ServerCredentials | None = None,
         max_workers: int = 64,
     ) -> None:
-        self._registry = Registry(make_env)
+        self._registry = Registry(_factory(make_env))
         self._stopped = False
         self._max_streams = max_workers
         self._streams = 0  # open streams; only the event loop touches it
@@ -219,7 +234,7 @@ class Server:
 
 
 def serve(
-    make_env: MakeEnv,
+    make_env: MakeEnv | type[dm_env.Environment],
     address: str = "127.0.0.1:0",
     *,
     credentials: grpc.ServerCredentials | None = None,
@@ -230,7 +245,8 @@ def serve(
     Args:
       make_env: called as ``make_env(settings)`` for every CreateWorldRequest
         with the unpacked settings (a nested dict); returns a dm_env.Environment.
-        Raise TypeError or ValueError for bad settings.
+        Raise TypeError or ValueError for bad settings. Or an environment
+        class, called as ``make_env(**settings)``.
       address: ``host:port`` to listen on; port 0 picks a free port.
       credentials: server credentials for TLS; None serves plaintext.
       max_workers: the most streams (worlds) served at once; a stream beyond
