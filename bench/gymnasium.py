@@ -1,0 +1,187 @@
+"""Vector-env steps per second over 16 Catch worlds on 2 servers: four ways to drive them.
+
+Run: ``python bench/gymnasium.py [--steps N] [--rounds R] [--worlds W]``. Two
+server processes hold the worlds (round-robin). Every variant steps all the
+worlds in lockstep with the same random actions, one vector step at a time:
+
+- (a) gymnasium's ``SyncVectorEnv`` of ``GymnasiumEnv``s (one stream each, one
+  world after another);
+- (b) gymnasium's ``AsyncVectorEnv`` of ``GymnasiumEnv``s (one subprocess per
+  world, forked from a clean forkserver);
+- (c) ``GymnasiumVectorEnv`` over ``BatchedEnvironment``;
+- (d) ``BatchedEnvironment.send`` then ``recv`` directly: the floor under (c).
+
+Variants run interleaved in rounds (``bench/_common.py``); steps/s count world
+steps. Targets (issue 13): (c) >= 3x (a), >= 1.5x (b), >= 0.9x (d). Where the
+installed gymnasium has ``gymnasium.utils.performance.benchmark_vector_step``,
+it is run on (a), (b) and (c) too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+from typing import Any
+
+# _common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_process_info
+
+# isort: split
+import importlib
+import pathlib
+import sys
+
+# This script is named like the package it measures: import the package with the script's
+# folder off the import path (in AsyncVectorEnv's workers too, which re-import this script).
+_HERE = pathlib.Path(__file__).resolve().parent
+_PATH = list(sys.path)
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE]
+gymnasium = importlib.import_module("gymnasium")
+sys.path[:] = _PATH
+
+# isort: split
+import numpy as np  # noqa: E402
+from gymnasium.utils import performance  # noqa: E402
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv  # noqa: E402
+
+from dm_env_rpc_client.batched import BatchedEnvironment  # noqa: E402
+from dm_env_rpc_client.integrations.gymnasium import (  # noqa: E402
+    GymnasiumEnv,
+    GymnasiumVectorEnv,
+)
+
+SYNC = "(a) SyncVectorEnv of GymnasiumEnv"
+ASYNC = "(b) AsyncVectorEnv of GymnasiumEnv"
+OURS = "(c) GymnasiumVectorEnv"
+FLOOR = "(d) BatchedEnvironment send/recv"
+POOL = 64  # pre-drawn action batches, reused in turn: the RNG is no variant's cost
+
+
+def _actions(count: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(-1, 2, count).astype(np.int8) for _ in range(POOL)]
+
+
+def _env_fn(address: str) -> Any:
+    return lambda: GymnasiumEnv(address=address)
+
+
+def _stepping(envs: Any, count: int) -> Any:
+    """The (run, close) pair of a vector env: lockstep steps with pre-drawn actions."""
+    envs.reset(seed=0)
+    pool = _actions(count)
+
+    def run(steps: int) -> None:
+        for index in range(steps // count):
+            envs.step({"paddle": pool[index % POOL]})
+
+    return run, envs.close
+
+
+def sync_vector(addresses: list[str], count: int) -> Any:
+    fns = [_env_fn(addresses[i % len(addresses)]) for i in range(count)]
+    return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+
+
+def async_vector(addresses: list[str], count: int) -> Any:
+    fns = [_env_fn(addresses[i % len(addresses)]) for i in range(count)]
+    return AsyncVectorEnv(fns, context="forkserver", autoreset_mode=AutoresetMode.NEXT_STEP)
+
+
+def ours(addresses: list[str], count: int) -> Any:
+    return GymnasiumVectorEnv(addresses=addresses, num_envs=count)
+
+
+def floor(addresses: list[str], count: int) -> Any:
+    batch = BatchedEnvironment.connect(addresses, count)
+    batch.reset()
+    pool = _actions(count)
+    ids = list(range(count))
+
+    def run(steps: int) -> None:
+        for index in range(steps // count):
+            batch.send({"paddle": pool[index % POOL]}, ids)
+            batch.recv(env_ids=ids, timeout=30)
+
+    return run, batch.close
+
+
+def _gymnasium_benchmark(addresses: list[str], count: int) -> list[list[Any]]:
+    """gymnasium's own vector benchmark, where the installed version has it."""
+    bench = getattr(performance, "benchmark_vector_step", None)
+    if bench is None:
+        print(
+            f"\ngymnasium {gymnasium.__version__} has no "
+            "gymnasium.utils.performance.benchmark_vector_step; only the table above."
+        )
+        return []
+    rows = []
+    for name, make in ((SYNC, sync_vector), (ASYNC, async_vector), (OURS, ours)):
+        envs = make(addresses, count)
+        try:
+            rows.append([name, float(bench(envs, target_duration=3)) * count])
+        finally:
+            envs.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3200, help="world steps per timed run")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--worlds", type=int, default=16)
+    args = parser.parse_args()
+    count = args.worlds
+    # AsyncVectorEnv's workers fork from a server that imported the SDK but opened nothing.
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["dm_env_rpc_client.integrations.gymnasium"]
+    )
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(server_process_info("catch")) for _ in range(2)]
+        addresses = [server.address for server in servers]
+        variants = {
+            SYNC: lambda: _stepping(sync_vector(addresses, count), count),
+            ASYNC: lambda: _stepping(async_vector(addresses, count), count),
+            OURS: lambda: _stepping(ours(addresses, count), count),
+            FLOOR: lambda: floor(addresses, count),
+        }
+        results = measure_interleaved(
+            variants,
+            args.steps,
+            rounds=args.rounds,
+            server_pid=[server.pid for server in servers],
+        )
+        rows = [
+            [
+                name,
+                results.median(name),
+                results.median(name, "cpu_us_per_step"),
+                results.median(name, "server_cpu_us_per_step"),
+                f"{results.ratio(OURS, name):.2f}x",
+            ]
+            for name in variants
+        ]
+        print_table(
+            f"World steps/s, {count} Catch worlds on 2 server processes, lockstep vector steps",
+            ["variant", "steps/s", "client CPU µs/step", "server CPU µs/step", "(c) vs this"],
+            rows,
+        )
+        print(
+            f"\nMedians over {args.rounds} interleaved rounds of {args.steps:,} world steps per "
+            "variant; client CPU is the benchmark process only (not (b)'s worker processes)."
+        )
+        print(
+            f"Targets: (c)/(a) >= 3x: {results.ratio(OURS, SYNC):.2f}x; "
+            f"(c)/(b) >= 1.5x: {results.ratio(OURS, ASYNC):.2f}x; "
+            f"(c)/(d) >= 0.9x: {results.ratio(OURS, FLOOR):.2f}x."
+        )
+        extra = _gymnasium_benchmark(addresses, count)
+        if extra:
+            print_table(
+                "gymnasium benchmark_vector_step (world steps/s)", ["variant", "steps/s"], extra
+            )
+
+
+if __name__ == "__main__":
+    main()
