@@ -17,6 +17,7 @@ import os
 import pathlib
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,6 +31,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dm_env_rpc_client.server import _subprocess  # noqa: E402
 from dm_env_rpc_client.server._subprocess import server_subprocess  # noqa: E402
 
 DEFAULT_ROUNDS = 5
@@ -45,6 +47,37 @@ def server_process_info(env: str, *extra_args: str) -> Iterator[ServerInfo]:
     """The embedded server serving ``env`` in a child process; yields its address and pid."""
     with server_subprocess(env, extra_args=extra_args) as server:
         yield ServerInfo(server.address, server.process.pid)
+
+
+FOREIGN_SERVER = pathlib.Path(__file__).resolve().parent / "_foreign_server.py"
+
+# The two servers every table compares: the SDK's own event-loop server, and a foreign one
+# written on the reference package (sync gRPC handler), each in a process of its own.
+SERVERS = ("SDK server", "reference-package server")
+
+
+@contextlib.contextmanager
+def foreign_server_process_info(env: str, *extra_args: str) -> Iterator[ServerInfo]:
+    """The foreign server (``_foreign_server.py``) serving ``env`` in a child process."""
+    command = [sys.executable, str(FOREIGN_SERVER), "--env", env, *extra_args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        line = _subprocess._first_line(process.stdout, 30.0)
+        match = _subprocess._ADDRESS.match(line.strip()) if line else None
+        if match is None:
+            raise OSError(f"The foreign {env} server did not start (it printed {line!r}).")
+        yield ServerInfo(match.group(1), process.pid)
+    finally:
+        _subprocess._stop(process)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def any_server_process_info(server: str, env: str, *extra_args: str) -> Any:
+    """``server_process_info`` or ``foreign_server_process_info`` by ``SERVERS`` name."""
+    if server == SERVERS[0]:
+        return server_process_info(env, *extra_args)
+    return foreign_server_process_info(env, *extra_args)
 
 
 def process_cpu_seconds(pid: int) -> float:

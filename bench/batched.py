@@ -1,35 +1,52 @@
 """Aggregate random-action steps per second over 1, 4 and 16 Catch worlds.
 
 Run: ``python bench/batched.py [--steps N] [--rounds R]``. Two server processes
-hold the worlds (round-robin). This SDK's ``BatchedEnvironment`` (pipelined
+hold the worlds (round-robin), first two of the SDK's event-loop server, then
+two of a foreign one written on the reference package with a sync gRPC handler
+(``_foreign_server.py``). This SDK's ``BatchedEnvironment`` (pipelined
 send/recv, 8 steps in flight per world) against a loop over the reference
-``DmEnvAdaptor`` (one step per world in turn), interleaved in rounds: in each
-round, in a seeded shuffled order, each client is set up, warmed up, timed and
-closed. Steps/s, client CPU and server CPU (both server processes) are
-medians over the rounds; the ratio is the median of the per-round ratios.
+``DmEnvAdaptor`` (one step per world in turn) and against a raw multi-stream
+floor: the same number of bare gRPC streams, one HTTP/2 channel per server
+address, on one asyncio event loop (as the batch runs its streams), writing one
+pre-serialized step request and taking undecoded responses, 8 in flight per
+stream. They are interleaved in rounds: in each round, in a seeded shuffled
+order, each client is set up, warmed up, timed and closed. Steps/s, client CPU
+and server CPU (both server processes) are medians over the rounds; the ratios
+are medians of the per-round ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_process_info
+from _common import (
+    DEFAULT_ROUNDS,
+    SERVERS,
+    any_server_process_info,
+    measure_interleaved,
+    print_table,
+)
 
 # isort: split
 import grpc
 import numpy as np
+from _floors import step_request
 from dm_env_rpc.v1 import connection as reference_connection
 from dm_env_rpc.v1 import dm_env_adaptor as reference_adaptor
 
+from dm_env_rpc_client import dm_env_rpc_pb2
 from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.messages import METHOD
 
 WORLDS = (1, 4, 16)
 WINDOW = 8
 REFERENCE = "reference loop"
 OURS = f"SDK batched, {WINDOW} in flight/world"
+FLOOR = f"raw multi-stream floor, {WINDOW} in flight/stream"
 
 
 def reference_loop(addresses: list[str], count: int) -> Any:
@@ -79,46 +96,115 @@ def ours(addresses: list[str], count: int) -> Any:
     return run, batch.close
 
 
+def raw_multi_stream_floor(addresses: list[str], count: int) -> Any:
+    """``count`` bare streams on one event loop, round-robin over one channel per address."""
+    loop = asyncio.new_event_loop()
+    Request, Response = dm_env_rpc_pb2.EnvironmentRequest, dm_env_rpc_pb2.EnvironmentResponse
+
+    async def open_streams() -> tuple[list[Any], list[Any], bytes]:
+        channels = [grpc.aio.insecure_channel(address) for address in addresses]
+        calls = [channels[i % len(channels)].stream_stream(METHOD)() for i in range(count)]
+        data = b""
+        for call in calls:
+            await call.write(
+                Request(create_world=dm_env_rpc_pb2.CreateWorldRequest()).SerializeToString()
+            )
+            world = Response.FromString(await call.read()).create_world.world_name
+            join = dm_env_rpc_pb2.JoinWorldRequest(world_name=world)
+            await call.write(Request(join_world=join).SerializeToString())
+            specs = Response.FromString(await call.read()).join_world.specs
+            request = step_request(specs)
+            paddle = dm_env_rpc_pb2.Tensor(int8s=dm_env_rpc_pb2.Tensor.Int8Array(array=b"\x01"))
+            request.actions[min(specs.actions)].CopyFrom(paddle)
+            data = Request(step=request).SerializeToString()
+        return channels, calls, data
+
+    channels, calls, data = loop.run_until_complete(open_streams())
+
+    async def stream(call: Any, steps: int) -> None:
+        for _ in range(min(WINDOW, steps)):
+            await call.write(data)
+        for received in range(steps):
+            await call.read()  # undecoded bytes
+            if received + WINDOW < steps:
+                await call.write(data)
+
+    def run(steps: int) -> None:
+        share = [steps // count + (i < steps % count) for i in range(count)]
+
+        async def all_streams() -> None:
+            await asyncio.gather(*(stream(call, n) for call, n in zip(calls, share, strict=True)))
+
+        loop.run_until_complete(all_streams())
+
+    def close() -> None:
+        async def shut() -> None:
+            for call in calls:
+                call.cancel()
+            for channel in channels:
+                await channel.close()
+
+        loop.run_until_complete(shut())
+        loop.close()
+
+    return run, close
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3200)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS))
+    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
     args = parser.parse_args()
     rows = []
-    with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(server_process_info("catch")) for _ in range(2)]
-        addresses = [server.address for server in servers]
-        for count in args.worlds:
-            results = measure_interleaved(
-                {
-                    REFERENCE: lambda count=count: reference_loop(addresses, count),
-                    OURS: lambda count=count: ours(addresses, count),
-                },
-                args.steps,
-                rounds=args.rounds,
-                server_pid=[server.pid for server in servers],
-            )
-            for name in (REFERENCE, OURS):
-                rows.append(
-                    [
-                        count,
-                        name,
-                        results.median(name),
-                        results.median(name, "cpu_us_per_step"),
-                        results.median(name, "server_cpu_us_per_step"),
-                        f"{results.ratio(name, REFERENCE):.2f}x",
-                    ]
+    for server_name in args.servers:
+        with contextlib.ExitStack() as stack:
+            servers = [
+                stack.enter_context(any_server_process_info(server_name, "catch")) for _ in range(2)
+            ]
+            addresses = [server.address for server in servers]
+            for count in args.worlds:
+                results = measure_interleaved(
+                    {
+                        REFERENCE: lambda count=count, addresses=addresses: reference_loop(
+                            addresses, count
+                        ),
+                        OURS: lambda count=count, addresses=addresses: ours(addresses, count),
+                        FLOOR: lambda count=count, addresses=addresses: raw_multi_stream_floor(
+                            addresses, count
+                        ),
+                    },
+                    args.steps,
+                    rounds=args.rounds,
+                    server_pid=[server.pid for server in servers],
                 )
+                for name in (REFERENCE, OURS, FLOOR):
+                    rows.append(
+                        [
+                            server_name,
+                            count,
+                            name,
+                            results.median(name),
+                            results.median(name, "cpu_us_per_step"),
+                            results.median(name, "server_cpu_us_per_step"),
+                            f"{results.ratio(name, REFERENCE):.2f}x",
+                            f"{results.ratio(name, FLOOR):.0%}",
+                            f"{results.ratio(name, FLOOR, 'cpu_us_per_step'):.2f}x",
+                        ]
+                    )
     print_table(
         "Aggregate steps/s, Catch, 2 server processes",
         [
+            "servers",
             "worlds",
             "client",
             "steps/s",
             "client CPU µs/step",
             "server CPU µs/step",
             "vs reference loop",
+            "vs floor steps/s",
+            "CPU vs floor",
         ],
         rows,
     )

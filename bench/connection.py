@@ -1,14 +1,17 @@
 """Connection throughput: the reference send loop, this SDK (lockstep, pipelined, asyncio), raw gRPC.
 
-Run: ``python bench/connection.py [--steps N] [--rounds R]``. The server runs in
-a separate process (Catch, and an environment with a float32[100,000]
-observation). In each of R rounds, in a seeded shuffled order, every client is set up,
+Run: ``python bench/connection.py [--steps N] [--rounds R]``. Two servers, each in
+a process of its own: the SDK's event-loop server, and a foreign one written on
+the reference package with a sync gRPC handler (``_foreign_server.py``), as most
+servers in the wild are; each serves Catch, and an environment with a
+float32[100,000] observation. In each of R rounds, in a seeded shuffled order, every client is set up,
 warmed up, timed and closed (only the one being timed is connected). For each environment,
-one table: steps per second, client CPU µs per step (all client threads) and
+one table, both servers in it: steps per second, client CPU µs per step (all client threads) and
 server CPU µs per step (the server process, from /proc), each the median over
 the rounds, and ratios against the reference loop (a) and against the raw floor
 (d) at the same window (the lockstep floor for (b)), each the median of the
-per-round ratios, so drift between rounds cancels.
+per-round ratios, so drift between rounds cancels (and the lowest and highest
+per-round ratio against the floor).
 """
 
 from __future__ import annotations
@@ -17,35 +20,29 @@ import argparse
 import asyncio
 import collections
 import functools
-import queue
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
 from _common import (
     DEFAULT_ROUNDS,
+    SERVERS,
     ServerInfo,
     Variant,
     VariantFactory,
+    any_server_process_info,
     measure_interleaved,
     print_table,
-    server_process_info,
 )
 
 # isort: split
 import grpc
+from _floors import raw_floor, step_request
 from dm_env_rpc.v1 import connection as reference_connection
 from dm_env_rpc.v1 import dm_env_rpc_pb2 as ref_pb2
 
 from dm_env_rpc_client import connect, connect_async, dm_env_rpc_pb2
-from dm_env_rpc_client.messages import METHOD
 
-WINDOWS = (8, 32)
-
-
-def _step_request(specs: Any) -> dm_env_rpc_pb2.StepRequest:
-    return dm_env_rpc_pb2.StepRequest(requested_observations=sorted(specs.observations))
+WINDOWS = (8, 16, 32)
 
 
 def reference_loop(address: str) -> Variant:
@@ -70,7 +67,7 @@ def _ours(address: str) -> tuple[Any, dm_env_rpc_pb2.StepRequest]:
     conn = connect(address, timeout=30)
     world = conn.send(dm_env_rpc_pb2.CreateWorldRequest()).world_name
     specs = conn.send(dm_env_rpc_pb2.JoinWorldRequest(world_name=world)).specs
-    return conn, _step_request(specs)
+    return conn, step_request(specs)
 
 
 def ours_loop(address: str) -> Variant:
@@ -108,7 +105,7 @@ def ours_asyncio(address: str, window: int) -> Variant:
         conn = await connect_async(address, timeout=30)
         world = (await conn.send(dm_env_rpc_pb2.CreateWorldRequest())).world_name
         specs = (await conn.send(dm_env_rpc_pb2.JoinWorldRequest(world_name=world))).specs
-        return conn, _step_request(specs)
+        return conn, step_request(specs)
 
     conn, request = loop.run_until_complete(setup())
 
@@ -126,55 +123,14 @@ def ours_asyncio(address: str, window: int) -> Variant:
     return (lambda steps: loop.run_until_complete(steps_async(steps))), close
 
 
-def raw_floor(address: str, window: int) -> Variant:
-    """Pre-serialized requests and undecoded responses over a bare gRPC stream."""
-    channel = grpc.insecure_channel(address)
-    outgoing: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    call = channel.stream_stream(METHOD)(iter(outgoing.get, None))
-    responses: Iterator[bytes] = iter(call)
-
-    def send(message: Any) -> Any:
-        outgoing.put(dm_env_rpc_pb2.EnvironmentRequest(**message).SerializeToString())
-        return dm_env_rpc_pb2.EnvironmentResponse.FromString(next(responses))
-
-    world = send({"create_world": dm_env_rpc_pb2.CreateWorldRequest()}).create_world.world_name
-    specs = send({"join_world": dm_env_rpc_pb2.JoinWorldRequest(world_name=world)}).join_world.specs
-    data = dm_env_rpc_pb2.EnvironmentRequest(step=_step_request(specs)).SerializeToString()
-
-    def run(steps: int) -> None:
-        slots = threading.Semaphore(window)
-        done = threading.Event()
-
-        def reader() -> None:
-            for _ in range(steps):
-                next(responses)
-                slots.release()
-            done.set()
-
-        thread = threading.Thread(target=reader)
-        thread.start()
-        for _ in range(steps):
-            slots.acquire()
-            outgoing.put(data)
-        done.wait()
-        thread.join()
-
-    def close() -> None:
-        outgoing.put(None)
-        call.cancel()
-        channel.close()
-
-    return run, close
-
-
-def bench(server: ServerInfo, steps: int, rounds: int) -> list[list[Any]]:
+def bench(server: ServerInfo, steps: int, rounds: int, windows: tuple[int, ...]) -> list[list[Any]]:
     address = server.address
     variants: dict[str, VariantFactory] = {
         "(a) reference send loop": functools.partial(reference_loop, address),
         "(b) SDK send loop": functools.partial(ours_loop, address),
         "(d) raw floor, lockstep": functools.partial(raw_floor, address, 1),
     }
-    for window in WINDOWS:
+    for window in windows:
         variants[f"(c) SDK pipelined sync, {window}"] = functools.partial(
             ours_pipelined, address, window
         )
@@ -199,17 +155,30 @@ def bench(server: ServerInfo, steps: int, rounds: int) -> list[list[Any]]:
                 f"{results.ratio(name, reference):.2f}x",
                 f"{results.ratio(name, floor):.0%}" if floor else "",
                 f"{results.ratio(name, floor, 'cpu_us_per_step'):.2f}x" if floor else "",
+                _spread(results, name, floor) if floor else "",
             ]
         )
     return rows
+
+
+def _spread(results: Any, name: str, floor: str) -> str:
+    """The lowest and highest per-round steps/s ratio against the floor."""
+    ratios = [
+        sample.steps_per_second / base.steps_per_second
+        for sample, base in zip(results.samples[name], results.samples[floor], strict=True)
+    ]
+    return f"{min(ratios):.0%} to {max(ratios):.0%}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
+    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
     args = parser.parse_args()
     header = [
+        "server",
         "client",
         "steps/s",
         "client CPU µs/step",
@@ -217,12 +186,19 @@ def main() -> None:
         "vs (a)",
         "vs floor steps/s",
         "CPU vs floor",
+        "vs floor, rounds' range",
     ]
     large_steps = max(100, args.steps // 10)
-    with server_process_info("catch") as server:
-        print_table("Catch (board float32[10, 5])", header, bench(server, args.steps, args.rounds))
-    with server_process_info("large", "--size", "100000") as server:
-        print_table("float32[100,000] observation", header, bench(server, large_steps, args.rounds))
+    windows = tuple(args.windows)
+    for title, env, extra, steps in (
+        ("Catch (board float32[10, 5])", "catch", (), args.steps),
+        ("float32[100,000] observation", "large", ("--size", "100000"), large_steps),
+    ):
+        rows = []
+        for name in args.servers:
+            with any_server_process_info(name, env, *extra) as server:
+                rows += [[name, *row] for row in bench(server, steps, args.rounds, windows)]
+        print_table(title, header, rows)
     print(
         f"\nMedians over {args.rounds} interleaved rounds; steps per variant per round: "
         f"{args.steps:,} (Catch), {large_steps:,} (float32[100,000])."

@@ -1,35 +1,42 @@
-"""DmEnvAdaptor.step, lockstep and pipelined, against the reference DmEnvAdaptor.
+"""DmEnvAdaptor.step, lockstep and pipelined, against the reference DmEnvAdaptor and raw gRPC.
 
-Run: ``python bench/environment.py [--steps N] [--rounds R]``. The server runs in
-a separate process: Catch, and an environment with a float32[100,000]
-observation. In each of R rounds, in a seeded shuffled order, every adaptor is set up,
-warmed up, timed and closed (only the one being timed is connected). One table per
-environment: steps per second, client CPU µs per step (all client threads) and
-server CPU µs per step (the server process, from /proc), each the median over
-the rounds, and the ratio against the reference adaptor, the median of the
+Run: ``python bench/environment.py [--steps N] [--rounds R]``. Two servers, each in
+a process of its own: the SDK's event-loop server, and a foreign one written on
+the reference package with a sync gRPC handler (``_foreign_server.py``), as most
+servers in the wild are; each serves Catch, and an environment with a
+float32[100,000] observation. In each of R rounds, in a seeded shuffled order,
+every adaptor is set up, warmed up, timed and closed (only the one being timed
+is connected). One table per environment, both servers in it: steps per second,
+client CPU µs per step (all client threads) and server CPU µs per step (the
+server process, from /proc), each the median over the rounds; the ratio against
+the reference adaptor, and, for the pipelined rows, against the raw gRPC floor
+at the same window (steps/s and client CPU per step), each the median of the
 per-round ratios, so drift between rounds cancels.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
 from _common import (
     DEFAULT_ROUNDS,
+    SERVERS,
     ServerInfo,
     Variant,
     VariantFactory,
+    any_server_process_info,
     measure_interleaved,
     print_table,
-    server_process_info,
 )
 
 # isort: split
 import grpc
 import numpy as np
+from _floors import raw_floor
 from dm_env_rpc.v1 import connection as reference_connection
 from dm_env_rpc.v1 import dm_env_adaptor as reference_adaptor
 
@@ -56,7 +63,9 @@ def reference(address: str, action: dict[str, Any]) -> Variant:
     return run, close
 
 
-def ours(address: str, action: dict[str, Any], in_flight: int | None) -> Variant:
+def ours(
+    address: str, action: dict[str, Any], in_flight: int | None, use_async: bool = False
+) -> Variant:
     conn = dmr.connect(address, timeout=30)
     env, _ = dmr.create_and_join_world(conn, {}, {})
     env.reset()
@@ -65,6 +74,14 @@ def ours(address: str, action: dict[str, Any], in_flight: int | None) -> Variant
         if in_flight is None:
             for _ in range(steps):
                 env.step(action)
+        elif use_async:
+            pending: collections.deque[Any] = collections.deque()
+            for _ in range(steps):
+                if len(pending) >= in_flight:
+                    pending.popleft().result()
+                pending.append(env.step_async(action))
+            for future in pending:
+                future.result()
         else:
             for _ in env.step_iter([action] * steps, in_flight=in_flight):
                 pass
@@ -76,42 +93,89 @@ def ours(address: str, action: dict[str, Any], in_flight: int | None) -> Variant
     return run, close
 
 
-def bench(server: ServerInfo, action: dict[str, Any], steps: int, rounds: int) -> list[list[Any]]:
+WINDOWS = (8, 16, 32)
+ASYNC_WINDOW = 16
+
+
+def bench(
+    server: ServerInfo,
+    action: dict[str, Any],
+    steps: int,
+    rounds: int,
+    windows: tuple[int, ...],
+) -> list[list[Any]]:
     address = server.address
     variants: dict[str, VariantFactory] = {
         REFERENCE: functools.partial(reference, address, action),
         "SDK DmEnvAdaptor.step (lockstep)": functools.partial(ours, address, action, None),
-        "SDK step_iter, 8 in flight": functools.partial(ours, address, action, 8),
-        "SDK step_iter, 32 in flight": functools.partial(ours, address, action, 32),
+        f"SDK step_async, {ASYNC_WINDOW} in flight": functools.partial(
+            ours, address, action, ASYNC_WINDOW, True
+        ),
     }
+    floors = {ASYNC_WINDOW, *windows}
+    for window in windows:
+        variants[f"SDK step_iter, {window} in flight"] = functools.partial(
+            ours, address, action, window
+        )
+    for window in sorted(floors):
+        variants[f"raw gRPC floor, {window} in flight"] = functools.partial(
+            raw_floor, address, window
+        )
     results = measure_interleaved(
         variants, steps, rounds=rounds, warmup=min(steps, 100), server_pid=server.pid
     )
-    return [
-        [
-            name,
-            results.median(name, "steps_per_second"),
-            results.median(name, "cpu_us_per_step"),
-            results.median(name, "server_cpu_us_per_step"),
-            f"{results.ratio(name, REFERENCE):.2f}x",
-        ]
-        for name in results.names
-    ]
+    rows = []
+    for name in results.names:
+        window = name.rsplit(", ", 1)[-1].split(" ")[0]
+        floor = f"raw gRPC floor, {window} in flight" if window.isdigit() else None
+        rows.append(
+            [
+                name,
+                results.median(name, "steps_per_second"),
+                results.median(name, "cpu_us_per_step"),
+                results.median(name, "server_cpu_us_per_step"),
+                f"{results.ratio(name, REFERENCE):.2f}x",
+                f"{results.ratio(name, floor):.0%}" if floor else "",
+                f"{results.ratio(name, floor, 'cpu_us_per_step'):.2f}x" if floor else "",
+            ]
+        )
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
+    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
     args = parser.parse_args()
-    header = ["adaptor", "steps/s", "client CPU µs/step", "server CPU µs/step", "vs reference"]
+    header = [
+        "server",
+        "adaptor",
+        "steps/s",
+        "client CPU µs/step",
+        "server CPU µs/step",
+        "vs reference",
+        "vs floor steps/s",
+        "CPU vs floor",
+    ]
     large_steps = max(100, args.steps // 10)
-    with server_process_info("catch") as server:
-        rows = bench(server, {"paddle": np.int8(1)}, args.steps, args.rounds)
-        print_table("Catch", header, rows)
-    with server_process_info("large", "--size", "100000") as server:
-        rows = bench(server, {"delta": np.float32(0.5)}, large_steps, args.rounds)
-        print_table("float32[100,000] observation", header, rows)
+    windows = tuple(args.windows)
+    for title, env, extra, action, steps in (
+        ("Catch", "catch", (), {"paddle": np.int8(1)}, args.steps),
+        (
+            "float32[100,000] observation",
+            "large",
+            ("--size", "100000"),
+            {"delta": np.float32(0.5)},
+            large_steps,
+        ),
+    ):
+        rows = []
+        for name in args.servers:
+            with any_server_process_info(name, env, *extra) as server:
+                rows += [[name, *row] for row in bench(server, action, steps, args.rounds, windows)]
+        print_table(title, header, rows)
     print(
         f"\nMedians over {args.rounds} interleaved rounds; steps per variant per round: "
         f"{args.steps:,} (Catch), {large_steps:,} (float32[100,000])."
