@@ -51,9 +51,10 @@ def server_process_info(env: str, *extra_args: str) -> Iterator[ServerInfo]:
 
 FOREIGN_SERVER = pathlib.Path(__file__).resolve().parent / "_foreign_server.py"
 
-# The two servers every table compares: the SDK's own event-loop server, and a foreign one
-# written on the reference package (sync gRPC handler), each in a process of its own.
-SERVERS = ("SDK server", "reference-package server")
+# The two servers every table compares (--servers key: name in the tables): the SDK's own
+# event-loop server, and a foreign one written on the reference package (sync gRPC handler),
+# each in a process of its own.
+SERVERS = {"sdk": "SDK server", "foreign": "reference-package server"}
 
 
 @contextlib.contextmanager
@@ -74,8 +75,8 @@ def foreign_server_process_info(env: str, *extra_args: str) -> Iterator[ServerIn
 
 
 def any_server_process_info(server: str, env: str, *extra_args: str) -> Any:
-    """``server_process_info`` or ``foreign_server_process_info`` by ``SERVERS`` name."""
-    if server == SERVERS[0]:
+    """``server_process_info`` or ``foreign_server_process_info`` by ``SERVERS`` key."""
+    if server == "sdk":
         return server_process_info(env, *extra_args)
     return foreign_server_process_info(env, *extra_args)
 

@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3200)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS))
-    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
     args = parser.parse_args()
     rows = []
     for server_name in args.servers:
@@ -182,7 +182,7 @@ def main() -> None:
                 for name in (REFERENCE, OURS, FLOOR):
                     rows.append(
                         [
-                            server_name,
+                            SERVERS[server_name],
                             count,
                             name,
                             results.median(name),

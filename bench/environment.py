@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
-    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
     args = parser.parse_args()
     header = [
         "server",
@@ -174,7 +174,10 @@ def main() -> None:
         rows = []
         for name in args.servers:
             with any_server_process_info(name, env, *extra) as server:
-                rows += [[name, *row] for row in bench(server, action, steps, args.rounds, windows)]
+                rows += [
+                    [SERVERS[name], *row]
+                    for row in bench(server, action, steps, args.rounds, windows)
+                ]
         print_table(title, header, rows)
     print(
         f"\nMedians over {args.rounds} interleaved rounds; steps per variant per round: "

@@ -28,6 +28,7 @@ import numpy as np
 from dm_env import specs as dm_specs
 
 from dm_env_rpc_client import errors, specs, tensors
+from dm_env_rpc_client._decode import ObservationPlan
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
 State = dm_env_rpc_pb2.EnvironmentStateType
@@ -138,6 +139,7 @@ class AdaptorCore:
             name for name in (REWARD, DISCOUNT) if name in names and name not in visible
         ]
         self._uids = [self._observations.name_to_uid(name) for name in visible + self._hidden]
+        self._plan = ObservationPlan(wire_specs.observations, self._uids)
 
     # --- the TimeStep state machine ------------------------------------------------------
 
@@ -175,7 +177,7 @@ class AdaptorCore:
     def _timestep(
         self, step_type: dm_env.StepType, response: dm_env_rpc_pb2.StepResponse
     ) -> dm_env.TimeStep:
-        observations = self._observations.unpack(response.observations, nested=False)
+        observations = self._plan.decode(response.observations)
         return self._timestep_of(step_type, response.state, observations)
 
     def _timestep_of(

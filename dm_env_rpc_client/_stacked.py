@@ -3,12 +3,14 @@
 ``BatchedEnvironment`` on its loop turns each response only into a step type as
 it lands (the state machine must advance in request order), and leaves the
 observations to ``decode``, which runs once per ``recv`` in the caller's thread:
-each observation of all the worlds is joined as raw bytes and decoded by one
-NumPy call (``tensors.stack_tensors``), instead of one ``unpack_tensor``, one
-dict and one TimeStep per world and a ``np.stack`` at the end. The result is
-exactly what ``DmEnvAdaptor.step_response`` and stacking would give (the tests
-compare the two); anything the fast path does not cover (strings, variable
-shapes, broadcasts, a missing observation) is unpacked tensor by tensor.
+the adaptor's ``ObservationPlan`` (``_decode``) checks every response against
+the specs, as for a single step, and decodes each observation of all the worlds
+with one NumPy call, instead of one ``unpack_tensor``, one dict and one TimeStep
+per world and a ``np.stack`` at the end. The result is exactly what
+``DmEnvAdaptor.step_response`` and stacking would give (the tests compare the
+two); anything the fast path does not cover (strings, variable shapes,
+broadcasts) is unpacked tensor by tensor. A response that contradicts the specs
+raises ``ObservationError`` with its position.
 
 It relies on every world sharing the template adaptor's wire specs, and on the
 adaptor's own ``reward``/``discount`` rules (the batch makes plain
@@ -26,7 +28,7 @@ from typing import Any, NamedTuple
 import dm_env
 import numpy as np
 
-from dm_env_rpc_client import errors, specs, tensors
+from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._adaptor_core import DISCOUNT, REWARD, AdaptorCore
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
@@ -38,13 +40,6 @@ _NOT_BATCHED = (
     "envs.step({example}) for {count} worlds, or a list of {count} per-world dicts; "
     "got {what}."
 )
-
-
-class _Column(NamedTuple):
-    name: str
-    uid: int
-    data_type: int
-    shape: tuple[int, ...]
 
 
 class BatchedTimeStep(NamedTuple):
@@ -172,49 +167,39 @@ class StackedDecoder:
     """
 
     def __init__(self, template: AdaptorCore) -> None:
-        manager = template._observations
         self._template = template
-        names = template._visible + template._hidden  # in the order of template._uids
-        self._columns = [
-            _Column(name, uid, spec.dtype, tuple(spec.shape))
-            for name, uid in zip(names, template._uids, strict=True)
-            for spec in [manager.uid_to_spec(uid)]
-        ]
+        self._plan = template._plan
         self._hidden = set(template._hidden)
 
-    def columns(self, responses: Sequence[dm_env_rpc_pb2.StepResponse]) -> dict[str, Any] | None:
+    def columns(self, responses: Sequence[Any]) -> dict[str, Any]:
         """Each requested observation of all the responses, by name (flat, hidden ones too).
 
         A column is a ``[N, ...]`` array where the fast path applies, else the list
-        of the N values as ``unpack_tensor`` gives them. None if a response lacks
-        a requested observation.
+        of the N values as ``unpack_tensor`` gives them.
+
+        Raises:
+          ObservationError: a response contradicts the specs (``_decode``); its
+            ``position`` says which.
         """
-        flat: dict[str, Any] = {}
-        for column in self._columns:
-            try:
-                items = [response.observations[column.uid] for response in responses]
-            except KeyError:
-                return None
-            stacked = tensors.stack_tensors(items, column.data_type, column.shape)
-            flat[column.name] = (
-                stacked if stacked is not None else [tensors.unpack_tensor(i) for i in items]
-            )
-        return flat
+        return self._plan.columns(responses)
 
     def decode(
         self,
         step_types: Sequence[int],
-        responses: Sequence[dm_env_rpc_pb2.StepResponse],
+        responses: Sequence[Any],
         env_ids: Sequence[int],
-    ) -> BatchedTimeStep | None:
-        """The stacked batch, or None if a response lacks a requested observation."""
+    ) -> BatchedTimeStep:
+        """The stacked batch.
+
+        Raises:
+          ObservationError: a response contradicts the specs; its ``position``
+            indexes ``responses``.
+        """
         template = self._template
         count = len(responses)
         kinds = np.array(step_types, dtype=np.uint8)
         first = kinds == _FIRST
-        columns = self.columns(responses)
-        if columns is None:
-            return None
+        columns = self._plan.columns(responses)
         flat = {
             name: value if isinstance(value, np.ndarray) else stack(value)
             for name, value in columns.items()

@@ -457,17 +457,23 @@ class BatchedEnvironment:
             return batch_of([outcome for _, outcome, _ in taken], env_ids)
         step_types = [outcome[0] for _, outcome, _ in taken]
         responses = [outcome[1] for _, outcome, _ in taken]
-        if self._decoder is not None and all(
-            self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
-        ):
-            stacked = self._decoder.decode(step_types, responses, env_ids)
-            if stacked is not None:
-                return stacked
-        # Specs differ between worlds (or changed on reset): one TimeStep per world.
-        timesteps = [
-            self.envs[index]._timestep(step_type, response)
-            for index, step_type, response in zip(env_ids, step_types, responses, strict=True)
-        ]
+        try:
+            if self._decoder is not None and all(
+                self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
+            ):
+                return self._decoder.decode(step_types, responses, env_ids)
+            # Specs differ between worlds (or changed on reset): one TimeStep per world.
+            timesteps = []
+            for position, (index, step_type, response) in enumerate(
+                zip(env_ids, step_types, responses, strict=True)
+            ):
+                try:
+                    timesteps.append(self.envs[index]._timestep(step_type, response))
+                except errors.ObservationError as exc:
+                    exc.position = position
+                    raise
+        except errors.ObservationError as exc:  # the one decode path's checks (_decode)
+            raise self._wrap(env_ids[exc.position or 0], exc) from exc
         return batch_of(timesteps, env_ids)
 
     def close(self, timeout: float = 10.0) -> None:

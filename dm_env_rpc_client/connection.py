@@ -23,7 +23,7 @@ import concurrent.futures
 import ipaddress
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -273,6 +273,26 @@ class Connection:
           with ``DmEnvRpcError`` for a server error, ``ProtocolError`` for a
           mismatched response, ``ConnectionClosedError`` when the stream ends.
         """
+        return self._submit(request, response_type, timeout, None)
+
+    def _send_decoded(
+        self, request: message.Message, decode: Callable[[bytes], Any]
+    ) -> concurrent.futures.Future[Any]:
+        """``send_async``, with the Future's result made by ``decode(response bytes)``.
+
+        ``decode`` runs on the reader thread, in response order, in place of the
+        usual parsing (see ``messages.PendingQueue.push``): the adaptor reads its
+        step responses this way, with one Future per step.
+        """
+        return self._submit(request, None, None, decode)
+
+    def _submit(
+        self,
+        request: message.Message,
+        response_type: type | None,
+        timeout: float | None,
+        decode: Callable[[bytes], Any] | None,
+    ) -> concurrent.futures.Future[Any]:
         data, expected = messages.envelope(request)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if self._slots is not None and not self._slots.acquire(timeout=timeout):
@@ -283,7 +303,7 @@ class Connection:
             if self._closed_error is not None:
                 future.set_exception(self._closed_error)
                 return future
-            self._pending.push(future, expected, response_type)
+            self._pending.push(future, expected, response_type, decode)
             self._requests.put(data)
         return future
 

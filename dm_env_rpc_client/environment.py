@@ -46,8 +46,10 @@ from dm_env_rpc_client._adaptor_core import (
 from dm_env_rpc_client._foreign import as_connection
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import StackedDecoder
+from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.connection import (
     DEFAULT_CONNECT_TIMEOUT,
+    Connection,
     ConnectionLike,
     connect,
     wait_response,
@@ -139,16 +141,46 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         return self._step(action, self._timeout)
 
     def _step(self, action: Mapping[str, Any], timeout: float | None) -> dm_env.TimeStep:
-        return self.step_response(self._connection.send(self.step_request(action), timeout))
+        request = self.step_request(action)
+        return self.step_response(wait_response(self._send_step(request), timeout, request))
+
+    def _send_step(self, request: dm_env_rpc_pb2.StepRequest) -> concurrent.futures.Future[Any]:
+        """Sends a step; the Future's result goes to ``step_response`` (or ``_timestep``).
+
+        Over a ``Connection`` the reader hands over the response bytes to
+        ``read_step``, so a large payload is copied once (``_wire_step``);
+        over any other connection it is the parsed StepResponse.
+        """
+        if isinstance(self._connection, Connection):
+            return self._connection._send_decoded(request, read_step)
+        return self._connection.send_async(request)
+
+    def _step_from_bytes(self, data: bytes) -> dm_env.TimeStep:
+        return self.step_response(read_step(data))
 
     def step_async(self, action: Mapping[str, Any]) -> concurrent.futures.Future[dm_env.TimeStep]:
         """Sends a step at once and returns a Future of its TimeStep.
 
         Steps may be pipelined; TimeSteps are computed in request order, across
         sequence boundaries. Use one thread per environment.
+
+        Over a ``Connection``, the reader thread makes each TimeStep from the
+        response bytes as they arrive, with one Future per step.
+
+        Raises:
+          UnknownNameError: for an action name not in the specs.
+          SpecValidationError: for a wrong dtype, shape or bound.
+
+        The Future fails with ``DmEnvRpcError`` (the server refused the step),
+        ``ObservationError`` (the response contradicts the specs),
+        ``ProtocolError`` (an impossible state transition) or
+        ``ConnectionClosedError``.
         """
+        request = self.step_request(action)
+        if isinstance(self._connection, Connection):
+            return self._connection._send_decoded(request, self._step_from_bytes)
         result: concurrent.futures.Future[dm_env.TimeStep] = concurrent.futures.Future()
-        sent = self._connection.send_async(self.step_request(action))
+        sent = self._connection.send_async(request)
 
         def convert(done: concurrent.futures.Future[Any]) -> None:
             try:
@@ -166,13 +198,15 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
 
         Each wait for the oldest step also takes every later step that has
         already finished, and decodes their observations together (one NumPy
-        call per observation, see ``_stacked``), which costs much less than one
+        call per observation, see ``_decode``), which costs much less than one
         step at a time. The TimeSteps are the same as ``step`` gives.
 
         Raises:
           UnknownNameError: for an action name not in the specs.
           SpecValidationError: for a wrong dtype, shape or bound.
           DmEnvRpcError: the server refused a step.
+          ObservationError: a response contradicts the specs (the steps before
+            it are yielded first).
           RequestTimeoutError: a step took longer than the adaptor's ``timeout``.
         """
         if in_flight < 1:
@@ -185,14 +219,14 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             if len(window) >= in_flight:
                 yield from self._finished_steps(window, decoder)
             request = self.step_request(action)
-            window.append((request, self._connection.send_async(request)))
+            window.append((request, self._send_step(request)))
         while window:
             yield from self._finished_steps(window, decoder)
 
     def _finished_steps(
         self,
         window: collections.deque[tuple[message.Message, concurrent.futures.Future[Any]]],
-        decoder: Any,
+        decoder: StackedDecoder,
     ) -> Iterator[dm_env.TimeStep]:
         """The oldest step of ``window`` (waiting for it) and every finished one after it."""
         request, future = window.popleft()
@@ -200,11 +234,16 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         while window and window[0][1].done() and window[0][1].exception() is None:
             responses.append(window.popleft()[1].result())
         step_types = [self._advance(response.state) for response in responses]
-        columns = decoder.columns(responses) if len(responses) > 1 else None
-        if columns is None:
-            for step_type, response in zip(step_types, responses, strict=True):
-                yield self._timestep(step_type, response)
+        if len(responses) == 1:
+            yield self._timestep(step_types[0], responses[0])
             return
+        try:
+            columns = decoder.columns(responses)
+        except errors.ObservationError as exc:
+            good = exc.position or 0  # the steps before the offending one are delivered
+            for step_type, response in zip(step_types[:good], responses[:good], strict=True):
+                yield self._timestep(step_type, response)
+            raise
         for index, (step_type, response) in enumerate(zip(step_types, responses, strict=True)):
             observations = {name: column[index] for name, column in columns.items()}
             yield self._timestep_of(step_type, response.state, observations)

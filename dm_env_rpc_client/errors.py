@@ -28,6 +28,7 @@ so ``except ValueError`` keeps working::
     |   +-- ConnectTimeoutError (TimeoutError)
     +-- RequestTimeoutError (TimeoutError)
     +-- ProtocolError                  the server broke the protocol
+    |   +-- ObservationError           a step response's observations contradict the specs
     +-- WorldError                     one world of a batch failed; names index and address
     +-- RecordingError (OSError)       a recording folder that is not usable
 
@@ -276,6 +277,29 @@ class RequestTimeoutError(DmEnvRpcClientError, TimeoutError):
 
 class ProtocolError(DmEnvRpcClientError):
     """The server broke the dm_env_rpc protocol (for example a mismatched response)."""
+
+
+class ObservationError(ProtocolError):
+    """A step response's observations contradict the server's specs.
+
+    A requested observation is missing, a UID is not in the specs, or a tensor's
+    dtype or shape is not its spec's. The message names the observation.
+
+    Attributes:
+      name: the observation's name (None for a UID not in the specs).
+      uid: the observation's UID.
+      position: for a run of responses decoded together (``step_iter``, a batch),
+        the position of the offending response in it; None for a single step.
+    """
+
+    def __init__(self, message: str, name: str | None, uid: int, position: int | None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.uid = uid
+        self.position = position
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.name, self.uid, self.position))
 
 
 class WorldError(DmEnvRpcClientError):

@@ -139,11 +139,12 @@ F = TypeVar("F")
 
 
 class Pending(NamedTuple, Generic[F]):
-    """A request awaiting its response."""
+    """A request awaiting its response (``decode``: replaces ``unwrap`` for it, see ``push``)."""
 
     future: F
     expected: str
     response_type: type | None
+    decode: Callable[[bytes], Any] | None = None
 
 
 class PendingQueue(Generic[F]):
@@ -164,8 +165,19 @@ class PendingQueue(Generic[F]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def push(self, future: F, expected: str, response_type: type | None) -> None:
-        self._items.append(Pending(future, expected, response_type))
+    def push(
+        self,
+        future: F,
+        expected: str,
+        response_type: type | None,
+        decode: Callable[[bytes], Any] | None = None,
+    ) -> None:
+        """Queues a request; ``decode(data)``, if given, makes its result from the response bytes.
+
+        ``decode`` runs where responses are read, in response order, instead of
+        ``unwrap``; it must raise as ``unwrap`` does for an error or mismatch.
+        """
+        self._items.append(Pending(future, expected, response_type, decode))
 
     def pop(self) -> Pending[F]:
         """The oldest pending request.
@@ -180,6 +192,14 @@ class PendingQueue(Generic[F]):
 
     def complete(self, pending: Pending[F], data: bytes) -> None:
         """Completes one pending request with its response bytes."""
+        if pending.decode is not None:
+            try:
+                result = pending.decode(data)
+            except Exception as exc:  # its own errors, as they are (e.g. from a reward override)
+                self._fail(pending.future, exc)
+            else:
+                self._resolve(pending.future, result)
+            return
         try:
             result = unwrap(data, pending.expected, pending.response_type)
         except errors.DmEnvRpcClientError as exc:

@@ -17,6 +17,7 @@ from dm_env import specs as dm_specs
 from dm_env import test_utils
 
 from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client._decode import ObservationPlan
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
 from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client.connection import Connection, connect
@@ -164,6 +165,7 @@ def test_no_discount_observation_gives_state_based_discount(conn: Connection) ->
     env._has_discount = False
     env._hidden = ["reward"]
     env._uids = [env.observation_manager.name_to_uid(n) for n in ("board", "reward")]
+    env._plan = ObservationPlan(env._wire_specs.observations, env._uids)
     first = env.reset()
     assert first.discount is None
     truncated = env.step({"paddle": 0})

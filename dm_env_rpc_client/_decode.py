@@ -1,0 +1,270 @@
+"""What a server sends, checked against its specs and decoded: one path for every way of stepping.
+
+``ObservationPlan`` is compiled once per set of specs and requested
+observations. Lockstep ``step``, ``step_async``, ``step_iter`` and the batch
+all decode through it, so they accept and refuse the same responses:
+
+- every requested observation must be in the response;
+- no observation UID outside the specs may be;
+- each tensor's payload must be of its spec's dtype (an int64 payload for a
+  float32 spec is refused, not converted), and its shape must fit the spec's
+  (a ``-1`` in the spec fits any length; a one-element payload may broadcast to
+  a fully known shape, as the protocol allows).
+
+A response that breaks these raises ``ObservationError`` (a ``ProtocolError``)
+naming the observation, its UID and, for a run of responses, the position of
+the offending one. Observations the specs have but nobody requested are
+dropped. The checks run on the parsed messages before any payload is decoded
+(a shape of (52428800, 1) for a [2, 3] spec is refused without decoding), and
+cost a few hundred nanoseconds per tensor: a map lookup, ``WhichOneof`` and a
+shape comparison.
+
+``decode`` gives one response's observations; ``columns`` gives a run of
+responses' observations stacked as ``[N, ...]`` arrays, decoding each
+fixed-width observation of all of them with one NumPy call
+(``tensors.stack_tensors``), which is what makes ``step_iter`` and the batch
+cheaper per step than stepping one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._wire_step import WireTensor
+
+_TENSOR_FIELDS = dm_env_rpc_pb2.Tensor.DESCRIPTOR.fields_by_name
+_FIELD_OF_TYPE = {
+    field.number: field.name
+    for field in dm_env_rpc_pb2.Tensor.DESCRIPTOR.oneofs_by_name["payload"].fields
+}
+
+# Scalar payloads read without NumPy's array machinery: the field's one element, as the
+# NumPy scalar unpack_tensor would give.
+_SCALAR_TYPES: dict[str, Any] = {
+    "floats": np.float32,
+    "doubles": np.float64,
+    "int32s": np.int32,
+    "int64s": np.int64,
+    "uint32s": np.uint32,
+    "uint64s": np.uint64,
+    "bools": np.bool_,
+}
+
+_WHERE = "The server's step response{position}"
+_MISSING = (
+    "{where} lacks the requested observation {name!r} (UID {uid}). The server does not "
+    "send what was asked of it: check its step code, or request fewer observations "
+    "(requested_observations=)."
+)
+_UNKNOWN = (
+    "{where} carries observation UID {uid}, which is not in the server's specs (known UIDs: "
+    "{known}). The server's step code and its specs disagree: fix the server."
+)
+_WRONG_DTYPE = (
+    "{where} carries observation {name!r} (UID {uid}) as {actual} but its spec says "
+    "{expected}. The server's step code and its specs disagree: fix the server."
+)
+_WRONG_SHAPE = (
+    "{where} carries observation {name!r} (UID {uid}) with shape {actual} but its spec says "
+    "{expected}. The server's step code and its specs disagree: fix the server."
+)
+_UNREADABLE = (
+    "{where} carries observation {name!r} (UID {uid}), which cannot be decoded ({error}); "
+    "fix the server."
+)
+
+
+def _type_name(data_type: int) -> str:
+    try:
+        name = dm_env_rpc_pb2.DataType.Name(data_type)  # type: ignore[arg-type]
+    except ValueError:
+        return f"DataType {data_type}"
+    dtype = tensors.DATA_TYPE_TO_NUMPY.get(data_type)
+    return name if dtype is None or dtype.kind in "OU" else f"{name} ({dtype.name})"
+
+
+def _fits(spec_shape: tuple[int, ...], shape: Sequence[int]) -> bool:
+    return len(spec_shape) == len(shape) and all(
+        want < 0 or want == got for want, got in zip(spec_shape, shape, strict=True)
+    )
+
+
+class _Column(NamedTuple):
+    name: str
+    uid: int
+    data_type: int
+    field: str | None  # the payload oneof field of data_type
+    shape: tuple[int, ...]
+    shape_list: list[int]  # for a cheap comparison with a message's repeated shape field
+    variable: bool  # the spec has a -1 dimension
+    scalar: Any  # for a scalar spec of a repeated-field payload: the NumPy scalar type
+
+
+class ObservationPlan:
+    """Checks and decodes the requested observations of StepResponses. See the module docs.
+
+    Args:
+      specs: the observation specs, ``{uid: TensorSpec}``.
+      uids: the requested observations' UIDs, in the order to return them.
+    """
+
+    def __init__(self, specs: Mapping[int, dm_env_rpc_pb2.TensorSpec], uids: Sequence[int]) -> None:
+        self._specs = dict(specs)
+        self.columns_spec = [
+            _Column(
+                spec.name,
+                uid,
+                spec.dtype,
+                _FIELD_OF_TYPE.get(spec.dtype),
+                tuple(spec.shape),
+                list(spec.shape),
+                any(dim < 0 for dim in spec.shape),
+                None if spec.shape else _SCALAR_TYPES.get(_FIELD_OF_TYPE.get(spec.dtype, "")),
+            )
+            for uid in uids
+            for spec in [self._specs[uid]]
+        ]
+        self._uids = {column.uid for column in self.columns_spec}
+
+    # --- checks -----------------------------------------------------------------------------
+
+    def _error(self, template: str, position: int | None, column: _Column, **fields: Any) -> Any:
+        where = _WHERE.format(position="" if position is None else f" at position {position}")
+        message = template.format(where=where, name=column.name, uid=column.uid, **fields)
+        return errors.ObservationError(message, column.name, column.uid, position)
+
+    def _tensors(
+        self, observations: Mapping[int, dm_env_rpc_pb2.Tensor], position: int | None
+    ) -> list[dm_env_rpc_pb2.Tensor]:
+        """The requested tensors of one response, in order; raises on a missing or unknown UID."""
+        found = [observations.get(column.uid) for column in self.columns_spec]
+        if len(observations) != len(found) or None in found:
+            for column, tensor in zip(self.columns_spec, found, strict=True):
+                if tensor is None:
+                    raise self._error(_MISSING, position, column)
+            for uid in observations:
+                if uid not in self._specs:
+                    where = _WHERE.format(
+                        position="" if position is None else f" at position {position}"
+                    )
+                    raise errors.ObservationError(
+                        _UNKNOWN.format(where=where, uid=uid, known=sorted(self._specs)),
+                        None,
+                        uid,
+                        position,
+                    )
+        return found  # type: ignore[return-value]
+
+    def _check(self, column: _Column, tensor: Any, position: int | None) -> bool:
+        """Checks one tensor's payload type and declared shape; True if exactly the spec's shape.
+
+        A declared shape with a -1 (inferred from the element count) is checked
+        once decoded (``_unpack``).
+        """
+        which: str | None = tensor.WhichOneof("payload")
+        if which != column.field:
+            actual = "no payload"
+            if which is not None:
+                actual = f"{which} ({_type_name(_TENSOR_FIELDS[which].number)})"
+            raise self._error(
+                _WRONG_DTYPE, position, column, actual=actual, expected=_type_name(column.data_type)
+            )
+        if not column.variable and tensor.shape == column.shape_list:
+            return True
+        shape = list(tensor.shape)
+        if -1 not in shape and not _fits(column.shape, shape):
+            raise self._error(
+                _WRONG_SHAPE, position, column, actual=shape, expected=column.shape_list
+            )
+        return False
+
+    def _unpack(
+        self, column: _Column, tensor: dm_env_rpc_pb2.Tensor, position: int | None, exact: bool
+    ) -> Any:
+        """Decodes one checked tensor; unless ``exact``, checks the decoded shape too."""
+        if exact and column.scalar is not None:
+            array = getattr(tensor, column.field)  # type: ignore[arg-type]
+            if len(array.array) == 1:
+                return column.scalar(array.array[0])
+        if isinstance(tensor, WireTensor):  # exact shape and count, by construction
+            return tensor.array()
+        try:
+            value = tensors.unpack_tensor(tensor)
+        except errors.TensorError as exc:
+            raise self._error(_UNREADABLE, position, column, error=exc) from exc
+        if not exact:
+            shape = getattr(value, "shape", ())
+            if not _fits(column.shape, shape):
+                raise self._error(
+                    _WRONG_SHAPE, position, column, actual=list(shape), expected=column.shape_list
+                )
+        return value
+
+    # --- decoding ---------------------------------------------------------------------------
+
+    def decode(
+        self, observations: Mapping[int, dm_env_rpc_pb2.Tensor], position: int | None = None
+    ) -> dict[str, Any]:
+        """One response's requested observations by (dotted) name, checked.
+
+        Args:
+          observations: ``step_response.observations``.
+          position: the response's position in a run, for error messages.
+
+        Raises:
+          ObservationError: a missing, unknown, mistyped or misshapen observation.
+        """
+        return {
+            column.name: self._unpack(
+                column, tensor, position, self._check(column, tensor, position)
+            )
+            for column, tensor in zip(
+                self.columns_spec, self._tensors(observations, position), strict=True
+            )
+        }
+
+    def columns(self, responses: Sequence[dm_env_rpc_pb2.StepResponse]) -> dict[str, Any]:
+        """Each requested observation of all the responses, by name, checked.
+
+        A column is a ``[N, ...]`` array where every tensor has the spec's exact
+        shape and a fixed-width dtype, else the list of the N decoded values.
+
+        Raises:
+          ObservationError: as ``decode``, naming the offending response's position.
+        """
+        found = [
+            self._tensors(response.observations, position)
+            for position, response in enumerate(responses)
+        ]
+        flat: dict[str, Any] = {}
+        for index, column in enumerate(self.columns_spec):
+            items = [tensors_of[index] for tensors_of in found]
+            exact = True
+            for position, tensor in enumerate(items):
+                exact = self._check(column, tensor, position) and exact
+            stacked = _stack(items, column) if exact else None
+            if stacked is None:
+                flat[column.name] = [
+                    self._unpack(column, tensor, position, exact=False)
+                    for position, tensor in enumerate(items)
+                ]
+            else:
+                flat[column.name] = stacked
+        return flat
+
+
+def _stack(items: Sequence[Any], column: _Column) -> np.ndarray | None:
+    """``[N, *shape]`` from tensors of the spec's exact shape, or None (then one by one)."""
+    if isinstance(items[0], WireTensor) and all(isinstance(item, WireTensor) for item in items):
+        out = np.empty((len(items), *column.shape), tensors.DATA_TYPE_TO_NUMPY[column.data_type])
+        for row, item in zip(out.reshape(len(items), -1), items, strict=True):
+            row[...] = item.view()  # the one copy of each payload
+        return out
+    if any(isinstance(item, WireTensor) for item in items):
+        return None
+    return tensors.stack_tensors(items, column.data_type, column.shape)

@@ -1,0 +1,191 @@
+"""Large StepResponses read from their wire bytes, so a big payload is copied once.
+
+Parsing an ``EnvironmentResponse`` copies every payload into the protobuf
+message, and reading a numeric payload back out as an array copies it again
+(the message's field has no buffer to view). For a 400 KB observation those two
+copies cost more than the rest of the step. ``read_step(data)`` instead walks
+the response's bytes: each large fixed-width (float, double) or byte (int8,
+uint8) payload becomes a ``WireTensor`` that points into ``data``, and is
+copied once, by NumPy, into the array the user gets (aligned and writable).
+Every other tensor of the response is parsed as usual, from its own bytes.
+
+Responses under ``LARGE`` bytes, and any response in an encoding the walk does
+not expect (an error, another payload, unknown or repeated fields, unpacked
+repeated values, a shape with -1 or a broadcast), are parsed by protobuf as
+before (``messages.unwrap``), so the result and every error are the same.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dm_env_rpc_client import messages
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+
+LARGE = 64 * 1024  # responses from this size on are walked; smaller ones protobuf parses faster
+_SMALL_TENSOR = 4096  # tensors under this size inside a walked response are parsed as usual
+
+_STEP_TAG = 3 << 3 | 2  # EnvironmentResponse.step
+_STATE_TAG = 1 << 3  # StepResponse.state (varint)
+_OBSERVATION_TAG = 2 << 3 | 2  # StepResponse.observations map entry
+_KEY_TAG = 1 << 3  # map entry key (varint)
+_VALUE_TAG = 2 << 3 | 2  # map entry value (Tensor)
+_SHAPE_TAG = 15 << 3 | 2  # Tensor.shape, packed
+_ARRAY_TAG = 1 << 3 | 2  # XxxArray.array (packed or bytes)
+
+# Tensor payload field number -> (field name, wire dtype, native dtype).
+_WALKED: dict[int, tuple[str, np.dtype, np.dtype]] = {
+    1: ("floats", np.dtype("<f4"), np.dtype(np.float32)),
+    2: ("doubles", np.dtype("<f8"), np.dtype(np.float64)),
+    3: ("int8s", np.dtype(np.int8), np.dtype(np.int8)),
+    6: ("uint8s", np.dtype(np.uint8), np.dtype(np.uint8)),
+}
+
+
+class _Unexpected(Exception):
+    """The bytes are not in the layout the walk reads; protobuf parses them instead."""
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise _Unexpected
+
+
+class WireTensor:
+    """A fixed-width or byte Tensor payload still in the response's bytes.
+
+    Answers what ``ObservationPlan`` asks of a Tensor (``WhichOneof`` and
+    ``shape``); ``array()`` copies the payload out once. Only made for an exact,
+    fully known shape whose element count matches the payload.
+    """
+
+    __slots__ = ("_data", "_native", "_offset", "_wire", "count", "field", "shape")
+
+    def __init__(
+        self, data: bytes, field: str, wire: np.dtype, native: np.dtype, offset: int, count: int
+    ) -> None:
+        self._data = data
+        self.field = field
+        self._wire = wire
+        self._native = native
+        self._offset = offset
+        self.count = count
+        self.shape: list[int] = []
+
+    def WhichOneof(self, oneof: str) -> str:  # the protobuf Message method it stands in for
+        del oneof
+        return self.field
+
+    def view(self) -> np.ndarray:
+        """A read-only view of the payload in the response's bytes (no copy)."""
+        return np.frombuffer(self._data, self._wire, self.count, self._offset)
+
+    def array(self) -> np.ndarray:
+        """The payload as a fresh, aligned, writable array of the tensor's shape (one copy)."""
+        flat = np.empty(self.count, self._native)
+        flat[...] = self.view()
+        return flat.reshape(self.shape)
+
+
+class WireStep(NamedTuple):
+    """What the adaptor reads of a StepResponse: its state and its observations by UID."""
+
+    state: int
+    observations: dict[int, Any]
+
+
+def read_step(data: bytes) -> Any:
+    """The StepResponse in ``data`` (EnvironmentResponse bytes): a ``WireStep`` or a message.
+
+    Raises:
+      DmEnvRpcError: the server answered with an error.
+      ProtocolError: the response is not a step response.
+    """
+    if len(data) >= LARGE:
+        try:
+            return _walk(data)
+        except (_Unexpected, IndexError):
+            pass
+    return messages.unwrap(data, "step")
+
+
+def _walk(data: bytes) -> WireStep:
+    if data[0] != _STEP_TAG:
+        raise _Unexpected
+    length, pos = _varint(data, 1)
+    end = pos + length
+    if end != len(data):
+        raise _Unexpected
+    state = 0
+    observations: dict[int, Any] = {}
+    while pos < end:
+        tag = data[pos]
+        if tag == _STATE_TAG:
+            state, pos = _varint(data, pos + 1)
+        elif tag == _OBSERVATION_TAG:
+            length, pos = _varint(data, pos + 1)
+            entry_end = pos + length
+            if data[pos] != _KEY_TAG:
+                raise _Unexpected
+            uid, pos = _varint(data, pos + 1)
+            if data[pos] != _VALUE_TAG or uid in observations:
+                raise _Unexpected
+            length, pos = _varint(data, pos + 1)
+            if pos + length != entry_end:
+                raise _Unexpected
+            observations[uid] = _tensor(data, pos, entry_end)
+            pos = entry_end
+        else:
+            raise _Unexpected
+    if pos != end:
+        raise _Unexpected
+    return WireStep(state, observations)
+
+
+def _tensor(data: bytes, start: int, end: int) -> Any:
+    """The Tensor in ``data[start:end]``: a ``WireTensor`` for a large payload, else parsed."""
+    if end - start < _SMALL_TENSOR or data[start] >> 3 not in _WALKED:
+        return dm_env_rpc_pb2.Tensor.FromString(data[start:end])
+    field, wire, native = _WALKED[data[start] >> 3]
+    if data[start] & 7 != 2:
+        raise _Unexpected
+    length, pos = _varint(data, start + 1)
+    payload_end = pos + length
+    body, body_length = pos, 0
+    if pos < payload_end:  # an empty array has no field 1 at all
+        if data[pos] != _ARRAY_TAG:
+            raise _Unexpected
+        body_length, body = _varint(data, pos + 1)
+        if body + body_length != payload_end:
+            raise _Unexpected
+    shape: list[int] = []
+    pos = payload_end
+    if pos < end:
+        if data[pos] != _SHAPE_TAG:
+            raise _Unexpected
+        length, pos = _varint(data, pos + 1)
+        shape_end = pos + length
+        while pos < shape_end:
+            dim, pos = _varint(data, pos)
+            if dim >= 1 << 31:  # a negative int32 (-1: inferred): left to protobuf
+                raise _Unexpected
+            shape.append(dim)
+        if pos != end:
+            raise _Unexpected
+    count, remainder = divmod(body_length, wire.itemsize)
+    if remainder or count != math.prod(shape):  # a broadcast or a bad count: left to protobuf
+        raise _Unexpected
+    tensor = WireTensor(data, field, wire, native, body, count)
+    tensor.shape = shape
+    return tensor

@@ -1,0 +1,163 @@
+"""Observations a server sends are checked against its specs, the same way on every path.
+
+A faulty raw-gRPC server (``faulty_server``) answers the first two steps
+correctly, then breaks its specs in one way per test: a requested observation
+missing, an unknown UID, an int64 payload for a float32 spec, a shape of
+(52428800, 1) for a [2, 3] spec. Lockstep ``step``, ``step_async``, ``step_iter``
+(one at a time and several decoded together) and the batch must all raise an
+``ObservationError`` naming the observation; the good steps before it arrive.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dm_env_rpc_client as dmr
+from dm_env_rpc_client import errors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
+from dm_env_rpc_client.batched import BatchedEnvironment
+from tests.faulty_server import faulty_server
+
+PADDLE, BOARD, REWARD = 1, 2, 3
+GOOD_STEPS = 2  # the reset's first step and one more
+
+
+def _specs() -> pb.ActionObservationSpecs:
+    specs = pb.ActionObservationSpecs()
+    specs.actions[PADDLE].CopyFrom(pb.TensorSpec(name="paddle", shape=[], dtype=pb.DataType.INT8))
+    specs.observations[BOARD].CopyFrom(
+        pb.TensorSpec(name="board", shape=[2, 3], dtype=pb.DataType.FLOAT)
+    )
+    specs.observations[REWARD].CopyFrom(
+        pb.TensorSpec(name="reward", shape=[], dtype=pb.DataType.FLOAT)
+    )
+    return specs
+
+
+def _good(count: int) -> pb.StepResponse:
+    response = pb.StepResponse(state=pb.EnvironmentStateType.RUNNING)
+    board = response.observations[BOARD]
+    board.shape[:] = [2, 3]
+    board.floats.array[:] = [float(count)] * 6
+    reward = response.observations[REWARD]
+    reward.floats.array[:] = [0.5]
+    return response
+
+
+def _missing(response: pb.StepResponse) -> None:
+    del response.observations[BOARD]
+
+
+def _unknown(response: pb.StepResponse) -> None:
+    response.observations[99].floats.array[:] = [1.0]
+
+
+def _int64(response: pb.StepResponse) -> None:
+    board = response.observations[BOARD]
+    board.ClearField("floats")
+    board.int64s.array[:] = [1] * 6
+
+
+def _huge_shape(response: pb.StepResponse) -> None:
+    board = response.observations[BOARD]
+    board.shape[:] = [52428800, 1]  # the payload is not that large: refused before decoding
+
+
+def _few_elements(response: pb.StepResponse) -> None:
+    del response.observations[BOARD].floats.array[5:]
+
+
+FAULTS: dict[str, tuple[Callable[[pb.StepResponse], None], str]] = {
+    "missing": (_missing, "lacks the requested observation 'board'"),
+    "unknown uid": (_unknown, "observation UID 99, which is not in the server's specs"),
+    "int64 for float32": (_int64, "'board' (UID 2) as int64s (INT64 (int64)) but its spec"),
+    "huge shape": (_huge_shape, "'board' (UID 2) with shape [52428800, 1] but its spec"),
+    "too few elements": (_few_elements, "'board' (UID 2), which cannot be decoded"),
+}
+
+
+@pytest.fixture(params=list(FAULTS))
+def fault(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    breaks, message = FAULTS[request.param]
+
+    def step(_: pb.StepRequest, count: int) -> pb.StepResponse:
+        response = _good(count)
+        if count >= GOOD_STEPS:
+            breaks(response)
+        return response
+
+    with faulty_server(_specs(), step) as address:
+        yield address, message
+
+
+def _check(error: BaseException, message: str) -> None:
+    assert isinstance(error, errors.ObservationError), repr(error)
+    assert isinstance(error, errors.ProtocolError)
+    assert not isinstance(error, errors.EmptyTensorError)
+    assert message in str(error), str(error)
+    assert "fix the server" in str(error) or "request fewer" in str(error)
+
+
+@pytest.fixture
+def env(fault: tuple[str, str]) -> Iterator[Any]:
+    address, _ = fault
+    with dmr.connect(address, timeout=10) as conn:
+        env, _ = dmr.create_and_join_world(conn, timeout=10)
+        first = env.reset()
+        assert first.first() and first.observation["board"].shape == (2, 3)
+        yield env
+
+
+def test_lockstep_step(env: Any, fault: tuple[str, str]) -> None:
+    assert env.step({"paddle": 1}).observation["board"][0, 0] == 1.0
+    with pytest.raises(errors.ObservationError) as caught:
+        env.step({"paddle": 1})
+    _check(caught.value, fault[1])
+    assert caught.value.position is None
+
+
+def test_step_async(env: Any, fault: tuple[str, str]) -> None:
+    good, bad = env.step_async({"paddle": 1}), env.step_async({"paddle": 1})
+    assert good.result(timeout=10).observation["board"][0, 0] == 1.0
+    with pytest.raises(errors.ObservationError) as caught:
+        bad.result(timeout=10)
+    _check(caught.value, fault[1])
+
+
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_step_iter(env: Any, fault: tuple[str, str], in_flight: int) -> None:
+    received = []
+    with pytest.raises(errors.ObservationError) as caught:
+        for timestep in env.step_iter([{"paddle": 1}] * 6, in_flight=in_flight):
+            received.append(timestep)
+    _check(caught.value, fault[1])
+    # The good step before the bad one is delivered, whether decoded alone or in a run.
+    assert [float(t.observation["board"][0, 0]) for t in received] == [1.0]
+
+
+def test_batch(fault: tuple[str, str]) -> None:
+    address, message = fault
+    with BatchedEnvironment.connect([address, address], timeout=10) as envs:
+        assert envs.reset().observation["board"].shape == (2, 2, 3)
+        assert envs.step({"paddle": np.zeros(2, np.int8)}).observation["board"][
+            :, 0, 0
+        ].tolist() == [
+            1.0,
+            1.0,
+        ]
+        with pytest.raises(errors.WorldError) as caught:
+            envs.step({"paddle": np.zeros(2, np.int8)})
+    assert caught.value.index in (0, 1)
+    _check(caught.value.__cause__, message)  # type: ignore[arg-type]
+    assert "board" in str(caught.value) or "99" in str(caught.value)
+
+
+def test_observation_error_pickles() -> None:
+    error = errors.ObservationError("bad board", "board", 2, 3)
+    clone = pickle.loads(pickle.dumps(error))
+    assert (str(clone), clone.name, clone.uid, clone.position) == ("bad board", "board", 2, 3)
