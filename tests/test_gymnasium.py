@@ -198,6 +198,20 @@ def test_zoo_samples_are_accepted_and_observations_fit(zoo_server: Server) -> No
     env.close()
 
 
+def test_actions_left_out_are_left_to_the_server(zoo_server: Server) -> None:
+    env = GymnasiumEnv(
+        address=zoo_server.address,
+        requested_observations=["act.i8", "act.text"],
+        actions=["i8", "arm.grip"],
+    )
+    assert set(env.action_space.spaces) == {"i8", "arm"}
+    env.reset()
+    observation, *_ = env.step({"i8": np.int8(-3), "arm": {"grip": np.uint8(1)}})
+    assert observation["act"]["i8"] == -3
+    assert observation["act"]["text"] == ""  # the server's default for an action left out
+    env.close()
+
+
 def test_zoo_without_requested_observations_names_the_tensor(zoo_server: Server) -> None:
     with pytest.raises(errors.SpecError, match="'(strings|ragged|proto)'.*requested_observations"):
         GymnasiumEnv(address=zoo_server.address)
@@ -552,8 +566,10 @@ def test_a_bad_action_batch_sends_nothing(catch_server: Server) -> None:
         {"wheel": np.zeros(3, np.int8)},  # no paddle
     ]
     for actions in bad:
-        with pytest.raises(errors.SpecValidationError, match="'paddle'"):
+        with pytest.raises(errors.SpecValidationError, match="'paddle'") as info:
             envs.step(actions)
+        if "paddle" in actions:
+            assert f"{actions['paddle'].dtype} {actions['paddle'].shape}" in str(info.value)
         assert envs.batch.pending() == 0
     _, rewards, *_ = envs.step({"paddle": np.zeros(3, np.int8)})
     assert rewards.shape == (3,)

@@ -41,7 +41,8 @@ _NUM_ENVS = "num_envs={num_envs} but the BatchedEnvironment has {count} worlds."
 _SEEDS = "reset(seed=) takes an int or one seed per world ({count}), not {seed!r}."
 _BAD_ACTION = (
     "Action {name!r} does not fit the batched action space {space} (one row per world, "
-    "{count} worlds): got {value!r}. Sample from envs.action_space to see a fitting value."
+    "{count} worlds): got {value}. Pass values of that dtype (cast with .astype), shape and "
+    "bounds; envs.action_space.sample() shows one."
 )
 _SEED_REFUSED = (
     "World {index} refused the reset setting {name!r} ({error}); resets are not seeded on the "
@@ -249,8 +250,13 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             if isinstance(space, gymnasium.spaces.Tuple) and isinstance(value, (list, np.ndarray)):
                 value = tuple(value)
             if not space.contains(value):
+                shown = (
+                    f"{value.dtype} {value.shape} {value!r}"
+                    if isinstance(value, np.ndarray)
+                    else repr(value)
+                )
                 raise errors.SpecValidationError(
-                    _BAD_ACTION.format(name=name, space=space, count=self.num_envs, value=value)
+                    _BAD_ACTION.format(name=name, space=space, count=self.num_envs, value=shown)
                 )
         self._batch.send(sdk_actions, self._ids)
         self._waiting = True
