@@ -15,6 +15,15 @@ the command line and the embedded server.
 from dm_env_rpc_client._foreign import ForeignConnection, create_secure_channel_and_connect
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
+from dm_env_rpc_client.aio_environment import (
+    AsyncDmEnvAdaptor,
+    create_and_join_world_async,
+    create_world_async,
+    destroy_world_async,
+    join_world_async,
+    leave_world_async,
+    reset_world_async,
+)
 from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
 from dm_env_rpc_client.cli import main as cli_main
 from dm_env_rpc_client.connection import (
@@ -96,6 +105,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncConnection",
+    "AsyncDmEnvAdaptor",
     "BatchedEnvironment",
     "BatchedTimeStep",
     "Bounds",
@@ -148,22 +158,28 @@ __all__ = [
     "connect",
     "connect_async",
     "create_and_join_world",
+    "create_and_join_world_async",
     "create_secure_channel_and_connect",
     "create_world",
+    "create_world_async",
     "data_type_to_np_type",
     "destroy_world",
+    "destroy_world_async",
     "dm_env_rpc_pb2",
     "dm_env_spec_to_tensor_spec",
     "get_tensor_type",
     "iter_episodes",
     "join_world",
+    "join_world_async",
     "leave_world",
+    "leave_world_async",
     "load_episode",
     "np_type_to_data_type",
     "pack_tensor",
     "properties_pb2",
     "random_action",
     "reset_world",
+    "reset_world_async",
     "serve",
     "set_bounds",
     "show",

@@ -19,8 +19,10 @@ reference package passes a server's discount through on FIRST). Override
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dm_env
@@ -84,6 +86,39 @@ def pack_settings(settings: Mapping[str, Any] | None) -> dict[str, dm_env_rpc_pb
     if not settings:
         return {}
     return {key: tensors.pack_tensor(value) for key, value in specs.flatten(settings).items()}
+
+
+_UNKNOWN_KEYWORD = (
+    "{caller}() got an unexpected keyword argument {name!r}{suggestion}. "
+    "It takes the DmEnvAdaptor keywords: {known}."
+)
+# What the helpers set themselves, never from adaptor_kwargs.
+_HELPER_SET = ("connection", "specs", "world_name", "destroy_on_close")
+
+
+def check_adaptor_kwargs(caller: str, adaptor_kwargs: Mapping[str, Any], adaptor: type) -> None:
+    """Refuses keywords ``adaptor`` does not take, before anything is sent.
+
+    Args:
+      caller: the world helper's name, for the message.
+      adaptor_kwargs: the keywords given for the adaptor.
+      adaptor: the adaptor class they go to.
+
+    Raises:
+      TypeError: naming the keyword, the closest known one, and all of them.
+    """
+    known = [name for name in inspect.signature(adaptor).parameters if name not in _HELPER_SET]
+    for name in adaptor_kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            raise TypeError(
+                _UNKNOWN_KEYWORD.format(
+                    caller=caller,
+                    name=name,
+                    suggestion=f" (did you mean {close[0]!r}?)" if close else "",
+                    known=", ".join(known),
+                )
+            )
 
 
 class AdaptorCore:
@@ -192,6 +227,31 @@ class AdaptorCore:
             observations = specs.unflatten(observations)
         return dm_env.TimeStep(step_type, reward, discount, observations)
 
+    def _run_timesteps(
+        self, responses: Sequence[dm_env_rpc_pb2.StepResponse], decoder: Any
+    ) -> Iterator[dm_env.TimeStep]:
+        """The TimeSteps of a run of consecutive responses, in request order.
+
+        Moves the state machine on by all of them first; a run of several is
+        decoded at once by ``decoder`` (a ``_stacked.StackedDecoder`` of this
+        adaptor). If a response contradicts the specs, the steps before it are
+        yielded, then its ``ObservationError`` is raised.
+        """
+        step_types = [self._advance(response.state) for response in responses]
+        if len(responses) == 1:
+            yield self._timestep(step_types[0], responses[0])
+            return
+        try:
+            columns = decoder.columns(responses)
+        except errors.ObservationError as exc:
+            good = exc.position or 0  # the steps before the offending one are delivered
+            for step_type, response in zip(step_types[:good], responses[:good], strict=True):
+                yield self._timestep(step_type, response)
+            raise
+        for index, (step_type, response) in enumerate(zip(step_types, responses, strict=True)):
+            observations = {name: column[index] for name, column in columns.items()}
+            yield self._timestep_of(step_type, response.state, observations)
+
     def reward(
         self, state: int, step_type: dm_env.StepType, observations: Mapping[str, Any]
     ) -> Any:
@@ -268,6 +328,16 @@ class AdaptorCore:
                 return spec
             return dm_specs.BoundedArray(spec.shape, spec.dtype, 0.0, 1.0, name=DISCOUNT)
         return dm_specs.BoundedArray((), np.float64, 0.0, 1.0, name=DISCOUNT)
+
+    def __repr__(self) -> str:
+        address = getattr(getattr(self, "_connection", None), "address", None)
+        actions = ", ".join(self._actions.names())
+        observations = ", ".join(self._visible)
+        state = "closed" if self._closed else "open"
+        return (
+            f"{type(self).__name__}(world={self.world_name!r}, address={address!r}, {state}, "
+            f"actions=[{actions}], observations=[{observations}])"
+        )
 
     @property
     def action_manager(self) -> specs.SpecManager:

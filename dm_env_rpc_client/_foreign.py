@@ -37,12 +37,13 @@ _NOT_A_CONNECTION = (
     "package's send(request) method{address}; got {type_name}.{hint}"
 )
 _AWAITABLE_HINT = (
-    " It is a coroutine or another awaitable (a missing `await`?); a sync environment "
-    "needs a sync connection: dmr.connect(address)."
+    " It is a coroutine or another awaitable (a missing `await`?). For asyncio use "
+    "`env, name = await dmr.create_and_join_world_async(address_or_async_connection, ...)`."
 )
 _ASYNC_HINT = (
-    " An AsyncConnection takes raw requests (`await conn.send(request)`); a sync "
-    "environment needs a sync connection: dmr.connect(address)."
+    " An AsyncConnection needs the asyncio environment: "
+    "`env, name = await dmr.create_and_join_world_async(conn, ...)`; or connect with "
+    "dmr.connect(address) for this sync one."
 )
 _STREAM_BROKE = "The wrapped connection's stream broke ({code}: {details})."
 

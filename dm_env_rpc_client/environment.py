@@ -27,8 +27,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import difflib
-import inspect
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -41,6 +39,7 @@ from dm_env_rpc_client._adaptor_core import (
     REWARD,
     AdaptorCore,
     State,
+    check_adaptor_kwargs,
     pack_settings,
 )
 from dm_env_rpc_client._foreign import as_connection
@@ -233,20 +232,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         responses = [wait_response(future, self._timeout, request)]
         while window and window[0][1].done() and window[0][1].exception() is None:
             responses.append(window.popleft()[1].result())
-        step_types = [self._advance(response.state) for response in responses]
-        if len(responses) == 1:
-            yield self._timestep(step_types[0], responses[0])
-            return
-        try:
-            columns = decoder.columns(responses)
-        except errors.ObservationError as exc:
-            good = exc.position or 0  # the steps before the offending one are delivered
-            for step_type, response in zip(step_types[:good], responses[:good], strict=True):
-                yield self._timestep(step_type, response)
-            raise
-        for index, (step_type, response) in enumerate(zip(step_types, responses, strict=True)):
-            observations = {name: column[index] for name, column in columns.items()}
-            yield self._timestep_of(step_type, response.state, observations)
+        yield from self._run_timesteps(responses, decoder)
 
     @property
     def connection(self) -> ConnectionLike:
@@ -286,16 +272,6 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             if self._owns_connection:
                 self._connection.close()
 
-    def __repr__(self) -> str:
-        address = getattr(self._connection, "address", None)
-        actions = ", ".join(self._actions.names())
-        observations = ", ".join(self._visible)
-        state = "closed" if self._closed else "open"
-        return (
-            f"DmEnvAdaptor(world={self.world_name!r}, address={address!r}, {state}, "
-            f"actions=[{actions}], observations=[{observations}])"
-        )
-
     def _repr_html_(self) -> str:
         from dm_env_rpc_client import display  # presentation: only when rendered
 
@@ -308,33 +284,6 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
 
 
 # --- world helpers -----------------------------------------------------------------------------
-
-_UNKNOWN_KEYWORD = (
-    "{caller}() got an unexpected keyword argument {name!r}{suggestion}. "
-    "It takes the DmEnvAdaptor keywords: {known}."
-)
-# What the helpers set themselves, never from adaptor_kwargs.
-_HELPER_SET = ("self", "connection", "specs", "world_name", "destroy_on_close")
-
-
-def _check_adaptor_kwargs(caller: str, adaptor_kwargs: Mapping[str, Any]) -> None:
-    """Refuses misspelled adaptor keywords before anything is sent (TypeError)."""
-    known = [
-        name
-        for name in inspect.signature(DmEnvAdaptor.__init__).parameters
-        if name not in _HELPER_SET
-    ]
-    for name in adaptor_kwargs:
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            raise TypeError(
-                _UNKNOWN_KEYWORD.format(
-                    caller=caller,
-                    name=name,
-                    suggestion=f" (did you mean {close[0]!r}?)" if close else "",
-                    known=", ".join(known),
-                )
-            )
 
 
 def _open(
@@ -405,7 +354,7 @@ def join_world(
       UnknownNameError: a requested observation the world does not have.
       DmEnvRpcError: the server refused the join.
     """
-    _check_adaptor_kwargs("join_world", adaptor_kwargs)
+    check_adaptor_kwargs("join_world", adaptor_kwargs, DmEnvAdaptor)
     timeout = adaptor_kwargs.get("timeout")
     conn, owned = _open(connection, "join_world", timeout)
     try:
@@ -469,7 +418,7 @@ def create_and_join_world(
       UnknownNameError: a requested observation the world does not have.
       DmEnvRpcError: the server refused the create or the join.
     """
-    _check_adaptor_kwargs("create_and_join_world", adaptor_kwargs)
+    check_adaptor_kwargs("create_and_join_world", adaptor_kwargs, DmEnvAdaptor)
     timeout = adaptor_kwargs.get("timeout")
     conn, owned = _open(connection, "create_and_join_world", timeout)
     try:
