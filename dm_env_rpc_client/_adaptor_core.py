@@ -34,6 +34,11 @@ from dm_env_rpc_client._decode import ObservationPlan
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
 State = dm_env_rpc_pb2.EnvironmentStateType
+# Plain ints and StepTypes for the per-step state machine (the enum wrapper's attribute
+# lookups cost more than the rest of it).
+_RUNNING = int(State.RUNNING)
+_ENDED = (int(State.TERMINATED), int(State.INTERRUPTED))
+_FIRST, _MID, _LAST = dm_env.StepType.FIRST, dm_env.StepType.MID, dm_env.StepType.LAST
 REWARD = "reward"
 DISCOUNT = "discount"
 
@@ -194,16 +199,14 @@ class AdaptorCore:
         """Moves the state machine on by one response's state; returns its step type."""
         with self._lock:
             before = self._last_state
-            if state == State.RUNNING:
-                step_type = (
-                    dm_env.StepType.MID if before == State.RUNNING else dm_env.StepType.FIRST
-                )
-            elif state in (State.TERMINATED, State.INTERRUPTED):
-                if before != State.RUNNING:
+            if state == _RUNNING:
+                step_type = _MID if before == _RUNNING else _FIRST
+            elif state in _ENDED:
+                if before != _RUNNING:
                     raise errors.ProtocolError(
                         _BAD_TRANSITION.format(before=_state_name(before), after=_state_name(state))
                     )
-                step_type = dm_env.StepType.LAST
+                step_type = _LAST
             else:
                 raise errors.ProtocolError(_INVALID_STATE.format(state=state))
             self._last_state = state

@@ -28,6 +28,7 @@ cheaper per step than stepping one at a time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -54,6 +55,9 @@ _SCALAR_TYPES: dict[str, Any] = {
     "uint64s": np.uint64,
     "bools": np.bool_,
 }
+
+# Fixed-width payload fields: the little-endian wire dtype of their packed array.
+_FIXED_WIRE: dict[str, np.dtype] = {"floats": np.dtype("<f4"), "doubles": np.dtype("<f8")}
 
 _WHERE = "The server's step response{position}"
 _MISSING = (
@@ -103,6 +107,7 @@ class _Column(NamedTuple):
     shape_list: list[int]  # for a cheap comparison with a message's repeated shape field
     variable: bool  # the spec has a -1 dimension
     scalar: Any  # for a scalar spec of a repeated-field payload: the NumPy scalar type
+    fixed: tuple[np.dtype, np.dtype, int, int] | None  # (wire, native, count, serialized size)
 
 
 class ObservationPlan:
@@ -125,6 +130,7 @@ class ObservationPlan:
                 list(spec.shape),
                 any(dim < 0 for dim in spec.shape),
                 None if spec.shape else _SCALAR_TYPES.get(_FIELD_OF_TYPE.get(spec.dtype, "")),
+                _fixed(spec),
             )
             for uid in uids
             for spec in [self._specs[uid]]
@@ -193,6 +199,13 @@ class ObservationPlan:
                 return column.scalar(array.array[0])
         if isinstance(tensor, WireTensor):  # exact shape and count, by construction
             return tensor.array()
+        if exact and column.fixed is not None:
+            # The packed array's bytes follow a tag and a length: read them at their offset.
+            wire, native, count, size = column.fixed
+            serialized = getattr(tensor, column.field).SerializeToString()  # type: ignore[arg-type]
+            if len(serialized) == size and count:
+                flat = np.frombuffer(serialized, wire, count, size - count * wire.itemsize)
+                return flat.astype(native).reshape(column.shape)
         try:
             value = tensors.unpack_tensor(tensor)
         except errors.TensorError as exc:
@@ -256,6 +269,19 @@ class ObservationPlan:
             else:
                 flat[column.name] = stacked
         return flat
+
+
+def _fixed(spec: dm_env_rpc_pb2.TensorSpec) -> tuple[np.dtype, np.dtype, int, int] | None:
+    """For a fixed-width spec of a known shape: wire and native dtypes, count, serialized size."""
+    wire = _FIXED_WIRE.get(_FIELD_OF_TYPE.get(spec.dtype, ""))
+    if wire is None or any(dim < 0 for dim in spec.shape):
+        return None
+    count = math.prod(spec.shape)
+    body = count * wire.itemsize
+    length = 1  # the bytes of the body's length varint
+    while body >> (7 * length):
+        length += 1
+    return wire, tensors.DATA_TYPE_TO_NUMPY[spec.dtype], count, 1 + length + body
 
 
 def _stack(items: Sequence[Any], column: _Column) -> np.ndarray | None:

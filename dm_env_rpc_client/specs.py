@@ -220,7 +220,9 @@ class SpecManager:
         dtype = compiled.dtype
         if not self._validate:
             return tensors.pack_tensor(value, dtype)
-        if type(value) in compiled.scalar_types:  # a Python number for a scalar spec
+        kind = type(value)
+        # A Python number, or a NumPy scalar of the spec's own dtype, for a scalar spec.
+        if kind in compiled.scalar_types or (compiled.scalar_types and kind is dtype.type):
             limits = compiled.scalar_limits
             if limits is None or limits[0] <= value <= limits[1]:
                 return tensors.pack_tensor(np.array(value, dtype))

@@ -296,6 +296,42 @@ def test_python_scalars_fast_path_agrees_with_the_general_checks(
     assert outcome(fast) == outcome(general)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "values"),
+    [
+        (DataType.INT8, [-128, -6, -5, 0, 100, 101, 127]),
+        (DataType.UINT8, [0, 1, 100, 101, 255]),
+        (DataType.INT64, [-(2**63), -6, -5, 100, 101, 2**63 - 1]),
+        (DataType.UINT64, [0, 100, 101, 2**64 - 1]),
+        (DataType.FLOAT, [float("nan"), float("inf"), -float("inf"), -5.0, 100.0, 100.5, 3e38]),
+        (DataType.DOUBLE, [float("nan"), -5.5, -5.0, 100.0, 1e300]),
+        (DataType.BOOL, [True, False]),
+    ],
+)
+@pytest.mark.parametrize("bounded", [False, True])
+def test_numpy_scalars_of_the_spec_dtype_take_the_fast_path_with_the_same_outcome(
+    dtype: int, values: list, bounded: bool
+) -> None:
+    low, high = (-5, 100) if bounded and dtype != DataType.BOOL else (None, None)
+    if bounded and dtype in (DataType.UINT8, DataType.UINT64):
+        low = 0
+    spec = _spec("x", dtype, (), low, high)
+    fast = specs.SpecManager({1: spec}, kind="action")
+    general = specs.SpecManager({1: spec}, kind="action")
+    general._by_name["x"] = general._by_name["x"]._replace(scalar_types=())
+    numpy_type = tensors.DATA_TYPE_TO_NUMPY[dtype].type
+
+    def outcome(manager: specs.SpecManager, value: object) -> object:
+        try:
+            return manager.pack({"x": value})[1].SerializeToString()
+        except errors.SpecValidationError as exc:
+            return str(exc)
+
+    for value in values:
+        scalar = numpy_type(value)
+        assert outcome(fast, scalar) == outcome(general, scalar), scalar
+
+
 def test_floats_a_float32_spec_cannot_hold_are_refused(manager: specs.SpecManager) -> None:
     with pytest.raises(errors.SpecValidationError, match=r"float32 cannot hold it"):
         manager.pack({"arm.joint": np.array([0.0, -1e300])})
