@@ -1,13 +1,17 @@
-"""argparse value types shared by the command line programs.
+"""argparse value types and checks shared by the command line programs.
 
-Each raises ``argparse.ArgumentTypeError`` with a message that says what a
-good value looks like; argparse names the flag and exits with code 2.
+Each type raises ``argparse.ArgumentTypeError`` with a message that says what
+a good value looks like; argparse names the flag and exits with code 2.
+Checks made after parsing raise ``UsageError``, which the programs print as
+one line and exit with code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+_BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
 
 SETTING_HELP = (
     "KEY=VALUE; repeat the flag for more. Values parse as int, float, true/false, "
@@ -65,3 +69,22 @@ def parse_setting(text: str) -> tuple[str, Any]:
             except ValueError:
                 continue
     return key, value
+
+
+class UsageError(Exception):
+    """A bad flag value or combination found after parsing: one line, exit code 2."""
+
+
+def read_pem(path: str | None, flag: str) -> bytes | None:
+    """The bytes of the PEM file given to ``flag`` (None when not given).
+
+    Raises:
+      UsageError: the file cannot be read; names the flag.
+    """
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise UsageError(_BAD_FILE.format(flag=flag, error=exc)) from exc

@@ -40,9 +40,11 @@ import grpc
 from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._args import (
     SETTING_HELP,
+    UsageError,
     parse_setting,
     positive_float,
     positive_int,
+    read_pem,
 )
 from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
@@ -80,11 +82,6 @@ _WORLD_COUNT = (
     "--world names {names} worlds but --num-envs asks for {count}; give one name per world."
 )
 _WORLD_CREATE = "--world joins existing worlds: --create-setting does not apply to them."
-_BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
-
-
-class UsageError(Exception):
-    """A bad combination of arguments: printed as one line, exit code 2."""
 
 
 def _settings(pairs: Sequence[tuple[str, Any]] | None) -> dict[str, Any]:
@@ -103,16 +100,6 @@ def _record_folder(text: str) -> str:
 # --- connecting -------------------------------------------------------------------------
 
 
-def _read_pem(path: str | None, flag: str) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as file:
-            return file.read()
-    except OSError as exc:
-        raise UsageError(_BAD_FILE.format(flag=flag, error=exc)) from exc
-
-
 def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """credentials / insecure / options for the SDK, from the TLS flags."""
     tls = bool(args.tls or args.root_certificates or args.certificate or args.private_key)
@@ -124,9 +111,9 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     credentials = None
     if tls:
         credentials = grpc.ssl_channel_credentials(
-            root_certificates=_read_pem(args.root_certificates, "--root-certificates"),
-            private_key=_read_pem(args.private_key, "--private-key"),
-            certificate_chain=_read_pem(args.certificate, "--certificate"),
+            root_certificates=read_pem(args.root_certificates, "--root-certificates"),
+            private_key=read_pem(args.private_key, "--private-key"),
+            certificate_chain=read_pem(args.certificate, "--certificate"),
         )
     return {"credentials": credentials, "insecure": args.insecure, "options": options or None}
 

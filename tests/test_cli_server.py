@@ -115,3 +115,16 @@ def test_the_child_server_dies_with_run(stop: int) -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_an_unreadable_tls_file_names_its_flag(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dm_env_rpc_client import cli
+
+    missing = str(tmp_path / "missing.pem")
+    assert cli.main(["serve", "--certificate", missing, "--private-key", missing]) == 2
+    assert "error: cannot read the --private-key file" in capsys.readouterr().err
+    run = ["run", "--address", "127.0.0.1:1", "--root-certificates", missing]
+    assert cli.main(run) == 2
+    assert "cannot read the --root-certificates file" in capsys.readouterr().err

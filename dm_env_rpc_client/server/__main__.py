@@ -27,7 +27,7 @@ from typing import Any
 import dm_env
 import grpc
 
-from dm_env_rpc_client._args import port, positive_int
+from dm_env_rpc_client._args import UsageError, port, positive_int, read_pem
 from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client.server import serve
 from dm_env_rpc_client.server.catch import Catch
@@ -43,10 +43,9 @@ DESCRIPTION = " ".join((__doc__ or "").split("\n\n")[1].replace("``", "").split(
 _BAD_ENV = "{text!r} is neither a built-in environment ({names}) nor package.module:factory"
 _NO_FACTORY = "cannot load the factory {text!r}: {error}"
 _BAD_FLAGS = (
-    "error: the {env} environment refused its flags ({error}). Fix the flags, "
+    "the {env} environment refused its flags ({error}). Fix the flags, "
     "or pass --skip-check if the factory needs settings that only clients give."
 )
-_BAD_FILE = "error: cannot read the {flag} file ({error}); give a readable PEM file."
 _SIZE_ONLY_LARGE = "--size applies to --env large only"
 _TLS_PAIR = "--certificate and --private-key go together (PEM files); give both or neither"
 _CLIENT_CA_NEEDS_TLS = "--client-ca needs --certificate and --private-key"
@@ -82,24 +81,10 @@ def make_factory(name: str, defaults: dict[str, Any]) -> Callable[[dict[str, Any
     return factory
 
 
-class _FlagError(Exception):
-    """A flag's value is unusable; the message is the one line to print."""
-
-
-def _read(path: str | None, flag: str) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as file:
-            return file.read()
-    except OSError as exc:
-        raise _FlagError(_BAD_FILE.format(flag=flag, error=exc)) from exc
-
-
 def _credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
-    key = _read(args.private_key, "--private-key")
-    chain = _read(args.certificate, "--certificate")
-    client_ca = _read(args.client_ca, "--client-ca")
+    key = read_pem(args.private_key, "--private-key")
+    chain = read_pem(args.certificate, "--certificate")
+    client_ca = read_pem(args.client_ca, "--client-ca")
     if key is None or chain is None:
         return None
     return grpc.ssl_server_credentials(
@@ -135,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             make_env({}).close()
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            raise _FlagError(_BAD_FLAGS.format(env=args.env, error=error)) from exc
+            raise UsageError(_BAD_FLAGS.format(env=args.env, error=error)) from exc
     credentials = _credentials(args)
     stop = threading.Event()
     code = [0]
@@ -227,10 +212,10 @@ def serve_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     check_args(parser, args)
     try:
         return run(args)
-    except _FlagError as exc:
+    except UsageError as exc:
         if debug:
             raise
-        print(exc, file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # e.g. the port is in use
         if debug:
