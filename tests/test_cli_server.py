@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import signal
 import subprocess
@@ -67,14 +68,28 @@ def test_a_port_in_use_is_one_line_from_both_commands() -> None:
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "add_port.cc" in debug.stderr
 
 
-def test_serve_refuses_flags_its_environment_rejects() -> None:
-    factory = "dm_env_rpc_client.server.envs:LargeObservation"  # takes size=, not a settings dict
+def test_serve_checks_its_environment_at_start() -> None:
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parent)}
+    factory = "variable_env:needs_settings"
     refused = subprocess.run(
-        [*CLI, "serve", "--env", factory], capture_output=True, text=True, timeout=60
+        [*CLI, "serve", "--env", factory], capture_output=True, text=True, timeout=60, env=env
     )
     assert refused.returncode == 2
-    assert f"the {factory} environment refused its flags" in refused.stderr
-    assert "--skip-check" in refused.stderr
+    assert f"error: the {factory} environment refused its flags" in refused.stderr
+    assert "give the seed setting" in refused.stderr and "--skip-check" in refused.stderr
+    # A class is called with the settings as keyword arguments, as dmr.serve(cls) does.
+    process = subprocess.Popen(
+        [*CLI, "serve", "--env", "dm_env_rpc_client.server.envs:LargeObservation"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("Serving dm_env_rpc_client.server.envs:")
+    finally:
+        process.kill()
+        process.wait()
 
 
 def _children(pid: int) -> list[int]:

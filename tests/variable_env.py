@@ -69,3 +69,10 @@ class Variable(dm_env.Environment):
 def make(settings: dict[str, Any]) -> dm_env.Environment:
     """The factory for ``serve --env variable_env:make``."""
     return Variable(**settings)
+
+
+def needs_settings(settings: dict[str, Any]) -> dm_env.Environment:
+    """A factory that refuses to make an environment without settings."""
+    if not settings:
+        raise ValueError("give the seed setting")
+    return Variable(**settings)

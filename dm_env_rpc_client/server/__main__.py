@@ -3,7 +3,8 @@
 Serves the built-in Catch game (``--env catch``), one large float32
 observation (``--env large --size N``), or your own ``dm_env.Environment``
 factory (``--env package.module:factory``, called as ``factory(settings)``
-with each CreateWorldRequest's settings as a nested dict). Before serving it
+with each CreateWorldRequest's settings as a nested dict; a class is called
+with the settings as keyword arguments). Before serving it
 makes one environment with no settings, to refuse flags the environment
 rejects (``--skip-check`` for a factory that needs settings).
 
@@ -29,7 +30,7 @@ import grpc
 
 from dm_env_rpc_client._args import UsageError, port, positive_int, read_pem
 from dm_env_rpc_client._quiet import quiet_grpc_logs
-from dm_env_rpc_client.server import serve
+from dm_env_rpc_client.server import _factory, serve
 from dm_env_rpc_client.server.catch import Catch
 from dm_env_rpc_client.server.envs import LargeObservation
 
@@ -77,8 +78,8 @@ def make_factory(name: str, defaults: dict[str, Any]) -> Callable[[dict[str, Any
 
         return make_env
     module, _, attribute = name.partition(":")
-    factory: Callable[[dict[str, Any]], Any] = getattr(importlib.import_module(module), attribute)
-    return factory
+    # A class gets the settings as keyword arguments, as serve() gives them.
+    return _factory(getattr(importlib.import_module(module), attribute))
 
 
 def _credentials(args: argparse.Namespace) -> grpc.ServerCredentials | None:
