@@ -39,7 +39,13 @@ TEST_REQUIRES = [
 ]
 
 # Jupyter use: a kernel and plots for docs/quickstart.ipynb.
-NOTEBOOK_REQUIRES = ["ipykernel>=6.0", "matplotlib>=3.5", "nbclient>=0.7", "nbformat>=5.0"]
+NOTEBOOK_REQUIRES = [
+    "ipykernel>=6.0",
+    "ipywidgets>=8.0",
+    "matplotlib>=3.5",
+    "nbclient>=0.7",
+    "nbformat>=5.0",
+]
 
 # The documentation site: mkdocs build --strict (tests/test_mkdocs.py).
 DOCS_REQUIRES = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]

@@ -332,6 +332,12 @@ class AdaptorCore:
             return dm_specs.BoundedArray(spec.shape, spec.dtype, 0.0, 1.0, name=DISCOUNT)
         return dm_specs.BoundedArray((), np.float64, 0.0, 1.0, name=DISCOUNT)
 
+    def _spec_rows(self) -> tuple[list[Any], list[Any]]:
+        """Spec table rows of the actions and of the observations a TimeStep carries."""
+        visible = set(self._visible)  # as the text repr and observation_spec() list them
+        observations = [row for row in specs.specs_table(self._observations) if row[0] in visible]
+        return specs.specs_table(self._actions), observations
+
     def __repr__(self) -> str:
         address = getattr(getattr(self, "_connection", None), "address", None)
         actions = ", ".join(self._actions.names())

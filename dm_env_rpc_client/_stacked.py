@@ -80,6 +80,12 @@ class BatchedTimeStep(NamedTuple):
     def first(self) -> np.ndarray:
         return self.step_type == dm_env.StepType.FIRST
 
+    def _repr_html_(self) -> str:
+        """A grid of the worlds' pictures, step types and rewards (as ``dmr.show(batch)``)."""
+        from dm_env_rpc_client import display  # presentation: only when rendered
+
+        return display.batch_html(self)
+
     def last(self) -> np.ndarray:
         return self.step_type == dm_env.StepType.LAST
 

@@ -502,6 +502,12 @@ class BatchedEnvironment:
     def __repr__(self) -> str:
         return f"BatchedEnvironment({len(self.envs)} worlds on {sorted(set(map(str, self.addresses)))})"
 
+    def _repr_html_(self) -> str:
+        from dm_env_rpc_client import display  # presentation: only when rendered
+
+        fields = {"worlds": len(self.envs), "addresses": sorted(set(map(str, self.addresses)))}
+        return display.environment_html("BatchedEnvironment", fields, *self.envs[0]._spec_rows())
+
 
 def _shut_down(
     runner: LoopThread,

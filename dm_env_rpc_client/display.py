@@ -1,6 +1,7 @@
 """Rich displays for notebooks: spec tables, TimeSteps, and images as inline PNG.
 
-``show(value)`` wraps a TimeStep, an observation dict or an array in an object
+``show(value)`` wraps a TimeStep, a BatchedTimeStep (a grid of the worlds), an
+observation dict or an array in an object
 that Jupyter renders as HTML (``_repr_html_``) and, for a single image, as PNG
 (``_repr_png_``); outside Jupyter its ``repr`` is a readable summary::
 
@@ -117,11 +118,18 @@ def _rows_html(values: Mapping[str, Any], prefix: str = "") -> list[str]:
     return rows
 
 
+def number(value: Any) -> str:
+    """A reward or discount as a user reads it: ``0.0``, not ``np.float32(0.0)``."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        value = value.tolist()
+    return repr(value)
+
+
 def timestep_html(timestep: dm_env.TimeStep) -> str:
     """HTML for a TimeStep: step type, reward, discount, and each observation."""
     head = (
-        f"<b>{timestep.step_type.name}</b> reward={html.escape(repr(timestep.reward))} "
-        f"discount={html.escape(repr(timestep.discount))}"
+        f"<b>{timestep.step_type.name}</b> reward={html.escape(number(timestep.reward))} "
+        f"discount={html.escape(number(timestep.discount))}"
     )
     observation = timestep.observation
     body = observation if isinstance(observation, Mapping) else {"observation": observation}
@@ -138,20 +146,70 @@ def specs_html(spec_rows: list[tuple[str, int, str, tuple[int, ...], str]], titl
     return f"<table><caption>{html.escape(title)}</caption><tr>{head}</tr>{cells}</table>"
 
 
-def adaptor_html(
-    world_name: str | None,
-    address: str | None,
-    action_rows: list[tuple[str, int, str, tuple[int, ...], str]],
-    observation_rows: list[tuple[str, int, str, tuple[int, ...], str]],
+SpecRows = list[tuple[str, int, str, tuple[int, ...], str]]
+
+
+def environment_html(
+    title: str, fields: Mapping[str, Any], action_rows: SpecRows, observation_rows: SpecRows
 ) -> str:
-    """HTML for a DmEnvAdaptor: its world, address, and spec tables (rows as ``specs_html``)."""
+    """HTML for an environment: its class, some ``name=value`` fields, and spec tables.
+
+    Args:
+      title: e.g. ``"DmEnvAdaptor"``.
+      fields: shown as ``name=repr(value)`` after the title.
+      action_rows: rows as ``specs_html`` takes them.
+      observation_rows: the observations a TimeStep carries (as the text repr lists them).
+    """
+    head = " ".join(f"{name}={html.escape(repr(value))}" for name, value in fields.items())
     return (
-        f"<div><b>DmEnvAdaptor</b> world={html.escape(repr(world_name))} "
-        f"address={html.escape(repr(address))}"
+        f"<div><b>{html.escape(title)}</b> {head}"
         + specs_html(action_rows, "actions")
         + specs_html(observation_rows, "observations")
         + "</div>"
     )
+
+
+def _is_batch(value: Any) -> bool:
+    """Whether a value is a ``BatchedTimeStep`` (by its fields: this module imports no core)."""
+    names = ("step_type", "reward", "discount", "observation", "env_ids")
+    return all(hasattr(value, name) for name in names) and isinstance(value.step_type, np.ndarray)
+
+
+def _batch_image(observation: Any) -> str | None:
+    """The name of the first observation whose per-world values are pictures."""
+    flat = flatten(observation) if isinstance(observation, Mapping) else {"": observation}
+    for name, value in flat.items():
+        if isinstance(value, np.ndarray) and len(value) and _as_image(value[0]) is not None:
+            return name
+    return None
+
+
+def _world_lines(batch: Any) -> list[str]:
+    return [
+        f"world {int(env_id)}: {dm_env.StepType(int(kind)).name} "
+        f"reward={number(reward)} discount={number(discount)}"
+        for env_id, kind, reward, discount in zip(
+            batch.env_ids, batch.step_type, batch.reward, batch.discount, strict=True
+        )
+    ]
+
+
+def batch_html(batch: Any) -> str:
+    """HTML for a ``BatchedTimeStep``: a grid of the worlds' pictures, step types and rewards."""
+    observation = batch.observation
+    flat = flatten(observation) if isinstance(observation, Mapping) else {"": observation}
+    image = _batch_image(observation)
+    cells = []
+    for index, line in enumerate(_world_lines(batch)):
+        picture = _value_html(flat[image][index]) + "<br/>" if image is not None else ""
+        cells.append(
+            '<div style="display:inline-block;margin:4px;text-align:center;vertical-align:top">'
+            f"{picture}<small>{html.escape(line)}</small></div>"
+        )
+    others = {name: value for name, value in flat.items() if name != image}
+    table = f"<table>{''.join(_rows_html(others))}</table>" if others else ""
+    title = f"<b>BatchedTimeStep</b> of {len(batch.env_ids)} worlds"
+    return f"<div>{title}<div>{''.join(cells)}</div>{table}</div>"
 
 
 class Display:
@@ -163,6 +221,8 @@ class Display:
     def _repr_html_(self) -> str:
         if isinstance(self.value, dm_env.TimeStep):
             return timestep_html(self.value)
+        if _is_batch(self.value):
+            return batch_html(self.value)
         if isinstance(self.value, Mapping):
             return f"<table>{''.join(_rows_html(self.value))}</table>"
         return _value_html(self.value)
@@ -175,9 +235,13 @@ class Display:
         if isinstance(self.value, dm_env.TimeStep):
             fields = {"observation": self.value.observation}
             lines = [
-                f"TimeStep({self.value.step_type.name}, reward={self.value.reward!r}, "
-                f"discount={self.value.discount!r})"
+                f"TimeStep({self.value.step_type.name}, reward={number(self.value.reward)}, "
+                f"discount={number(self.value.discount)})"
             ]
+        elif _is_batch(self.value):
+            fields = {"observation": self.value.observation}
+            lines = [f"BatchedTimeStep of {len(self.value.env_ids)} worlds"]
+            lines.extend(f"  {line}" for line in _world_lines(self.value))
         elif isinstance(self.value, Mapping):
             fields, lines = dict(self.value), []
         else:
@@ -189,5 +253,13 @@ class Display:
 
 
 def show(value: Any) -> Display:
-    """Wraps a TimeStep, an observation dict or an array for display in a notebook."""
+    """Wraps a value for display in a notebook.
+
+    Args:
+      value: a ``dm_env.TimeStep``, a ``BatchedTimeStep`` (a grid of the worlds'
+        pictures, step types and rewards), an observation dict or an array.
+
+    Returns:
+      A ``Display``: HTML (and PNG for one image) in Jupyter, a summary as text.
+    """
     return Display(value)

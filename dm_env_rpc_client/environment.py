@@ -275,11 +275,10 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
     def _repr_html_(self) -> str:
         from dm_env_rpc_client import display  # presentation: only when rendered
 
-        return display.adaptor_html(
-            self.world_name,
-            getattr(self._connection, "address", None),
-            specs.specs_table(self._actions),
-            specs.specs_table(self._observations),
+        return display.environment_html(
+            "DmEnvAdaptor",
+            {"world": self.world_name, "address": getattr(self._connection, "address", None)},
+            *self._spec_rows(),
         )
 
 

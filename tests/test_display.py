@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import pathlib
+import re
 import struct
 import zlib
 
@@ -80,3 +82,52 @@ def test_catch_board_and_adaptor_tables(catch_server: Server) -> None:
         assert picture.shape == (132, 88)  # float board in [0, 1] as grey, 22x nearest
         assert set(np.unique(picture)) == {0, 255}
         env.close()
+
+
+def test_adaptor_html_text_repr_and_observation_spec_agree(catch_server: Server) -> None:
+    env, _ = dmr.create_and_join_world(catch_server.address, {"rows": 5}, {}, timeout=10)
+    try:
+        html = env._repr_html_()
+        observations = html.split("<caption>observations</caption>")[1]
+        shown = set(re.findall(r"<tr><td>([^<]+)</td>", observations))
+        assert shown == {"board"} == set(env.observation_spec())
+        assert "observations=[board]" in repr(env)
+    finally:
+        env.close()
+
+
+def test_reprs_print_plain_numbers(catch_server: Server) -> None:
+    env, _ = dmr.create_and_join_world(catch_server.address, {"rows": 5}, {}, timeout=10)
+    try:
+        env.reset()
+        timestep = env.step({"paddle": 0})
+        assert isinstance(timestep.reward, np.generic)  # what the server sent: float32
+        for text in (repr(dmr.show(timestep)), dmr.show(timestep)._repr_html_()):
+            assert "np." not in text
+            assert "reward=0.0" in text and "discount=1.0" in text
+    finally:
+        env.close()
+
+
+def test_a_batch_shows_as_a_grid_of_its_worlds(catch_server: Server) -> None:
+    with dmr.BatchedEnvironment.connect(
+        catch_server.address, 3, create_world_settings={"rows": 5, "columns": 4}, timeout=10
+    ) as envs:
+        env_html = envs._repr_html_()
+        assert "BatchedEnvironment" in env_html and "<td>paddle</td>" in env_html
+        assert "<td>board</td>" in env_html and "<td>reward</td>" not in env_html
+        envs.reset()
+        batch = envs.step({"paddle": np.zeros(3, np.int8)})
+        html = dmr.show(batch)._repr_html_()
+        assert html == batch._repr_html_()  # shown by Jupyter as it is, too
+        pictures = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+        assert len(pictures) == 3
+        board = _decode_png(base64.b64decode(pictures[1]))
+        assert board.shape[:2] == (5 * 26, 4 * 26)  # world 1's board, scaled up
+        for world in range(3):
+            assert f"world {world}: MID reward=0.0 discount=1.0" in html
+        text = repr(dmr.show(batch))
+        assert text.splitlines()[0] == "BatchedTimeStep of 3 worlds"
+        assert "  world 2: MID reward=0.0 discount=1.0" in text
+        assert "board: array shape=(3, 5, 4)" in text
+        assert "np." not in text and "np." not in html
