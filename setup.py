@@ -57,9 +57,12 @@ RAY_REQUIRES = ["ray>=2.40"]
 # dm_env_rpc_client.integrations.gymnasium; 1.2.2 is the version RLlib pins.
 GYMNASIUM_REQUIRES = ["gymnasium>=1.2.2"]
 
+# RLlib's env creator (integrations.ray.rllib_env_creator): RLlib over the gymnasium bridge.
+RLLIB_REQUIRES = ["ray[rllib]>=2.40", *GYMNASIUM_REQUIRES]
+
 # The training tier (pytest -m training): learners on top of the integrations. torch is
 # not listed: .ci/run installs torch==2.13.0 (the CPU build) first, which these then use.
-TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3>=2.4"]
+TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3>=2.4", *RLLIB_REQUIRES]
 
 # The tests run the notebook, build the site, run the Ray tests (a local Ray, about 20 s)
 # and drive the gymnasium bridge.
@@ -81,6 +84,7 @@ setuptools.setup(
         "notebook": NOTEBOOK_REQUIRES,
         "docs": DOCS_REQUIRES,
         "ray": RAY_REQUIRES,
+        "rllib": RLLIB_REQUIRES,
         "gymnasium": GYMNASIUM_REQUIRES,
         "training": TRAINING_REQUIRES,
     },

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -323,3 +324,120 @@ def test_without_ray_initialized_the_fleet_says_so() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.count("call ray.init() first") == 2
+
+
+class _EnvContext(dict):
+    """Stands in for RLlib's EnvContext where RLlib is not installed: a dict with worker_index."""
+
+    def __init__(self, config: dict, worker_index: int) -> None:
+        super().__init__(config)
+        self.worker_index = worker_index
+
+
+def test_rllib_creator_gives_runners_and_vector_indices_distinct_worlds(clean_ray: None) -> None:
+    gymnasium = pytest.importorskip("gymnasium")
+    with rayi.ServerFleet(make_catch, 2, num_cpus=FRACTION) as fleet:
+        env_config = rayi.rllib_env_config(fleet, seed=100)
+        try:
+            # What RLlib does under VECTOR_ENTRY_POINT (Ray 2.60): `env_context | {"num_envs":
+            # n}` drops the EnvContext, worker_index with it; every runner must still get a slot.
+            context = _EnvContext(env_config, worker_index=1)
+            merged = context | {"num_envs": 3}
+            assert type(merged) is dict and "worker_index" not in merged
+            first = rayi.rllib_env_creator(merged)
+            second = rayi.rllib_env_creator(context | {"num_envs": 3})
+            # Given a worker_index (an EnvContext), the creator uses it.
+            fifth = rayi.rllib_env_creator(_EnvContext({**env_config, "num_envs": 2}, 5))
+            try:
+                seeds = [env.batch.world_seeds for env in (first, second, fifth)]
+                assert seeds == [[100, 101, 102], [103, 104, 105], [110, 111]]
+                # Runners start on different servers, so they spread over the fleet.
+                assert first.batch.addresses[0] != second.batch.addresses[0]
+                observations, _ = first.reset()
+                assert observations.shape == (3, 10, 5)
+            finally:
+                for env in (first, second, fifth):
+                    env.close()
+            # The same path through gymnasium's registry, as RLlib's EnvRunner takes it.
+            gymnasium.register(
+                "DmEnvRpcRayTest-v0",
+                vector_entry_point=lambda num_envs: rayi.rllib_env_creator(
+                    context | {"num_envs": num_envs}
+                ),
+            )
+            envs = gymnasium.make_vec(
+                "DmEnvRpcRayTest-v0",
+                num_envs=3,
+                vectorization_mode=gymnasium.VectorizeMode.VECTOR_ENTRY_POINT,
+            )
+            try:
+                assert envs.unwrapped.batch.world_seeds == [106, 107, 108]  # the third slot
+                envs.reset()
+                _, rewards, _, _, _ = envs.step(envs.action_space.sample())
+                assert rewards.shape == (3,)
+            finally:
+                envs.close()
+        finally:
+            rayi.free_rllib_env_config(env_config)
+            rayi.free_rllib_env_config(env_config)  # idempotent
+
+
+def test_rllib_creator_refuses_a_config_it_did_not_make() -> None:
+    with pytest.raises(ValueError, match="rllib_env_config"):
+        rayi.rllib_env_creator({"num_envs": 2})
+    with pytest.raises(ValueError, match="no worker_index"):
+        rayi.rllib_env_creator({"addresses": ["127.0.0.1:1"], "num_envs": 2})
+
+
+def paddle_moves(envs: Any) -> Any:
+    """Catch's int8 paddle move (-1, 0, 1) as a Discrete(3) action: RLlib takes no int Box."""
+    from gymnasium.spaces import Discrete
+    from gymnasium.wrappers.vector import TransformAction
+
+    return TransformAction(
+        envs, lambda moves: (np.asarray(moves) - 1).astype(np.int8), single_action_space=Discrete(3)
+    )
+
+
+@pytest.mark.training
+def test_rllib_ppo_trains_on_catch_served_by_a_fleet(clean_ray: None) -> None:
+    """PPO (new API stack, torch on CPU) samples Catch from a fleet and learns finite losses."""
+    pytest.importorskip("ray.rllib", reason="needs RLlib: pip install -e '.[rllib]'")
+    gymnasium = pytest.importorskip("gymnasium")
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.connectors.env_to_module import FlattenObservations
+
+    with rayi.ServerFleet(make_catch, 2, num_cpus=0.25) as fleet:
+        env_config = rayi.rllib_env_config(fleet, seed=0, wrap=paddle_moves)
+        config = (
+            PPOConfig()
+            .environment(env=rayi.register_rllib_env(), env_config=env_config)
+            .env_runners(
+                num_env_runners=2,
+                num_envs_per_env_runner=2,
+                num_cpus_per_env_runner=0.5,
+                rollout_fragment_length=64,
+                gym_env_vectorize_mode=gymnasium.VectorizeMode.VECTOR_ENTRY_POINT,
+                # Catch's board is a 2-D Box; RLlib's default encoders take 1-D or 3-D.
+                env_to_module_connector=lambda env, spaces=None, device=None: FlattenObservations(),
+            )
+            .training(train_batch_size_per_learner=256, minibatch_size=64, num_epochs=1)
+            .learners(num_learners=0)
+            .debugging(seed=0)
+        )
+        algo = config.build_algo()
+        try:
+            results = [algo.train() for _ in range(2)]
+            # Each runner got worlds of its own: distinct seeds, none shared.
+            seeds = algo.env_runner_group.foreach_env_runner(
+                lambda runner: runner.env.unwrapped.batch.world_seeds, local_env_runner=False
+            )
+        finally:
+            algo.stop()
+            rayi.free_rllib_env_config(env_config)
+    for result in results:
+        assert result["env_runners"]["num_env_steps_sampled"] > 0
+        losses = result["learners"]["default_policy"]
+        assert np.isfinite(losses["total_loss"]) and np.isfinite(losses["policy_loss"])
+    flat = [seed for runner in seeds for seed in runner]
+    assert len(seeds) == 2 and len(flat) == 4 and len(set(flat)) == 4

@@ -10,6 +10,10 @@ package never imports this module. Three pieces, each in a private module:
   ``BatchedEnvironment`` over their share of the worlds, with random actions or
   a policy; the ``ShardedRun`` totals add the shards up (latency percentiles
   over every step).
+- ``rllib_env_creator`` (``_ray_rllib``): RLlib's env creator for the new
+  API stack under ``VECTOR_ENTRY_POINT``: each EnvRunner gets a
+  ``GymnasiumVectorEnv`` over worlds of its own (needs the ``gymnasium`` extra
+  and RLlib).
 - ``init_ray(target)``: starts or joins Ray the way the command line's
   ``run --ray`` does.
 
@@ -41,6 +45,14 @@ from dm_env_rpc_client.integrations._ray_fleet import (
     ServerFleet,
     ServerHealth,
     ServerInfo,
+)
+from dm_env_rpc_client.integrations._ray_rllib import (
+    ENV_NAME,
+    free_rllib_env_config,
+    register_rllib_env,
+    rllib_env_config,
+    rllib_env_creator,
+    runner_slot,
 )
 from dm_env_rpc_client.integrations._ray_shards import (
     ShardedRun,
@@ -84,6 +96,7 @@ def init_ray(target: str = LOCAL, *, num_cpus: int | None = None, **kwargs: Any)
 
 __all__ = [
     "AUTO",
+    "ENV_NAME",
     "FleetError",
     "LOCAL",
     "ServerFleet",
@@ -92,8 +105,13 @@ __all__ = [
     "ShardError",
     "ShardStats",
     "ShardedRun",
+    "free_rllib_env_config",
     "init_ray",
+    "register_rllib_env",
+    "rllib_env_config",
+    "rllib_env_creator",
     "run_sharded",
+    "runner_slot",
     "split",
     "summarize",
 ]
