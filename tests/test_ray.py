@@ -50,17 +50,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _ray_processes() -> set[int]:
-    found = set()
+def _descendants(root: int) -> set[int]:
+    """The live processes below ``root`` (this test's Ray: its GCS, raylet and workers)."""
+    children: dict[int, list[int]] = {}
     for entry in pathlib.Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            command = (entry / "cmdline").read_bytes()
-        except OSError:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if b"raylet" in command or b"gcs_server" in command or b"ray::" in command:
-            found.add(int(entry.name))
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
     return {pid for pid in found if _alive(pid)}
 
 
@@ -74,15 +80,17 @@ def _all_free() -> bool:
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    """One local Ray for the module; at the end, no Ray process may be left."""
-    before = _ray_processes()
+    """One local Ray for the module; at the end, none of its processes may be left."""
+    before = _descendants(os.getpid())
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # set by conftest: loopback
     assert rayi.init_ray("local", num_cpus=CPUS, log_to_driver=False)
     try:
         yield
     finally:
+        started = _descendants(os.getpid()) - before  # Ray's processes, found while they run
         ray.shutdown()
-        assert wait_for(lambda: not (_ray_processes() - before), timeout=30)
+        assert started
+        assert wait_for(lambda: not any(_alive(pid) for pid in started), timeout=30)
 
 
 @pytest.fixture
