@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pathlib
 import re
@@ -641,3 +642,25 @@ def test_sb3_ppo_trains_on_remote_catch_as_the_docs_show() -> None:
             env = GymnasiumEnv(address=server.address, unwrap_single=unwrap_single)
             sb3_check_env(env)
             env.close()
+
+
+def test_vector_over_zoo_adaptors_with_requested_observations(zoo_server: Server) -> None:
+    names = _zoo_names(zoo_server)
+    with contextlib.ExitStack() as stack:
+        adaptors = []
+        for _ in range(3):
+            conn = stack.enter_context(dmr.connect(zoo_server.address, timeout=10))
+            adaptor, _ = dmr.create_and_join_world(conn, {}, {}, requested_observations=names)
+            adaptors.append(adaptor)
+        envs = GymnasiumVectorEnv(dmr.BatchedEnvironment(adaptors))
+        envs.action_space.seed(0)
+        observations, _ = envs.reset(seed=0)
+        assert envs.observation_space.contains(observations)
+        for _ in range(10):
+            actions = envs.action_space.sample()
+            observations, *_ = envs.step(actions)
+            assert envs.observation_space.contains(observations)
+        assert isinstance(observations["act"]["text"], tuple)
+        envs.close()
+        for adaptor in adaptors:
+            adaptor.close()
