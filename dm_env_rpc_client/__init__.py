@@ -14,6 +14,7 @@ the command line and the embedded server.
 
 from dm_env_rpc_client._foreign import ForeignConnection, create_secure_channel_and_connect
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
 from dm_env_rpc_client.aio_environment import (
     AsyncDmEnvAdaptor,
@@ -71,6 +72,7 @@ from dm_env_rpc_client.errors import (
     UnknownUidError,
     UnsupportedDtypeError,
     WorldError,
+    WorldTimeoutError,
 )
 from dm_env_rpc_client.properties import PropertiesExtension, PropertySpec
 from dm_env_rpc_client.random_actions import random_action
@@ -141,6 +143,7 @@ __all__ = [
     "Recording",
     "RecordingError",
     "RequestTimeoutError",
+    "RestartPolicy",
     "Server",
     "ShapeError",
     "SpecError",
@@ -153,6 +156,8 @@ __all__ = [
     "UnknownUidError",
     "UnsupportedDtypeError",
     "WorldError",
+    "WorldFailure",
+    "WorldTimeoutError",
     "bounds",
     "cli_main",
     "connect",

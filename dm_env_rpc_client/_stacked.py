@@ -51,6 +51,10 @@ class BatchedTimeStep(NamedTuple):
       discount: float64 ``[B]``; NaN on FIRST steps.
       observation: nested dict of ``[B, ...]`` arrays (object arrays when shapes differ).
       env_ids: int ``[B]``: which worlds these are.
+      truncated: bool ``[B]``: True on the FIRST step of a world that was
+        restarted after a failure (``on_world_failure="restart"``): its previous
+        episode was cut short without a LAST step, so count it as truncated.
+        ``BatchedEnvironment`` always fills it; None only in batches built by hand.
     """
 
     step_type: np.ndarray
@@ -58,6 +62,7 @@ class BatchedTimeStep(NamedTuple):
     discount: np.ndarray
     observation: dict[str, Any]
     env_ids: np.ndarray
+    truncated: np.ndarray | None = None
 
     def at(self, position: int) -> dm_env.TimeStep:
         """The ``dm_env.TimeStep`` of one world of the batch."""

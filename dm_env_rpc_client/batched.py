@@ -30,52 +30,75 @@ calling thread wakes once per ``recv``, not once per world, and decodes all the
 steps it takes at once (``_stacked``).
 
 One thread drives a batch (``send``, ``recv``, ``step``, ``reset``); the loop
-thread only writes requests and files responses. A failure of one world raises
-``WorldError`` naming its index and address.
+thread only writes requests, files responses, watches deadlines and restarts
+worlds.
+
+Failures. A world *fails* when its stream breaks, a step fails at the
+transport, or it passes its deadline: ``step_timeout`` seconds with steps in
+flight and no response (checked a few times a second), or a ``recv(env_ids=...)``
+whose ``timeout`` runs out. Its unanswered steps are dropped then, so that no
+late response can ever answer a later request. What follows is the policy's:
+
+- ``on_world_failure="raise"`` (the default): the failure is raised once as a
+  ``WorldError`` naming the world (a ``WorldTimeoutError``, also a
+  ``TimeoutError``, for a deadline), with the cause chained; steps of other
+  worlds already received stay for the next ``recv``. Sending to that world
+  again raises ``WorldError``.
+- ``on_world_failure="restart"``: the world alone is made again (``_restart``);
+  its next returned step is FIRST with ``truncated`` set, answering the steps it
+  had in flight; a world that cannot be restored within the bounds is removed
+  (``live_ids``). Healthy worlds keep stepping meanwhile.
+
+A server's error for one request (``DmEnvRpcError``) and an observation that
+cannot be decoded are not failures: they raise ``WorldError`` for that step,
+and the world goes on. Every failure is recorded in ``failures``. No step that
+was received is ever dropped: a call that raises leaves the other worlds'
+finished steps for the next ``recv``. ``send`` checks and packs every action
+before it sends any: all or nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import concurrent.futures
 import contextlib
 import functools
-import threading
+import operator
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
 
-from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client import _restart, errors, messages
+from dm_env_rpc_client._batch_core import (
+    _FAILED,
+    _LIVE,
+    _NAMES_COUNT,
+    _NO_WAITER,
+    _REMOVED_STATE,
+    _SEED_TWICE,
+    BatchCore,
+    _call,
+    _Failure,
+    _flagged,
+    _is_bad,
+    _shut_down,
+    open_worlds,
+)
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
+from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of, split_actions
-from dm_env_rpc_client.aio import AsyncConnection
-from dm_env_rpc_client.connection import ConnectionLike, create_channel
-from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world, join_world
+from dm_env_rpc_client.connection import create_channel
 
-_WORLD_FAILED = "World {index} at {address} failed: {error}"
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
 _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {wanted} of it."
 _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} did)."
 _NO_RESPONSE = "no response within {timeout} s"
-_SEED_TWICE = (
-    "create_world_settings already holds {name!r}, and seed= sets it per world: "
-    "pass one of the two, or a different seed_setting."
-)
-_SEED_REFUSED = (
-    "The server at {address} refused the create setting {name!r} ({error}); the worlds are "
-    "created without it, so only what the client draws is seeded. Pass seed_setting= with "
-    "the name the server takes, or seed_setting=None to silence this."
-)
-_NAMES_COUNT = "Give one world name per world: {names} names for {count} worlds."
-_NO_WAITER = 1 << 62
-LATENCY_SAMPLES = 100_000  # latencies kept for percentiles; older ones are dropped
+_ALL_REMOVED = "Every world of the batch was removed after failing; see envs.failures."
+_BAD_ID = "env_ids holds {value!r}; give world indices from 0 to {last} (see envs.live_ids)."
 
 
-class BatchedEnvironment:
+class BatchedEnvironment(BatchCore):
     """N remote worlds stepped as one batch. See the module docs.
 
     Args:
@@ -84,51 +107,14 @@ class BatchedEnvironment:
       connections: connections to close with the batch (``connect`` fills this).
 
     Attributes:
-      envs: the worlds' ``DmEnvAdaptor``s.
-      addresses: each world's server address.
+      envs: the worlds' ``DmEnvAdaptor``s (a restarted world's is replaced).
+      addresses: each world's server address (where a restarted world now is).
       latencies: round trips in seconds (send to response) of the latest
         ``LATENCY_SAMPLES`` steps received, for percentiles.
       world_seeds: the seed each world was created with (``connect(seed=...)``),
         None where it got none.
+      failures: a ``WorldFailure`` per world failure, oldest first.
     """
-
-    def __init__(
-        self,
-        envs: Sequence[DmEnvAdaptor],
-        addresses: Sequence[str | None] | None = None,
-        *,
-        connections: Sequence[ConnectionLike] = (),
-    ) -> None:
-        if not envs:
-            raise ValueError("A BatchedEnvironment needs at least one world.")
-        self.envs = list(envs)
-        self.addresses = (
-            list(addresses)
-            if addresses is not None
-            else [getattr(env.connection, "address", None) for env in self.envs]
-        )
-        self._connections = list(connections)
-        self.world_seeds: list[int | None] = [None] * len(self.envs)
-        self._runner: LoopThread | None = None
-        self._streams: list[AsyncConnection] = []  # with a runner: each world's stream
-        # With a runner and the same specs everywhere: the batch-at-once decoder, and the
-        # specs it was made for (a world whose specs change on reset is decoded alone).
-        self._decoder: StackedDecoder | None = None
-        self._joined_specs: list[Any] = []
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._closed = False
-        # Finished steps, per world in request order: (outcome, latency). The outcome is the
-        # exception of a failed step, else a TimeStep (adaptors over their own connections) or
-        # (step type, StepResponse) (on the batch's loop; recv decodes these).
-        self._cond = threading.Condition(threading.Lock())
-        self._done: list[collections.deque[tuple[Any, float]]] = [
-            collections.deque() for _ in self.envs
-        ]
-        self._ready = 0  # finished and not yet received, over all worlds
-        self._want = _NO_WAITER  # recv wakes when _ready reaches this
-        self._in_flight = [0] * len(self.envs)  # sent and not yet received, per world
-        # Round trips in seconds, send to response, of the latest LATENCY_SAMPLES steps.
-        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_SAMPLES)
 
     @classmethod
     def connect(
@@ -146,6 +132,9 @@ class BatchedEnvironment:
         seed: int | None = None,
         seed_setting: str | None = "seed",
         world_names: Sequence[str] | None = None,
+        on_world_failure: str = _restart.RAISE,
+        step_timeout: float | None = 30.0,
+        restart: RestartPolicy | None = None,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
@@ -175,12 +164,19 @@ class BatchedEnvironment:
           world_names: join these existing worlds (world ``i`` joins
             ``world_names[i]``) instead of creating new ones; they are left, not
             destroyed, on close, and get no seed.
+          on_world_failure: ``"raise"`` or ``"restart"`` (see the module docs).
+          step_timeout: a world with steps in flight that gets no response for
+            this many seconds has failed (None: never; then a stopped server is
+            found only by keepalive, while its stream is open).
+          restart: the bounds of a restart (``RestartPolicy()`` by default).
 
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``
-            both set the seed setting, or ``world_names`` does not match ``num_envs``.
+            both set the seed setting, ``world_names`` does not match
+            ``num_envs``, or an unknown ``on_world_failure``.
           WorldError: naming the world that could not be created or joined.
         """
+        _restart.check_policy(on_world_failure)
         if isinstance(addresses, str):
             addresses = [addresses]
         count = len(addresses) if num_envs is None else num_envs
@@ -195,64 +191,36 @@ class BatchedEnvironment:
                 raise ValueError(_SEED_TWICE.format(name=seed_setting))
         else:
             seed_setting = None
-        seeds: list[int | None] = [None] * count
         runner = LoopThread(name="dm_env_rpc_client-batched")
         channels: dict[str, grpc.aio.Channel] = {}
 
-        async def open_stream(address: str) -> LoopConnection:
+        async def open_stream(address: str, wait: float | None = timeout) -> LoopConnection:
             channel = channels.get(address)
             if channel is None:
                 channel = channels[address] = create_channel(
                     address, credentials=credentials, options=options, insecure=insecure, aio=True
                 )
             return await LoopConnection.open(
-                runner, address, channel=channel, timeout=timeout, metadata=metadata
+                runner, address, channel=channel, timeout=wait, metadata=metadata
             )
 
-        envs: list[DmEnvAdaptor] = []
         connections: list[LoopConnection] = []
-        used: list[str] = []
         try:
-            for index in range(count):
-                address = addresses[index % len(addresses)]
-                try:
-                    conn = runner.run(open_stream(address))
-                    connections.append(conn)
-                    if world_names is not None:
-                        env = join_world(
-                            conn, world_names[index], join_world_settings, timeout=timeout
-                        )
-                    else:
-                        settings = dict(create_world_settings or {})
-                        if seed_setting is not None and seed is not None:
-                            settings[seed_setting] = seeds[index] = seed + index
-                        try:
-                            env, _ = create_and_join_world(
-                                conn, settings, join_world_settings, timeout=timeout
-                            )
-                        except errors.InvalidArgumentError as exc:
-                            if seed_setting is None or repr(seed_setting) not in str(exc):
-                                raise
-                            warnings.warn(
-                                _SEED_REFUSED.format(address=address, name=seed_setting, error=exc),
-                                stacklevel=2,
-                            )
-                            seed_setting, seeds[index] = None, None
-                            settings = dict(create_world_settings or {})
-                            env, _ = create_and_join_world(
-                                conn, settings, join_world_settings, timeout=timeout
-                            )
-                except errors.DmEnvRpcClientError as exc:
-                    raise errors.WorldError(
-                        _WORLD_FAILED.format(index=index, address=address, error=exc),
-                        index,
-                        address,
-                    ) from exc
-                envs.append(env)
-                used.append(address)
+            opened = open_worlds(
+                runner,
+                open_stream,
+                connections,
+                addresses,
+                count,
+                (create_world_settings, join_world_settings, world_names),
+                timeout,
+                seed,
+                seed_setting,
+            )
         except BaseException:
             _shut_down(runner, connections, channels)
             raise
+        envs, used, recipes, seeds = opened
         batch = cls(envs, used, connections=connections)
         batch.world_seeds = seeds
         batch._runner, batch._channels = runner, channels
@@ -260,16 +228,23 @@ class BatchedEnvironment:
         batch._joined_specs = [env._wire_specs for env in envs]
         if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
             batch._decoder = StackedDecoder(envs[0])
+        batch._policy = on_world_failure
+        batch._restart_policy = restart or RestartPolicy()
+        batch._step_timeout = step_timeout
+        batch._recipes = recipes
+        batch._open_stream = open_stream
+        if step_timeout is not None:
+            runner.call(batch._watch)
         return batch
 
     def __len__(self) -> int:
-        return len(self.envs)
+        """The number of worlds in the batch (removed ones not counted)."""
+        return len(self.live_ids)
 
-    def _wrap(self, index: int, exc: BaseException) -> errors.WorldError:
-        address = self.addresses[index]
-        return errors.WorldError(
-            _WORLD_FAILED.format(index=index, address=address, error=exc), index, address
-        )
+    @property
+    def live_ids(self) -> list[int]:
+        """The indices of the worlds still in the batch (all but removed ones), in order."""
+        return [index for index, state in enumerate(self._state) if state != _REMOVED_STATE]
 
     def action_spec(self) -> Any:
         """The action spec of one world (all worlds are expected to share it)."""
@@ -280,21 +255,25 @@ class BatchedEnvironment:
         return self.envs[0].observation_spec()
 
     def reset(self, timeout: float | None = None) -> BatchedTimeStep:
-        """Resets every world and returns their FIRST steps.
+        """Resets every world in the batch and returns their FIRST steps.
 
         Raises:
           WorldError: a world failed or did not answer within ``timeout``.
         """
-        timesteps = []
-        for index, env in enumerate(self.envs):
+        timesteps, ids = [], self._checked_ids(None)
+        for index in ids:
             try:
-                timesteps.append(env.reset(timeout=timeout))
+                timesteps.append(self.envs[index].reset(timeout=timeout))
             except errors.DmEnvRpcClientError as exc:
                 raise self._wrap(index, exc) from exc
-        return batch_of(timesteps, range(len(self.envs)))
+        return _flagged(batch_of(timesteps, ids))
 
     def step(self, actions: Any, timeout: float | None = None) -> BatchedTimeStep:
-        """Steps every world with its slice of ``actions`` (batch axis first).
+        """Steps every world in the batch with its slice of ``actions`` (batch axis first).
+
+        The batch axis runs over ``live_ids`` (every world, unless some were
+        removed). A world that is being restarted answers with its FIRST step
+        once it is back, so this waits for it (bounded by ``timeout``).
 
         A list of one action dict per world works too (``[{"paddle": 0}] * 4``).
 
@@ -302,74 +281,69 @@ class BatchedEnvironment:
           SpecValidationError: the actions do not fit the batch or the specs.
           WorldError: a world failed or did not answer within ``timeout``.
         """
-        env_ids = list(range(len(self.envs)))
+        env_ids = self._checked_ids(None)
         self.send(actions, env_ids)
         return self.recv(len(env_ids), timeout=timeout, env_ids=env_ids)
+
+    def _checked_ids(self, env_ids: Sequence[int] | None) -> list[int]:
+        """``env_ids`` as world indices of the batch, or the live ones; raises for bad ones."""
+        if env_ids is None:
+            ids = self.live_ids
+            if not ids:
+                raise errors.WorldError(_ALL_REMOVED, -1, None)
+            return ids
+        last = len(self._state) - 1
+        ids = []
+        for value in env_ids:
+            try:
+                index = operator.index(value)
+            except TypeError:
+                raise ValueError(_BAD_ID.format(value=value, last=last)) from None
+            if not 0 <= index <= last:
+                raise ValueError(_BAD_ID.format(value=value, last=last))
+            ids.append(index)
+        return ids
 
     def send(self, actions: Any, env_ids: Sequence[int]) -> None:
         """Sends one step to each world in ``env_ids`` (actions stacked in that order); returns at once.
 
         ``actions`` is a dict of arrays with the batch axis first, or a list of
-        one action dict per world of ``env_ids``.
+        one action dict per world of ``env_ids``. Every action is checked and
+        packed before anything is sent: if one is refused, no world was stepped.
 
         Raises:
           SpecValidationError: the actions do not fit the batch or the specs.
-          WorldError: a world's connection is closed.
+          ValueError: ``env_ids`` holds something that is not a world index.
+          WorldError: a world failed earlier (``on_world_failure="raise"``),
+            was removed, or its connection is closed.
         """
-        per_world = split_actions(actions, len(env_ids), self.envs[0].action_manager.names())
+        ids = self._checked_ids(env_ids)
+        for index in ids:
+            state = self._state[index]
+            if state in (_FAILED, _REMOVED_STATE):
+                raise self._refusal(index)
+        per_world = split_actions(actions, len(ids), self.envs[0].action_manager.names())
+        packed = []
+        for index, action in zip(ids, per_world, strict=True):
+            try:
+                packed.append(self.envs[index].step_request(action))
+            except errors.DmEnvRpcClientError as exc:
+                raise self._wrap(index, exc) from exc
         sent = time.perf_counter()
         if self._runner is None:  # adaptors over connections of their own
-            for index, action in zip(env_ids, per_world, strict=True):
-                try:
-                    future = self.envs[index].step_async(action)
-                except errors.DmEnvRpcClientError as exc:
-                    raise self._wrap(index, exc) from exc
+            for index, request in zip(ids, packed, strict=True):
+                future = self.envs[index].connection.send_async(request)
                 self._in_flight[index] += 1
-                future.add_done_callback(functools.partial(self._finished, index, sent))
+                callback = functools.partial(self._finished, index, self._gen[index], sent)
+                future.add_done_callback(callback)
             return
         # On the batch's loop: requests are packed here, then written by one loop call.
         batch: list[tuple[int, bytes, str]] = []
-        for index, action in zip(env_ids, per_world, strict=True):
-            try:
-                data, expected = messages.envelope(self.envs[index].step_request(action))
-            except errors.DmEnvRpcClientError as exc:
-                if batch:
-                    self._runner.call(self._write_steps, batch, sent)
-                raise self._wrap(index, exc) from exc
+        for index, request in zip(ids, packed, strict=True):
+            data, expected = messages.envelope(request)
             batch.append((index, data, expected))
             self._in_flight[index] += 1
         self._runner.call(self._write_steps, batch, sent)
-
-    def _write_steps(self, batch: list[tuple[int, bytes, str]], sent: float) -> None:
-        # On the loop: queue each world's request; _landed files its response.
-        for index, data, expected in batch:
-            future = self._streams[index]._submit(data, expected)
-            future.add_done_callback(functools.partial(self._landed, index, sent))
-
-    def _landed(self, index: int, sent: float, future: asyncio.Future[Any]) -> None:
-        # Only the state machine moves here (in request order); recv decodes the observations.
-        try:
-            response = future.result()
-            outcome: Any = (self.envs[index]._advance(response.state), response)
-        except BaseException as exc:
-            outcome = exc
-        self._file(index, sent, outcome)
-
-    def _finished(self, index: int, sent: float, future: concurrent.futures.Future[Any]) -> None:
-        try:
-            outcome = future.result()
-        except BaseException as exc:
-            outcome = exc
-        self._file(index, sent, outcome)
-
-    def _file(self, index: int, sent: float, outcome: Any) -> None:
-        # On the loop (or a connection's reader thread): file the step and wake recv if due.
-        latency = time.perf_counter() - sent
-        with self._cond:
-            self._done[index].append((outcome, latency))
-            self._ready += 1
-            if self._ready >= self._want:
-                self._cond.notify()
 
     def pending(self) -> int:
         """The number of steps sent and not yet received."""
@@ -398,16 +372,19 @@ class BatchedEnvironment:
 
         Returns every step that has finished by then (a world with several
         finished steps appears once per step, oldest first). With ``env_ids``,
-        collects exactly the oldest step of each of those worlds, in that order.
+        collects exactly the oldest step of each of those worlds, in that order
+        (a world removed meanwhile is left out of the result).
 
         Raises:
-          WorldError: a world failed (names its index and address), or, with
-            ``env_ids``, did not finish within ``timeout``.
+          WorldError: a world failed or a step of it was refused (names its index
+            and address; the other worlds' finished steps stay for the next
+            ``recv``); with ``env_ids``, a ``WorldTimeoutError`` when one of them did
+            not finish within ``timeout``, which counts as that world's failure.
           RequestTimeoutError: fewer than ``min_count`` steps finished within ``timeout``.
           ValueError: fewer steps are in flight than asked for.
         """
         if env_ids is not None:
-            return self._recv_worlds(list(env_ids), timeout)
+            return self._recv_worlds(self._checked_ids(env_ids), timeout)
         if self.pending() < min_count:
             raise ValueError(_TOO_FEW.format(pending=self.pending(), wanted=min_count))
         if not self._wait(lambda: self._ready >= min_count, min_count, timeout):
@@ -421,7 +398,7 @@ class BatchedEnvironment:
                 for _ in range(len(queue))
             ]
             self._ready -= len(taken)
-        return self._collect(taken)
+        return self._collect(taken, min_count, timeout)
 
     def _recv_worlds(self, env_ids: list[int], timeout: float | None) -> BatchedTimeStep:
         wanted = collections.Counter(env_ids)
@@ -437,44 +414,96 @@ class BatchedEnvironment:
         if not self._wait(ready, len(env_ids), timeout):
             with self._cond:
                 late = next(i for i, n in wanted.items() if len(self._done[i]) < n)
-            raise self._wrap(late, errors.RequestTimeoutError(_NO_RESPONSE.format(timeout=timeout)))
+            cause = errors.RequestTimeoutError(_NO_RESPONSE.format(timeout=timeout))
+            self._timed_out(late, cause)
+            raise self._wrap(late, cause) from cause
         with self._cond:
-            taken = [(index, *self._done[index].popleft()) for index in env_ids]
+            taken = [
+                (index, *self._done[index].popleft()) for index in env_ids if self._done[index]
+            ]
             self._ready -= len(taken)
-        return self._collect(taken)
+        return self._collect(taken, 0, timeout)
 
-    def _collect(self, taken: list[tuple[int, Any, float]]) -> BatchedTimeStep:
-        for index, _, latency in taken:
-            self._in_flight[index] -= 1
-            self.latencies.append(latency)
-        for index, outcome, _ in taken:
-            if isinstance(outcome, errors.DmEnvRpcClientError):
-                raise self._wrap(index, outcome) from outcome
-            if isinstance(outcome, BaseException):
-                raise outcome
+    def _timed_out(self, index: int, cause: BaseException) -> None:
+        """``recv`` gave up on world ``index``: it failed, and its unanswered steps are dropped."""
+        if self._runner is not None:
+            lost = self._runner.run(_call(self._fail, index, cause, True), timeout=10)
+        else:
+            with self._cond:
+                self._gen[index] += 1
+                self._state[index] = _FAILED
+            lost = self._in_flight[index] - len(self._done[index])
+            self.failures.append(
+                WorldFailure(
+                    index, self.addresses[index], cause, time.time(), 0, "raised", None, lost, 0.0
+                )
+            )
+        if self._policy == _restart.RAISE:
+            self._in_flight[index] -= lost
+
+    def _collect(
+        self, taken: list[tuple[int, Any, float]], min_count: int, timeout: float | None
+    ) -> BatchedTimeStep:
+        removed = [item for item in taken if isinstance(item[1], _Failure) and item[1].removed]
+        if removed:  # a removed world's steps are accounted for, not returned
+            for index, outcome, _ in removed:
+                self._in_flight[index] -= outcome.lost
+            taken = [item for item in taken if item not in removed]
+            if not taken:
+                if min_count and self.pending():
+                    return self.recv(min_count, timeout)
+                raise self._refusal(removed[0][0])
+        bad = next((k for k, (_, outcome, _) in enumerate(taken) if _is_bad(outcome)), None)
+        if bad is not None:
+            index, outcome, _ = taken[bad]
+            self._put_back(taken[:bad] + taken[bad + 1 :])
+            self._in_flight[index] -= outcome.lost if isinstance(outcome, _Failure) else 1
+            cause = outcome.cause if isinstance(outcome, _Failure) else outcome
+            if isinstance(cause, errors.WorldError):
+                raise cause
+            raise self._wrap(index, cause) from cause
         env_ids = [index for index, _, _ in taken]
+        self.latencies.extend(latency for _, _, latency in taken)
         if self._runner is None:  # TimeSteps already
-            return batch_of([outcome for _, outcome, _ in taken], env_ids)
+            for index in env_ids:
+                self._in_flight[index] -= 1
+            return _flagged(batch_of([outcome for _, outcome, _ in taken], env_ids))
+        for index, outcome, _ in taken:
+            self._in_flight[index] -= outcome[2] if len(outcome) > 2 else 1
         step_types = [outcome[0] for _, outcome, _ in taken]
         responses = [outcome[1] for _, outcome, _ in taken]
         try:
-            if self._decoder is not None and all(
-                self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
-            ):
-                return self._decoder.decode(step_types, responses, env_ids)
-            # Specs differ between worlds (or changed on reset): one TimeStep per world.
-            timesteps = []
-            for position, (index, step_type, response) in enumerate(
-                zip(env_ids, step_types, responses, strict=True)
-            ):
-                try:
-                    timesteps.append(self.envs[index]._timestep(step_type, response))
-                except errors.ObservationError as exc:
-                    exc.position = position
-                    raise
-        except errors.ObservationError as exc:  # the one decode path's checks (_decode)
-            raise self._wrap(env_ids[exc.position or 0], exc) from exc
+            stacked = self._decode(env_ids, step_types, responses)
+        except Exception:  # find the world whose step does not decode
+            return self._decode_apart(taken)
+        return _flagged(stacked, [len(outcome) > 2 for _, outcome, _ in taken])
+
+    def _decode(
+        self, env_ids: list[int], step_types: list[Any], responses: list[Any]
+    ) -> BatchedTimeStep:
+        if self._decoder is not None and all(
+            self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
+        ):
+            return self._decoder.decode(step_types, responses, env_ids)
+        # Specs differ between worlds (or changed on reset): one TimeStep per world.
+        timesteps = [
+            self.envs[index]._timestep(step_type, response)
+            for index, step_type, response in zip(env_ids, step_types, responses, strict=True)
+        ]
         return batch_of(timesteps, env_ids)
+
+    def _decode_apart(self, taken: list[tuple[int, Any, float]]) -> BatchedTimeStep:
+        """Raises ``WorldError`` for the first step that does not decode; the rest stay filed."""
+        for position, (index, outcome, _) in enumerate(taken):
+            try:
+                self.envs[index]._timestep(outcome[0], outcome[1])
+            except Exception as exc:
+                rest = taken[:position] + taken[position + 1 :]
+                for other, other_outcome, _ in rest:  # they are filed again below
+                    self._in_flight[other] += other_outcome[2] if len(other_outcome) > 2 else 1
+                self._put_back(rest)
+                raise self._wrap(index, exc) from exc
+        raise AssertionError("the batch did not decode, but each step does")
 
     def close(self, timeout: float = 10.0) -> None:
         """Leaves every world and closes what this batch opened. Idempotent; bounded by ``timeout``."""
@@ -482,7 +511,12 @@ class BatchedEnvironment:
             return
         self._closed = True
         deadline = time.monotonic() + timeout
-        for env in self.envs:
+        if self._runner is not None and not self._runner.closed:
+            with contextlib.suppress(errors.DmEnvRpcClientError):
+                self._runner.run(self._stop_tasks(), timeout=max(0.1, timeout / 4))
+        for index, env in enumerate(self.envs):
+            if self._state[index] != _LIVE:
+                continue  # its stream is closed or gone: nothing to leave
             remaining = max(0.1, deadline - time.monotonic())
             with contextlib.suppress(errors.DmEnvRpcClientError):  # a dead world: nothing to leave
                 env.close(timeout=remaining)
@@ -507,22 +541,3 @@ class BatchedEnvironment:
 
         fields = {"worlds": len(self.envs), "addresses": sorted(set(map(str, self.addresses)))}
         return display.environment_html("BatchedEnvironment", fields, *self.envs[0]._spec_rows())
-
-
-def _shut_down(
-    runner: LoopThread,
-    connections: Sequence[ConnectionLike],
-    channels: dict[str, grpc.aio.Channel],
-) -> None:
-    """Closes the streams, then the channels, then the loop; never raises for a dead server."""
-    for conn in connections:
-        with contextlib.suppress(errors.DmEnvRpcClientError):
-            conn.close()
-
-    async def close_channels() -> None:
-        await asyncio.gather(*(channel.close() for channel in channels.values()))
-
-    with contextlib.suppress(errors.DmEnvRpcClientError):
-        runner.run(close_channels(), timeout=10)
-    channels.clear()  # freed channels let gRPC close their TCP connections now
-    runner.close()

@@ -56,6 +56,8 @@ from dm_env_rpc_client.connection import (
 from dm_env_rpc_client.properties import PropertiesExtension
 
 specs_table = specs.specs_table  # importable from here as before
+DEFAULT_TIMEOUT = 60.0  # seconds an adaptor waits for each response unless told otherwise
+CLOSE_TIMEOUT = 10.0  # the most close() waits for each response by default
 
 
 class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
@@ -72,8 +74,10 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
       destroy_on_close: also destroy the world on ``close()`` (set by
         ``create_and_join_world``).
       timeout: seconds to wait for each response in ``step``, ``reset`` and
-        ``close``; None waits until the response or the stream's end. A step
-        that times out raises ``RequestTimeoutError``.
+        ``close`` (default ``DEFAULT_TIMEOUT``, 60 s); None waits until the
+        response or the stream's end. A step that times out raises
+        ``RequestTimeoutError``; its late response, when it comes, still moves
+        the step-type state machine on, so later steps keep their right types.
     """
 
     def __init__(
@@ -86,7 +90,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         validate: bool = True,
         world_name: str | None = None,
         destroy_on_close: bool = False,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         self._connection = as_connection(connection, "DmEnvAdaptor")
         self._timeout = timeout
@@ -141,7 +145,20 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
 
     def _step(self, action: Mapping[str, Any], timeout: float | None) -> dm_env.TimeStep:
         request = self.step_request(action)
-        return self.step_response(wait_response(self._send_step(request), timeout, request))
+        future = self._send_step(request)
+        try:
+            response = wait_response(future, timeout, request)
+        except errors.RequestTimeoutError:
+            # The step stays in flight: when its response comes, it still moves the state
+            # machine on (in request order), so the next step's type is right.
+            future.add_done_callback(self._advance_late)
+            raise
+        return self.step_response(response)
+
+    def _advance_late(self, future: concurrent.futures.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            with contextlib.suppress(errors.ProtocolError):
+                self._advance(future.result().state)
 
     def _send_step(self, request: dm_env_rpc_pb2.StepRequest) -> concurrent.futures.Future[Any]:
         """Sends a step; the Future's result goes to ``step_response`` (or ``_timestep``).
@@ -229,7 +246,12 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
     ) -> Iterator[dm_env.TimeStep]:
         """The oldest step of ``window`` (waiting for it) and every finished one after it."""
         request, future = window.popleft()
-        responses = [wait_response(future, self._timeout, request)]
+        try:
+            responses = [wait_response(future, self._timeout, request)]
+        except errors.RequestTimeoutError:
+            for late in (future, *(pending for _, pending in window)):  # in request order
+                late.add_done_callback(self._advance_late)
+            raise
         while window and window[0][1].done() and window[0][1].exception() is None:
             responses.append(window.popleft()[1].result())
         yield from self._run_timesteps(responses, decoder)
@@ -250,27 +272,40 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         """Leaves the world (once; idempotent), and destroys it if ``destroy_on_close``.
 
         An adaptor made from an address (``create_and_join_world("host:port")``)
-        also closes the connection it opened.
+        also closes the connection it opened. Gives up quietly on a dead or hung
+        server: a closed stream or a response that does not come within
+        ``timeout`` ends the call without an error. A server that refuses the
+        LeaveWorldRequest still gets the DestroyWorldRequest, then its error is raised.
 
         Args:
           timeout: seconds to wait for each response (default: the adaptor's
-            ``timeout``); a dead server is not waited for.
+            ``timeout``, at most ``CLOSE_TIMEOUT``, 10 s).
+
+        Raises:
+          DmEnvRpcError: the server refused to leave or destroy the world.
         """
         if self._closed:
             return
         self._closed = True
-        timeout = self._timeout if timeout is None else timeout
+        if timeout is None:
+            timeout = CLOSE_TIMEOUT if self._timeout is None else min(self._timeout, CLOSE_TIMEOUT)
+        refused: errors.DmEnvRpcError | None = None
         try:
-            self._connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
+            try:
+                self._connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
+            except errors.DmEnvRpcError as exc:
+                refused = exc  # still destroy the world below
             if self._destroy_on_close and self.world_name is not None:
                 self._connection.send(
                     dm_env_rpc_pb2.DestroyWorldRequest(world_name=self.world_name), timeout
                 )
-        except errors.ConnectionClosedError:
-            pass  # the server is gone: nothing left to leave
+        except (errors.ConnectionClosedError, errors.RequestTimeoutError):
+            pass  # the server is gone or hung: nothing more to do
         finally:
             if self._owns_connection:
                 self._connection.close()
+        if refused is not None:
+            raise refused
 
     def _repr_html_(self) -> str:
         from dm_env_rpc_client import display  # presentation: only when rendered
@@ -354,8 +389,8 @@ def join_world(
       DmEnvRpcError: the server refused the join.
     """
     check_adaptor_kwargs("join_world", adaptor_kwargs, DmEnvAdaptor)
-    timeout = adaptor_kwargs.get("timeout")
-    conn, owned = _open(connection, "join_world", timeout)
+    conn, owned = _open(connection, "join_world", adaptor_kwargs.get("timeout"))
+    adaptor_kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     try:
         env = _join(conn, world_name, join_world_settings, adaptor_kwargs)
     except BaseException:
@@ -418,8 +453,8 @@ def create_and_join_world(
       DmEnvRpcError: the server refused the create or the join.
     """
     check_adaptor_kwargs("create_and_join_world", adaptor_kwargs, DmEnvAdaptor)
-    timeout = adaptor_kwargs.get("timeout")
-    conn, owned = _open(connection, "create_and_join_world", timeout)
+    conn, owned = _open(connection, "create_and_join_world", adaptor_kwargs.get("timeout"))
+    timeout = adaptor_kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     try:
         world_name = create_world(conn, create_world_settings, timeout=timeout)
         try:

@@ -30,6 +30,7 @@ so ``except ValueError`` keeps working::
     +-- ProtocolError                  the server broke the protocol
     |   +-- ObservationError           a step response's observations contradict the specs
     +-- WorldError                     one world of a batch failed; names index and address
+    |   +-- WorldTimeoutError (TimeoutError)   it passed its deadline
     +-- RecordingError (OSError)       a recording folder that is not usable
 
 Transport errors are converted at the boundary with ``raise ... from exc``: no
@@ -317,6 +318,10 @@ class WorldError(DmEnvRpcClientError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.args[0], self.index, self.address))
+
+
+class WorldTimeoutError(WorldError, TimeoutError):
+    """One world of a batch passed its deadline (its cause is a ``RequestTimeoutError``)."""
 
 
 class RecordingError(DmEnvRpcClientError, OSError):

@@ -356,8 +356,9 @@ def test_every_adaptor_call_can_time_out(server_process) -> None:
                 env.reset(timeout=0.2)
             with pytest.raises(errors.RequestTimeoutError, match="CreateWorldRequest"):
                 create_and_join_world(conn, {}, {}, timeout=0.2)
-            with pytest.raises(errors.RequestTimeoutError, match="LeaveWorldRequest"):
-                env.close(timeout=0.2)
+            closing = time.monotonic()
+            env.close(timeout=0.2)  # gives up quietly on a hung server
+            assert time.monotonic() - closing < 2
             assert time.monotonic() - started < 15
         finally:
             os.kill(server.process.pid, signal.SIGCONT)

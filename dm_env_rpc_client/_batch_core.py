@@ -1,0 +1,438 @@
+"""The loop side of ``BatchedEnvironment``: writing steps, filing answers, failures, restarts.
+
+``BatchCore`` holds a batch's state and everything that runs on the batch's
+event loop: ``_write_steps`` queues requests, ``_landed`` moves a world's
+step-type state machine on and files the answer for ``recv``, ``_watch`` fails
+a world that passes its ``step_timeout``, and ``_fail`` applies the failure
+policy (``_restore`` makes a world again with ``_restart.reopen``). Answers
+are filed under a per-world *generation*: a failure bumps it, so an answer to a
+step dropped by the failure is never filed. ``open_worlds`` creates the worlds
+for ``BatchedEnvironment.connect``. The public face is ``batched``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import random
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from dm_env_rpc_client import _restart, errors
+from dm_env_rpc_client._loop import LoopConnection, LoopThread
+from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
+from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder
+from dm_env_rpc_client.aio import AsyncConnection
+from dm_env_rpc_client.connection import ConnectionLike
+from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world, join_world
+
+_WORLD_FAILED = "World {index} at {address} failed: {error}"
+_STALLED = "no response within its step_timeout of {timeout} s (the server may be stopped or hung)"
+_FAILED_BEFORE = (
+    "it failed before ({cause}) and takes no more steps; leave it out of env_ids, close "
+    "the batch, or connect with on_world_failure='restart'"
+)
+_REMOVED = (
+    "it was removed from the batch after {attempts} restart attempts failed "
+    "(first failure: {cause}; last attempt: {last}); see envs.failures and envs.live_ids"
+)
+_LIVE, _FAILED, _RESTARTING, _REMOVED_STATE = 0, 1, 2, 3
+_SEED_TWICE = (
+    "create_world_settings already holds {name!r}, and seed= sets it per world: "
+    "pass one of the two, or a different seed_setting."
+)
+_SEED_REFUSED = (
+    "The server at {address} refused the create setting {name!r} ({error}); the worlds are "
+    "created without it, so only what the client draws is seeded. Pass seed_setting= with "
+    "the name the server takes, or seed_setting=None to silence this."
+)
+_NAMES_COUNT = "Give one world name per world: {names} names for {count} worlds."
+_NO_WAITER = 1 << 62
+LATENCY_SAMPLES = 100_000  # latencies kept for percentiles; older ones are dropped
+
+
+class _Failure:
+    """A filed outcome that stands for ``lost`` steps of a failed or removed world."""
+
+    __slots__ = ("cause", "lost", "removed")
+
+    def __init__(self, cause: BaseException, lost: int, removed: bool = False) -> None:
+        self.cause, self.lost, self.removed = cause, lost, removed
+
+
+class BatchCore:
+    """The state of a batch and its loop side (see the module docs); ``BatchedEnvironment`` is the face."""
+
+    def __init__(
+        self,
+        envs: Sequence[DmEnvAdaptor],
+        addresses: Sequence[str | None] | None = None,
+        *,
+        connections: Sequence[ConnectionLike] = (),
+    ) -> None:
+        if not envs:
+            raise ValueError("A BatchedEnvironment needs at least one world.")
+        self.envs = list(envs)
+        self.addresses = (
+            list(addresses)
+            if addresses is not None
+            else [getattr(env.connection, "address", None) for env in self.envs]
+        )
+        self._connections = list(connections)
+        self.world_seeds: list[int | None] = [None] * len(self.envs)
+        self.failures: list[WorldFailure] = []
+        self._runner: LoopThread | None = None
+        self._streams: list[AsyncConnection] = []  # with a runner: each world's stream
+        # With a runner and the same specs everywhere: the batch-at-once decoder, and the
+        # specs it was made for (a world whose specs change on reset is decoded alone).
+        self._decoder: StackedDecoder | None = None
+        self._joined_specs: list[Any] = []
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._closed = False
+        # Finished steps, per world in request order: (outcome, latency). The outcome is the
+        # exception of a failed step, a _Failure, else a TimeStep (adaptors over their own
+        # connections) or (step type, StepResponse[, steps it answers]) (on the batch's loop;
+        # recv decodes these; a third item marks the truncating FIRST step after a restart).
+        self._cond = threading.Condition(threading.Lock())
+        count = len(self.envs)
+        self._done: list[collections.deque[tuple[Any, float]]] = [
+            collections.deque() for _ in range(count)
+        ]
+        self._ready = 0  # finished and not yet received, over all worlds
+        self._want = _NO_WAITER  # recv wakes when _ready reaches this
+        self._in_flight = [0] * count  # sent and not yet received, per world
+        # Round trips in seconds, send to response, of the latest LATENCY_SAMPLES steps.
+        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_SAMPLES)
+        # World states (written under _cond; on the loop when there is one) and generations:
+        # a failure bumps the generation, and responses of an older one are dropped.
+        self._state = [_LIVE] * count
+        self._gen = [0] * count
+        self._policy = _restart.RAISE
+        self._restart_policy = RestartPolicy()
+        self._step_timeout: float | None = None
+        # On the loop only: steps written and unanswered, the time of the world's last
+        # progress (perf_counter), steps held while it restarts, and whether its next step
+        # is the first after a restart that answered nothing.
+        self._busy = [0] * count
+        self._progress = [0.0] * count
+        self._held: list[list[tuple[bytes, str, float]]] = [[] for _ in range(count)]
+        self._truncate_next = [False] * count
+        self._recipes: list[_restart.WorldRecipe] = []
+        self._open_stream: Callable[[str, float], Any] | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._rng = random.Random()
+
+    def _wrap(self, index: int, exc: BaseException) -> errors.WorldError:
+        address = self.addresses[index]
+        kind = errors.WorldTimeoutError if isinstance(exc, TimeoutError) else errors.WorldError
+        return kind(_WORLD_FAILED.format(index=index, address=address, error=exc), index, address)
+
+    def _refusal(self, index: int) -> errors.WorldError:
+        failure = next((f for f in reversed(self.failures) if f.index == index), None)
+        cause: Any = failure.cause if failure is not None else "unknown"
+        if self._state[index] == _REMOVED_STATE and failure is not None:
+            reason = _REMOVED.format(
+                attempts=failure.attempts, cause=cause, last=failure.last_error
+            )
+        else:
+            reason = _FAILED_BEFORE.format(cause=cause)
+        error = self._wrap(index, errors.DmEnvRpcClientError(reason))
+        error.__cause__ = cause if isinstance(cause, BaseException) else None
+        return error
+
+    def _write_steps(self, batch: list[tuple[int, bytes, str]], sent: float) -> None:
+        # Queue each world's request; _landed files its response.
+        for index, data, expected in batch:
+            state = self._state[index]
+            if state == _LIVE:
+                self._write(index, data, expected, sent)
+            elif state == _RESTARTING:
+                self._held[index].append((data, expected, sent))
+            else:  # failed or removed while this was on its way: it answers as a failure
+                self._file(index, self._gen[index], sent, _Failure(self._refusal(index), 1))
+
+    def _write(self, index: int, data: bytes, expected: str, sent: float) -> None:
+        if not self._busy[index]:
+            self._progress[index] = sent
+        self._busy[index] += 1
+        future = self._streams[index]._submit(data, expected)
+        future.add_done_callback(functools.partial(self._landed, index, self._gen[index], sent))
+
+    def _landed(self, index: int, gen: int, sent: float, future: asyncio.Future[Any]) -> None:
+        # Only the state machine moves here (in request order); recv decodes the observations.
+        if gen != self._gen[index]:
+            return  # an answer to a step dropped by a failure
+        try:
+            response = future.result()
+            outcome: Any = (self.envs[index]._advance(response.state), response)
+        except errors.DmEnvRpcConnectionError as exc:
+            self._fail(index, exc)  # this step is one of those it drops
+            return
+        except BaseException as exc:
+            outcome = exc
+        self._busy[index] -= 1
+        self._progress[index] = time.perf_counter()
+        if self._truncate_next[index]:
+            self._truncate_next[index] = False
+            if isinstance(outcome, tuple):
+                outcome = (*outcome, 1)
+        self._file(index, gen, sent, outcome)
+
+    def _watch(self) -> None:
+        # Every world with steps in flight and no progress for step_timeout has failed.
+        timeout = self._step_timeout
+        if self._closed or timeout is None or self._runner is None:
+            return
+        now = time.perf_counter()
+        for index, busy in enumerate(self._busy):
+            if busy and now - self._progress[index] > timeout and self._state[index] == _LIVE:
+                self._fail(index, errors.RequestTimeoutError(_STALLED.format(timeout=timeout)))
+        interval = min(1.0, max(0.02, timeout / 4))
+        self._watchdog = self._runner.loop.call_later(interval, self._watch)
+
+    def _fail(self, index: int, cause: BaseException, reported: bool = False) -> int:
+        """World ``index`` failed: drop its unanswered steps and apply the policy.
+
+        Returns how many steps were dropped. ``reported``: the caller raises the
+        failure itself, so under "raise" nothing is filed for it.
+        """
+        if self._state[index] != _LIVE:
+            return 0
+        lost, self._busy[index] = self._busy[index], 0
+        with self._cond:
+            self._gen[index] += 1
+            self._state[index] = _RESTARTING if self._policy == _restart.RESTART else _FAILED
+        stream = self._streams[index]
+        if self._policy == _restart.RESTART:
+            self._spawn(self._restore(index, cause, lost, stream))
+            return lost
+        self._spawn(stream.aclose())
+        self.failures.append(
+            WorldFailure(
+                index, self.addresses[index], cause, time.time(), 0, "raised", None, lost, 0.0
+            )
+        )
+        if lost and not reported:
+            self._file(index, self._gen[index], time.perf_counter(), _Failure(cause, lost))
+        return lost
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restore(
+        self, index: int, cause: BaseException, lost: int, old: AsyncConnection
+    ) -> None:
+        detected, started = time.time(), time.monotonic()
+        with contextlib.suppress(Exception):
+            await old.aclose()
+        address = self.addresses[index]
+        assert self._open_stream is not None
+        try:
+            restored = await _restart.reopen(
+                self._open_stream,
+                _restart.rotation(str(address), [str(a) for a in self.addresses]),
+                self._recipes[index],
+                self._restart_policy,
+                first_step=lost > 0,
+                rng=self._rng,
+            )
+        except _restart.GaveUp as gave_up:
+            held, self._held[index] = self._held[index], []
+            with self._cond:
+                self._state[index] = _REMOVED_STATE
+            self.failures.append(
+                WorldFailure(
+                    index,
+                    address,
+                    cause,
+                    detected,
+                    gave_up.attempts,
+                    "removed",
+                    None,
+                    lost + len(held),
+                    time.monotonic() - started,
+                    gave_up.last_error,
+                )
+            )
+            if lost or held:
+                failure = _Failure(cause, lost + len(held), removed=True)
+                self._file(index, self._gen[index], time.perf_counter(), failure)
+            return
+        env = restored.env
+        self.envs[index] = env
+        self._connections[index] = restored.connection
+        self._streams[index] = restored.connection.async_connection
+        self.addresses[index] = restored.address
+        if env._wire_specs == self._joined_specs[index]:
+            self._joined_specs[index] = env._wire_specs
+        self.failures.append(
+            WorldFailure(
+                index,
+                address,
+                cause,
+                detected,
+                restored.attempts,
+                "restarted",
+                restored.address,
+                lost,
+                time.monotonic() - started,
+            )
+        )
+        with self._cond:
+            self._state[index] = _LIVE
+        if restored.first is not None:
+            step_type = env._advance(restored.first.state)
+            self._file(
+                index, self._gen[index], time.perf_counter(), (step_type, restored.first, lost)
+            )
+        else:
+            self._truncate_next[index] = True
+        held, self._held[index] = self._held[index], []
+        for data, expected, sent in held:
+            self._write(index, data, expected, sent)
+
+    def _finished(
+        self, index: int, gen: int, sent: float, future: concurrent.futures.Future[Any]
+    ) -> None:
+        try:
+            outcome = self.envs[index].step_response(future.result())
+        except BaseException as exc:
+            outcome = exc
+        self._file(index, gen, sent, outcome)
+
+    def _file(self, index: int, gen: int, sent: float, outcome: Any) -> None:
+        # On the loop (or a connection's reader thread): file the step and wake recv if due.
+        latency = time.perf_counter() - sent
+        with self._cond:
+            if gen != self._gen[index]:
+                return  # an answer to a step dropped by a failure
+            self._done[index].append((outcome, latency))
+            self._ready += 1
+            if self._ready >= self._want:
+                self._cond.notify()
+
+    def _put_back(self, items: list[tuple[int, Any, float]]) -> None:
+        """Files ``items`` again at the front of their worlds' queues, in their order."""
+        with self._cond:
+            for index, outcome, latency in reversed(items):
+                self._done[index].appendleft((outcome, latency))
+            self._ready += len(items)
+
+    async def _stop_tasks(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _is_bad(outcome: Any) -> bool:
+    return isinstance(outcome, (BaseException, _Failure))
+
+
+def _flagged(batch: BatchedTimeStep, truncated: Sequence[bool] | None = None) -> BatchedTimeStep:
+    """The batch with its ``truncated`` flags (all False unless given)."""
+    flags = np.zeros(len(batch.env_ids), bool) if truncated is None else np.array(truncated, bool)
+    return batch._replace(truncated=flags)
+
+
+async def _call(function: Callable[..., Any], *args: Any) -> Any:
+    """Runs ``function(*args)`` on the loop (for ``LoopThread.run``)."""
+    return function(*args)
+
+
+def _shut_down(
+    runner: LoopThread,
+    connections: Sequence[ConnectionLike],
+    channels: dict[str, grpc.aio.Channel],
+) -> None:
+    """Closes the streams, then the channels, then the loop; never raises for a dead server."""
+    for conn in connections:
+        with contextlib.suppress(errors.DmEnvRpcClientError):
+            conn.close()
+
+    async def close_channels() -> None:
+        await asyncio.gather(*(channel.close() for channel in channels.values()))
+
+    with contextlib.suppress(errors.DmEnvRpcClientError):
+        runner.run(close_channels(), timeout=10)
+    channels.clear()  # freed channels let gRPC close their TCP connections now
+    runner.close()
+
+
+def open_worlds(
+    runner: LoopThread,
+    open_stream: Callable[..., Any],
+    connections: list[LoopConnection],
+    addresses: Sequence[str],
+    count: int,
+    settings_of: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, Sequence[str] | None],
+    timeout: float | None,
+    seed: int | None,
+    seed_setting: str | None,
+) -> tuple[list[DmEnvAdaptor], list[str], list[_restart.WorldRecipe], list[int | None]]:
+    """Creates (or joins) the batch's worlds in turn; returns envs, addresses, recipes, seeds.
+
+    Each stream opened is appended to ``connections`` at once, so the caller can
+    close them all if a later world fails.
+
+    Raises:
+      WorldError: naming the world that could not be created or joined.
+    """
+    create_world_settings, join_world_settings, world_names = settings_of
+    envs: list[DmEnvAdaptor] = []
+    used: list[str] = []
+    recipes: list[_restart.WorldRecipe] = []
+    seeds: list[int | None] = [None] * count
+    for index in range(count):
+        address = addresses[index % len(addresses)]
+        try:
+            conn = runner.run(open_stream(address))
+            connections.append(conn)
+            settings = None
+            if world_names is not None:
+                env = join_world(conn, world_names[index], join_world_settings, timeout=timeout)
+            else:
+                settings = dict(create_world_settings or {})
+                if seed_setting is not None and seed is not None:
+                    settings[seed_setting] = seeds[index] = seed + index
+                try:
+                    env, _ = create_and_join_world(
+                        conn, settings, join_world_settings, timeout=timeout
+                    )
+                except errors.InvalidArgumentError as exc:
+                    if seed_setting is None or repr(seed_setting) not in str(exc):
+                        raise
+                    warnings.warn(
+                        _SEED_REFUSED.format(address=address, name=seed_setting, error=exc),
+                        stacklevel=3,
+                    )
+                    seed_setting, seeds[index] = None, None
+                    settings = dict(create_world_settings or {})
+                    env, _ = create_and_join_world(
+                        conn, settings, join_world_settings, timeout=timeout
+                    )
+        except errors.DmEnvRpcClientError as exc:
+            raise errors.WorldError(
+                _WORLD_FAILED.format(index=index, address=address, error=exc),
+                index,
+                address,
+            ) from exc
+        envs.append(env)
+        used.append(address)
+        name = None if world_names is None else world_names[index]
+        recipes.append(_restart.WorldRecipe(settings, join_world_settings, name, timeout))
+    return envs, used, recipes, seeds

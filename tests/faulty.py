@@ -1,0 +1,107 @@
+"""Faulty dm_env_rpc servers for error paths: a raw gRPC handler answers each request as told.
+
+``faulty_server(answer)`` serves ``answer(request) -> EnvironmentResponse`` on a
+loopback port (a plain ``grpc.server``, default options, like any foreign
+server). ``Counter`` is a dm_env whose observation is the number of steps it
+took, and which waits at a gate when told, so a test can tell which request a
+response answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import dm_env
+import grpc
+import numpy as np
+from dm_env import specs as dm_specs
+
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+
+METHOD = "/dm_env_rpc.v1.Environment/Process"
+Answer = Callable[[dm_env_rpc_pb2.EnvironmentRequest], dm_env_rpc_pb2.EnvironmentResponse]
+
+
+@contextlib.contextmanager
+def faulty_server(answer: Answer, options: Any = None) -> Iterator[str]:
+    """Serves ``answer`` for every request of every stream; yields the address."""
+
+    def process(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        for request in requests:
+            yield answer(request)
+
+    handler = grpc.method_handlers_generic_handler(
+        "dm_env_rpc.v1.Environment",
+        {
+            "Process": grpc.stream_stream_rpc_method_handler(
+                process,
+                request_deserializer=dm_env_rpc_pb2.EnvironmentRequest.FromString,
+                response_serializer=dm_env_rpc_pb2.EnvironmentResponse.SerializeToString,
+            )
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=options)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None).wait(5)
+
+
+def float_specs(shape: tuple[int, ...] = (2,)) -> dm_env_rpc_pb2.ActionObservationSpecs:
+    """Specs with no action and one float32 observation ``x`` (UID 1) of ``shape``."""
+    spec = dm_env_rpc_pb2.TensorSpec(name="x", shape=list(shape), dtype=dm_env_rpc_pb2.FLOAT)
+    return dm_env_rpc_pb2.ActionObservationSpecs(observations={1: spec})
+
+
+def lifecycle(
+    request: dm_env_rpc_pb2.EnvironmentRequest, specs: dm_env_rpc_pb2.ActionObservationSpecs
+) -> dm_env_rpc_pb2.EnvironmentResponse | None:
+    """The ordinary answer to a lifecycle request; None for a step."""
+    kind = request.WhichOneof("payload")
+    if kind == "create_world":
+        return dm_env_rpc_pb2.EnvironmentResponse(
+            create_world=dm_env_rpc_pb2.CreateWorldResponse(world_name="w")
+        )
+    if kind == "join_world":
+        return dm_env_rpc_pb2.EnvironmentResponse(
+            join_world=dm_env_rpc_pb2.JoinWorldResponse(specs=specs)
+        )
+    if kind == "reset":
+        return dm_env_rpc_pb2.EnvironmentResponse(reset=dm_env_rpc_pb2.ResetResponse(specs=specs))
+    if kind == "step":
+        return None
+    response = dm_env_rpc_pb2.EnvironmentResponse()
+    getattr(response, kind).SetInParent()
+    return response
+
+
+class Counter(dm_env.Environment):
+    """Observation ``count``: the steps taken so far. Step ``gate_at`` waits at ``gate``."""
+
+    gate = threading.Event()
+    gate_at = -1
+
+    def __init__(self, **_: Any) -> None:
+        self.count = 0
+
+    def reset(self) -> dm_env.TimeStep:
+        return dm_env.restart({"count": np.int64(self.count)})
+
+    def step(self, action: Any) -> dm_env.TimeStep:
+        self.count += 1
+        if self.count == Counter.gate_at and not Counter.gate.wait(timeout=30):
+            raise RuntimeError("the test never opened the gate")
+        return dm_env.transition(0.0, {"count": np.int64(self.count)})
+
+    def observation_spec(self) -> Any:
+        return {"count": dm_specs.Array((), np.int64, name="count")}
+
+    def action_spec(self) -> Any:
+        return {"a": dm_specs.BoundedArray((), np.int8, 0, 1, name="a")}

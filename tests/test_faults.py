@@ -1,0 +1,304 @@
+"""Batched stepping under faults: never a wrong, lost or half-sent step (issue 12, defects 1-8)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import wait_for
+from faulty import Counter, faulty_server, float_specs, lifecycle
+
+from dm_env_rpc_client import errors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.connection import connect
+from dm_env_rpc_client.environment import create_and_join_world, join_world
+from dm_env_rpc_client.server import serve
+
+ZEROS4 = {"paddle": np.zeros(4, np.int8)}
+
+
+@pytest.fixture
+def counter_server() -> Any:
+    Counter.gate.clear()
+    Counter.gate_at = -1
+    with serve(lambda settings: Counter(**settings)) as server:
+        yield server
+    Counter.gate.set()
+
+
+# --- defect 1: a late answer never answers a later request ------------------------------
+
+
+def test_adaptor_after_a_timeout_gets_the_answer_to_its_own_request(counter_server) -> None:
+    Counter.gate_at = 2  # the second step answers late
+    with connect(counter_server.address, timeout=10) as conn:
+        env, _ = create_and_join_world(conn, {}, {}, timeout=0.3)
+        env.reset()
+        assert env.step({"a": 0}).observation["count"] == 1
+        with pytest.raises(errors.RequestTimeoutError):
+            env.step({"a": 0})
+        Counter.gate.set()
+        third = env.step({"a": 0})
+        assert third.observation["count"] == 3  # not the late answer (2) to the step before
+        assert third.step_type == dm_env_step_type("MID")
+
+
+def dm_env_step_type(name: str) -> Any:
+    import dm_env
+
+    return dm_env.StepType[name]
+
+
+def test_batch_after_a_timeout_drops_the_late_answer(counter_server) -> None:
+    Counter.gate_at = 2  # a blocked step holds its whole server: world 1 lives on another
+    with (
+        serve(lambda settings: Counter(**settings)) as other,
+        BatchedEnvironment.connect([counter_server.address, other.address], 2) as envs,
+    ):
+        envs.reset()
+        actions = {"a": np.zeros(2, np.int8)}
+        envs.send({"a": np.zeros(1, np.int8)}, [0])  # world 0 is one step ahead
+        envs.recv(env_ids=[0], timeout=10)
+        envs.send(actions, [0, 1])  # world 0's second step waits at the gate
+        with pytest.raises(errors.WorldTimeoutError) as info:
+            envs.recv(env_ids=[0, 1], timeout=0.3)
+        assert isinstance(info.value, TimeoutError) and info.value.index == 0
+        assert isinstance(info.value.__cause__, errors.RequestTimeoutError)
+        Counter.gate.set()
+        healthy = envs.recv(1, timeout=10)  # world 1's step was kept
+        assert healthy.env_ids.tolist() == [1] and healthy.observation["count"].tolist() == [1]
+        assert envs.pending() == 0
+        assert [f.outcome for f in envs.failures] == ["raised"]
+        assert envs.failures[0].steps_lost == 1
+
+
+# --- defect 2: all or nothing -------------------------------------------------------------
+
+
+def test_a_refused_action_sends_nothing(counter_server) -> None:
+    with BatchedEnvironment.connect([counter_server.address], 3) as envs:
+        envs.reset()
+        with pytest.raises(errors.WorldError, match="World 2") as info:
+            envs.step({"a": np.array([0, 1, 5], np.int8)})  # 5 is out of bounds for world 2
+        assert isinstance(info.value.__cause__, errors.SpecValidationError)
+        assert envs.pending() == 0
+        step = envs.step({"a": np.zeros(3, np.int8)})
+        assert step.observation["count"].tolist() == [1, 1, 1]  # no world took a step before
+
+
+# --- defect 7: bad arguments and decode errors --------------------------------------------
+
+
+def test_bad_arguments_get_clear_errors(counter_server) -> None:
+    with BatchedEnvironment.connect([counter_server.address], 2) as envs:
+        envs.reset()
+        with pytest.raises(errors.SpecValidationError, match="got NoneType"):
+            envs.step(None)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="env_ids holds 5; give world indices from 0 to 1"):
+            envs.send({"a": np.zeros(1, np.int8)}, [5])
+        with pytest.raises(ValueError, match="env_ids holds -1"):
+            envs.send({"a": np.zeros(1, np.int8)}, [-1])
+        with pytest.raises(ValueError, match="env_ids holds 0.5"):
+            envs.send({"a": np.zeros(1, np.int8)}, [0.5])  # type: ignore[list-item]
+        assert envs.pending() == 0
+        envs.send({"a": np.zeros(1, np.int8)}, [np.int64(1)])  # NumPy indices are fine
+        assert envs.recv(1, timeout=10).env_ids.tolist() == [1]
+        with pytest.raises(errors.SpecValidationError, match="list"):
+            envs.envs[0].step([1])  # type: ignore[arg-type]
+
+
+def test_an_undecodable_observation_names_its_world_and_keeps_the_others(counter_server) -> None:
+    specs = float_specs((2,))
+
+    def answer(request: Any) -> Any:
+        done = lifecycle(request, specs)
+        if done is not None:
+            return done
+        tensor = dm_env_rpc_pb2.Tensor(shape=[3])  # 3 elements promised, 2 sent
+        tensor.floats.array.extend([1.0, 2.0])
+        step = dm_env_rpc_pb2.StepResponse(state=dm_env_rpc_pb2.RUNNING, observations={1: tensor})
+        return dm_env_rpc_pb2.EnvironmentResponse(step=step)
+
+    with (
+        faulty_server(answer) as bad,
+        BatchedEnvironment.connect([bad, counter_server.address], 2) as envs,
+    ):
+        envs.send({}, [0])
+        envs.send({"a": np.zeros(1, np.int8)}, [1])
+        assert wait_for(lambda: envs._ready == 2)
+        with pytest.raises(errors.WorldError, match="World 0") as info:
+            envs.recv(2, timeout=10)
+        assert info.value.index == 0 and info.value.address == bad
+        assert isinstance(info.value.__cause__, (errors.TensorError, errors.ObservationError))
+        kept = envs.recv(1, timeout=10)
+        assert kept.env_ids.tolist() == [1] and envs.pending() == 0
+
+
+# --- defect 3: no received step is dropped -------------------------------------------------
+
+
+def test_killing_a_server_loses_no_healthy_step(server_process) -> None:
+    servers = [server_process() for _ in range(2)]
+    with BatchedEnvironment.connect([s.address for s in servers], 4, timeout=20) as envs:
+        envs.reset()
+        sent, received = [0] * 4, [0] * 4
+        ready = [0, 1, 2, 3]
+        for _ in range(4):  # four steps in flight per world
+            envs.send(ZEROS4, ready)
+            for index in ready:
+                sent[index] += 1
+        failed: set[int] = set()
+        for turn in range(200):
+            if turn == 20:
+                servers[1].kill()  # worlds 1 and 3
+            try:
+                batch = envs.recv(1, timeout=10)
+            except errors.WorldError as error:
+                failed.add(error.index)
+                continue
+            ids = batch.env_ids.tolist()
+            for index in ids:
+                received[index] += 1
+            again = [i for i in ids if i not in failed]
+            if turn < 150 and again:
+                envs.send({"paddle": np.zeros(len(again), np.int8)}, again)
+                for index in again:
+                    sent[index] += 1
+            if turn >= 150 and envs.pending() == 0:
+                break
+        assert failed == {1, 3}
+        assert received[0] == sent[0] and received[2] == sent[2]  # every healthy step came back
+        lost = {f.index: f.steps_lost for f in envs.failures}
+        assert received[1] + lost[1] == sent[1] and received[3] + lost[3] == sent[3]
+
+
+# --- defect 4: a stalled world is reported while the others run ----------------------------
+
+
+def test_a_stopped_server_is_reported_within_the_step_timeout(server_process) -> None:
+    servers = [server_process() for _ in range(2)]
+    envs = BatchedEnvironment.connect([s.address for s in servers], 4, step_timeout=1.0)
+    try:
+        envs.reset()
+        envs.step(ZEROS4, timeout=10)
+        os.kill(servers[1].process.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        envs.send(ZEROS4, [0, 1, 2, 3])
+        healthy = envs.recv(2, timeout=10)
+        assert sorted(healthy.env_ids.tolist()) == [0, 2]
+        for world in (1, 3):  # each stalled world is reported once, oldest first
+            with pytest.raises(errors.WorldTimeoutError, match="step_timeout of 1.0 s") as info:
+                envs.recv(1, timeout=10)
+            assert info.value.index == world and info.value.address == servers[1].address
+        assert time.monotonic() - stopped < 1.0 + 0.25 + 2  # timeout + check interval + slack
+        assert envs.pending() == 0
+        envs.send({"paddle": np.zeros(2, np.int8)}, [0, 2])  # the healthy worlds go on
+        assert sorted(envs.recv(2, timeout=10).env_ids.tolist()) == [0, 2]
+    finally:
+        os.kill(servers[1].process.pid, signal.SIGCONT)
+        envs.close(timeout=2)
+
+
+# --- defect 5 and 8: bounded by default, quiet, cheap -------------------------------------
+
+
+def test_close_is_cheap_right_after_connect(catch_server) -> None:
+    times = []
+    for _ in range(5):
+        conn = connect(catch_server.address, timeout=10)
+        started = time.perf_counter()
+        conn.close()
+        times.append(time.perf_counter() - started)
+    # gRPC's connectivity poll made every close take 0.2 s; now it takes about 1 ms.
+    assert statistics.median(times) < 0.1
+
+
+def test_adaptors_time_out_by_default(catch_server) -> None:
+    with connect(catch_server.address, timeout=10) as conn:
+        env, _ = create_and_join_world(conn, {}, {})
+        assert env._timeout == 60.0
+        env.close()
+
+
+def test_close_destroys_the_world_when_leave_is_refused() -> None:
+    seen: list[str] = []
+    specs = float_specs()
+
+    def answer(request: Any) -> Any:
+        kind = request.WhichOneof("payload")
+        seen.append(kind)
+        if kind == "leave_world":
+            error = dm_env_rpc_pb2.EnvironmentResponse()
+            error.error.code, error.error.message = 13, "cannot leave"
+            return error
+        return lifecycle(request, specs)
+
+    with faulty_server(answer) as address, connect(address, timeout=10) as conn:
+        env, _ = create_and_join_world(conn, {}, {}, timeout=5)
+        with pytest.raises(errors.DmEnvRpcError, match="cannot leave"):
+            env.close()
+        assert seen[-2:] == ["leave_world", "destroy_world"]
+        env.close()  # idempotent
+
+
+def _reference_server(answer: Any) -> Any:
+    """A server built on the reference package's servicer (default gRPC server options)."""
+    import contextlib
+    from concurrent import futures
+
+    import grpc
+    from dm_env_rpc.v1 import dm_env_rpc_pb2 as ref_pb2
+    from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc as ref_grpc
+
+    class Servicer(ref_grpc.EnvironmentServicer):
+        def Process(self, request_iterator: Any, context: Any) -> Any:
+            for request in request_iterator:
+                ours = dm_env_rpc_pb2.EnvironmentRequest.FromString(request.SerializeToString())
+                yield ref_pb2.EnvironmentResponse.FromString(answer(ours).SerializeToString())
+
+    @contextlib.contextmanager
+    def running() -> Any:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        ref_grpc.add_EnvironmentServicer_to_server(Servicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            server.stop(grace=None).wait(5)
+
+    return running()
+
+
+@pytest.mark.parametrize("kind", ["default grpc server", "reference servicer"])
+def test_keepalive_is_not_refused_as_too_many_pings(kind: str) -> None:
+    """An idle stream, pinged often, on a server with default ping limits: still usable."""
+    specs = float_specs()
+    fast = [("grpc.keepalive_time_ms", 500), ("grpc.keepalive_timeout_ms", 2_000)]
+
+    def answer(request: Any) -> Any:
+        done = lifecycle(request, specs)
+        if done is not None:
+            return done
+        tensor = dm_env_rpc_pb2.Tensor(shape=[2])
+        tensor.floats.array.extend([1.0, 2.0])
+        step = dm_env_rpc_pb2.StepResponse(state=dm_env_rpc_pb2.RUNNING, observations={1: tensor})
+        return dm_env_rpc_pb2.EnvironmentResponse(step=step)
+
+    server = faulty_server(answer) if kind == "default grpc server" else _reference_server(answer)
+    with server as address, connect(address, timeout=10, options=fast) as conn:
+        env = join_world(conn, "w", timeout=5)
+        env.reset()
+        # Idle on purpose for ten keepalive periods, busy, then idle again: a server that
+        # counted the pings as abuse would send GOAWAY (too_many_pings) and end the stream.
+        for _ in range(2):
+            time.sleep(2.5)
+            assert not conn.closed
+            for _ in range(50):
+                assert env.step({}).observation["x"].tolist() == [1.0, 2.0]
