@@ -7,8 +7,10 @@ servers in the wild are; each serves Catch, and an environment with a
 float32[100,000] observation. In each of R rounds, in a seeded shuffled order,
 every adaptor is set up, warmed up, timed and closed (only the one being timed
 is connected). One table per environment, both servers in it: steps per second,
-client CPU µs per step (all client threads) and server CPU µs per step (the
-server process, from /proc), each the median over the rounds; the ratio against
+wall-clock µs per step, client CPU µs per step (all client threads) and server
+CPU µs per step (the server process, from /proc), each the median over the
+rounds (in lockstep, wall minus client and server CPU is the time in transport:
+the kernel, the loopback and the wake-ups; pipelined, the three overlap); the ratio against
 the reference adaptor, and, for the pipelined rows, against the raw gRPC floor
 at the same window (steps/s and client CPU per step), each the median of the
 per-round ratios, so drift between rounds cancels.
@@ -132,6 +134,7 @@ def bench(
             [
                 name,
                 results.median(name, "steps_per_second"),
+                1e6 / results.median(name, "steps_per_second"),
                 results.median(name, "cpu_us_per_step"),
                 results.median(name, "server_cpu_us_per_step"),
                 f"{results.ratio(name, REFERENCE):.2f}x",
@@ -153,6 +156,7 @@ def main() -> None:
         "server",
         "adaptor",
         "steps/s",
+        "wall µs/step",
         "client CPU µs/step",
         "server CPU µs/step",
         "vs reference",

@@ -212,10 +212,12 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
     ) -> Iterator[dm_env.TimeStep]:
         """Steps through ``actions`` with up to ``in_flight`` requests pending; yields in order.
 
-        Each wait for the oldest step also takes every later step that has
-        already finished, and decodes their observations together (one NumPy
-        call per observation, see ``_decode``), which costs much less than one
-        step at a time. The TimeSteps are the same as ``step`` gives.
+        When the window is full it waits for its oldest half (``in_flight // 2``
+        steps) to finish, takes every finished step, decodes their observations
+        together (one NumPy call per observation, see ``_decode``) and refills
+        the window: one wake-up and one decode per half window instead of per
+        step, while the server always has the other half to work on. The
+        TimeSteps are the same as ``step`` gives.
 
         Raises:
           UnknownNameError: for an action name not in the specs.
@@ -231,20 +233,30 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         window: collections.deque[tuple[message.Message, concurrent.futures.Future[Any]]] = (
             collections.deque()
         )
+        run = max(1, in_flight // 2)
         for action in actions:
             if len(window) >= in_flight:
-                yield from self._finished_steps(window, decoder)
+                yield from self._finished_steps(window, decoder, run)
             request = self.step_request(action)
             window.append((request, self._send_step(request)))
         while window:
-            yield from self._finished_steps(window, decoder)
+            yield from self._finished_steps(window, decoder, run)
 
     def _finished_steps(
         self,
         window: collections.deque[tuple[message.Message, concurrent.futures.Future[Any]]],
         decoder: StackedDecoder,
+        run: int,
     ) -> Iterator[dm_env.TimeStep]:
-        """The oldest step of ``window`` (waiting for it) and every finished one after it."""
+        """The oldest ``run`` steps of ``window`` (waiting for them) and every finished one after.
+
+        Responses come in request order, so waiting for the ``run``-th oldest
+        waits for all of them: the caller's thread wakes once per ``run`` steps,
+        not once per step, while the server still has the rest of the window to
+        work on.
+        """
+        request, future = window[min(run, len(window)) - 1]
+        wait_response(future, self._timeout, request)
         request, future = window.popleft()
         try:
             responses = [wait_response(future, self._timeout, request)]

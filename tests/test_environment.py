@@ -225,7 +225,7 @@ def test_lockstep_and_pipelined_give_identical_timesteps(env_name: str, in_fligh
                     window.append((request, conn.send_async(request)))
                 for _, future in window:
                     future.result(timeout=10)
-                return first + list(env._finished_steps(window, StackedDecoder(env)))
+                return first + list(env._finished_steps(window, StackedDecoder(env), 1))
             return first + [env.step(action) for action in actions]
 
     lockstep = run("lockstep")
