@@ -664,3 +664,49 @@ def test_vector_over_zoo_adaptors_with_requested_observations(zoo_server: Server
         envs.close()
         for adaptor in adaptors:
             adaptor.close()
+
+
+def test_a_failed_world_raises_and_leaves_nothing_in_flight(server_process: Any) -> None:
+    servers = [server_process("catch"), server_process("catch")]
+    envs = GymnasiumVectorEnv(
+        addresses=[server.address for server in servers], num_envs=2, timeout=10
+    )
+    envs.reset(seed=0)
+    zeros = {"paddle": np.zeros(2, np.int8)}
+    envs.step(zeros)
+    servers[1].kill()
+    with pytest.raises(errors.WorldError) as info:
+        envs.step(zeros)
+    assert info.value.index == 1 and info.value.address == servers[1].address
+    assert envs.batch.pending() == 0  # world 0's step of that vector step was drained
+    with pytest.raises(errors.WorldError, match="World 1"):
+        envs.step(zeros)
+    assert envs.batch.pending() == 0
+    envs.close()
+
+
+def test_a_restarted_world_is_flagged_in_infos(server_process: Any) -> None:
+    servers = [server_process("catch"), server_process("catch")]
+    envs = GymnasiumVectorEnv(
+        addresses=[server.address for server in servers],
+        num_envs=2,
+        create_world_settings={"rows": 20},
+        timeout=10,
+        connect_kwargs={"on_world_failure": "restart"},
+    )
+    envs.reset(seed=0)
+    zeros = {"paddle": np.zeros(2, np.int8)}
+    _, _, _, _, infos = envs.step(zeros)
+    assert "restarted" not in infos
+    servers[1].kill()
+    for _ in range(20):  # world 1 comes back on the other server, within a few steps
+        observations, rewards, terminations, truncations, infos = envs.step(zeros)
+        if "restarted" in infos:
+            break
+    assert infos["restarted"].tolist() == [False, True] and infos["_restarted"].all()
+    assert rewards[1] == 0.0 and not terminations[1] and not truncations[1]
+    assert observations["board"][1, 0].max() == 1.0  # a new episode: the ball on top
+    assert envs.observation_space.contains(observations)
+    _, _, _, _, infos = envs.step(zeros)
+    assert "restarted" not in infos
+    envs.close()

@@ -12,11 +12,19 @@ truncated.
 Each world's ``terminated`` is its server state TERMINATED, ``truncated`` its
 state INTERRUPTED. ``infos`` follow gymnasium's vector format: ``discount``
 (masked by ``_discount``, False on a FIRST step) and ``env_id`` (the world's
-index in the batch) with its ``_env_id`` mask.
+index in the batch) with its ``_env_id`` mask; when the batch restarted a failed
+world (``on_world_failure="restart"`` in ``connect_kwargs``), ``restarted`` (with
+``_restarted``) is True on that world's first step after the restart: its
+previous episode was cut short with no terminated or truncated step.
+
+A world's failure (``on_world_failure="raise"``, the default) makes
+``step_wait`` raise ``WorldError``; the other worlds' steps of that vector step
+are received and dropped, so nothing stale answers a later step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -50,6 +58,10 @@ _SEED_REFUSED = (
     "takes, or seed_setting=None to silence this."
 )
 _WORLD_FAILED = "World {index} at {address} failed: {error}"
+_REMOVED = (
+    "the batch removed it after it failed beyond its restart bounds (see batch.failures); "
+    "a VectorEnv keeps its num_envs: close this one and make a new one"
+)
 
 
 def refused_setting(exc: errors.InvalidArgumentError, name: str | None) -> bool:
@@ -151,10 +163,10 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         """The underlying ``BatchedEnvironment``."""
         return self._batch
 
-    def _world_error(self, index: int, exc: BaseException) -> errors.WorldError:
+    def _world_error(self, index: int, reason: object) -> errors.WorldError:
         address = self._batch.addresses[index]
         return errors.WorldError(
-            _WORLD_FAILED.format(index=index, address=address, error=exc), index, address
+            _WORLD_FAILED.format(index=index, address=address, error=reason), index, address
         )
 
     def reset(
@@ -190,8 +202,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         else:
             raise ValueError(_SEEDS.format(count=self.num_envs, seed=seed))
         if self._waiting:
-            self._waiting = False
-            self._batch.recv(env_ids=self._ids, timeout=self._timeout)
+            self._receive(self._timeout)
         extra = dict((options or {}).get("settings", {}))
         timesteps = []
         for index, env in enumerate(self._batch.envs):
@@ -267,29 +278,23 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         """Waits for the steps ``step_async`` sent.
 
         Args:
-          timeout: seconds to wait (default: the env's ``timeout``). After a
-            timeout the steps stay in flight, and ``step_wait`` may be called again.
+          timeout: seconds to wait (default: the env's ``timeout``).
 
         Returns:
           ``(observations, rewards, terminations, truncations, infos)``, batched.
 
         Raises:
           gymnasium.error.NoAsyncCallError: no step was sent.
-          WorldError: a world failed, or did not answer within ``timeout``.
+          WorldError: a world failed, refused the step, did not answer within
+            ``timeout`` (``WorldTimeoutError``), or was removed from the batch.
+            The other worlds' steps of this vector step are received and
+            discarded, so the next ``step`` starts clean.
         """
         if not self._waiting:
             raise gym_error.NoAsyncCallError(
                 "step_wait was called without step_async; call step_async first.", "step"
             )
-        try:
-            batch = self._batch.recv(
-                env_ids=self._ids, timeout=self._timeout if timeout is None else timeout
-            )
-        except errors.WorldError as exc:
-            if not isinstance(exc.__cause__, errors.RequestTimeoutError):
-                self._waiting = False  # the batch took (and dropped) the steps
-            raise
-        self._waiting = False
+        batch = self._receive(self._timeout if timeout is None else timeout)
         # One step per world was in flight, so each adaptor's latest state is this step's.
         states = np.fromiter((env._last_state for env in self._batch.envs), np.int64)
         not_first = batch.step_type != _FIRST
@@ -300,6 +305,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             "env_id": batch.env_ids,
             "_env_id": self._all(),
         }
+        if batch.truncated is not None and batch.truncated.any():
+            infos["restarted"] = batch.truncated
+            infos["_restarted"] = self._all()
         return (
             self._from_batch(batch.observation),
             rewards,
@@ -307,6 +315,28 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             states == State.INTERRUPTED,
             infos,
         )
+
+    def _receive(self, timeout: float | None) -> Any:
+        """The step of every world sent by ``step_async``; on a failure, none is left behind."""
+        self._waiting = False
+        try:
+            batch = self._batch.recv(env_ids=self._ids, timeout=timeout)
+        except errors.WorldError:
+            self._drain(timeout)
+            raise
+        if len(batch.env_ids) != self.num_envs:  # the batch removed a world that failed
+            missing = sorted(set(self._ids) - set(batch.env_ids.tolist()))
+            raise self._world_error(missing[0], _REMOVED)
+        return batch
+
+    def _drain(self, timeout: float | None) -> None:
+        """Receives and drops what is still in flight (after a world's failure)."""
+        for _ in self._ids:
+            pending = [index for index in self._ids if self._batch.in_flight(index) > 0]
+            if not pending:
+                return
+            with contextlib.suppress(errors.DmEnvRpcClientError, ValueError):
+                self._batch.recv(env_ids=pending, timeout=timeout)
 
     def _from_batch(self, observation: dict[str, Any]) -> Any:
         """Stacked SDK observations as a value of ``observation_space``."""
