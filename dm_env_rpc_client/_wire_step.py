@@ -24,6 +24,7 @@ import numpy as np
 
 from dm_env_rpc_client import messages
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._wire import _read_varint as _varint
 
 LARGE = 64 * 1024  # responses from this size on are walked; smaller ones protobuf parses faster
 _SMALL_TENSOR = 4096  # tensors under this size inside a walked response are parsed as usual
@@ -47,19 +48,6 @@ _WALKED: dict[int, tuple[str, np.dtype, np.dtype]] = {
 
 class _Unexpected(Exception):
     """The bytes are not in the layout the walk reads; protobuf parses them instead."""
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise _Unexpected
 
 
 class WireTensor:

@@ -1,11 +1,13 @@
 """Observations a server sends are checked against its specs, the same way on every path.
 
-A faulty raw-gRPC server (``faulty_server``) answers the first two steps
-correctly, then breaks its specs in one way per test: a requested observation
-missing, an unknown UID, an int64 payload for a float32 spec, a shape of
-(52428800, 1) for a [2, 3] spec. Lockstep ``step``, ``step_async``, ``step_iter``
-(one at a time and several decoded together) and the batch must all raise an
-``ObservationError`` naming the observation; the good steps before it arrive.
+A faulty raw-gRPC server (``tests.faulty``) answers a step whose paddle action
+is 1 correctly (its board filled with 1.0), and breaks its specs on a step
+whose paddle is -1, in one way per test: a requested observation missing, an
+unknown UID, an int64 payload for a float32 spec, a shape of (52428800, 1) for
+a [2, 3] spec, too few elements. Lockstep ``step``, ``step_async``,
+``step_iter`` (one at a time and several decoded together) and the batch must
+all raise an ``ObservationError`` naming the observation; the good steps before
+it arrive.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
 from dm_env_rpc_client.batched import BatchedEnvironment
-from tests.faulty_server import faulty_server
+from tests.faulty import faulty_server, lifecycle
 
 PADDLE, BOARD, REWARD = 1, 2, 3
-GOOD_STEPS = 2  # the reset's first step and one more
+GOOD, BAD = {"paddle": 1}, {"paddle": -1}
 
 
 def _specs() -> pb.ActionObservationSpecs:
@@ -39,11 +41,11 @@ def _specs() -> pb.ActionObservationSpecs:
     return specs
 
 
-def _good(count: int) -> pb.StepResponse:
+def _good(paddle: int) -> pb.StepResponse:
     response = pb.StepResponse(state=pb.EnvironmentStateType.RUNNING)
     board = response.observations[BOARD]
     board.shape[:] = [2, 3]
-    board.floats.array[:] = [float(count)] * 6
+    board.floats.array[:] = [float(paddle)] * 6
     reward = response.observations[REWARD]
     reward.floats.array[:] = [0.5]
     return response
@@ -84,14 +86,20 @@ FAULTS: dict[str, tuple[Callable[[pb.StepResponse], None], str]] = {
 @pytest.fixture(params=list(FAULTS))
 def fault(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     breaks, message = FAULTS[request.param]
+    specs = _specs()
 
-    def step(_: pb.StepRequest, count: int) -> pb.StepResponse:
-        response = _good(count)
-        if count >= GOOD_STEPS:
+    def answer(request: pb.EnvironmentRequest) -> pb.EnvironmentResponse:
+        ordinary = lifecycle(request, specs)
+        if ordinary is not None:
+            return ordinary
+        action = request.step.actions.get(PADDLE)
+        paddle = int(np.frombuffer(action.int8s.array, np.int8)[0]) if action else 0
+        response = _good(paddle)
+        if paddle == -1:
             breaks(response)
-        return response
+        return pb.EnvironmentResponse(step=response)
 
-    with faulty_server(_specs(), step) as address:
+    with faulty_server(answer) as address:
         yield address, message
 
 
@@ -109,20 +117,20 @@ def env(fault: tuple[str, str]) -> Iterator[Any]:
     with dmr.connect(address, timeout=10) as conn:
         env, _ = dmr.create_and_join_world(conn, timeout=10)
         first = env.reset()
-        assert first.first() and first.observation["board"].shape == (2, 3)
+        assert first.first() and first.observation["board"].shape == (2, 3)  # no action: paddle 0
         yield env
 
 
 def test_lockstep_step(env: Any, fault: tuple[str, str]) -> None:
-    assert env.step({"paddle": 1}).observation["board"][0, 0] == 1.0
+    assert env.step(GOOD).observation["board"][0, 0] == 1.0
     with pytest.raises(errors.ObservationError) as caught:
-        env.step({"paddle": 1})
+        env.step(BAD)
     _check(caught.value, fault[1])
     assert caught.value.position is None
 
 
 def test_step_async(env: Any, fault: tuple[str, str]) -> None:
-    good, bad = env.step_async({"paddle": 1}), env.step_async({"paddle": 1})
+    good, bad = env.step_async(GOOD), env.step_async(BAD)
     assert good.result(timeout=10).observation["board"][0, 0] == 1.0
     with pytest.raises(errors.ObservationError) as caught:
         bad.result(timeout=10)
@@ -133,7 +141,7 @@ def test_step_async(env: Any, fault: tuple[str, str]) -> None:
 def test_step_iter(env: Any, fault: tuple[str, str], in_flight: int) -> None:
     received = []
     with pytest.raises(errors.ObservationError) as caught:
-        for timestep in env.step_iter([{"paddle": 1}] * 6, in_flight=in_flight):
+        for timestep in env.step_iter([GOOD, BAD] + [GOOD] * 4, in_flight=in_flight):
             received.append(timestep)
     _check(caught.value, fault[1])
     # The good step before the bad one is delivered, whether decoded alone or in a run.
@@ -144,15 +152,11 @@ def test_batch(fault: tuple[str, str]) -> None:
     address, message = fault
     with BatchedEnvironment.connect([address, address], timeout=10) as envs:
         assert envs.reset().observation["board"].shape == (2, 2, 3)
-        assert envs.step({"paddle": np.zeros(2, np.int8)}).observation["board"][
-            :, 0, 0
-        ].tolist() == [
-            1.0,
-            1.0,
-        ]
+        board = envs.step({"paddle": np.ones(2, np.int8)}).observation["board"]
+        assert board[:, 0, 0].tolist() == [1.0, 1.0]
         with pytest.raises(errors.WorldError) as caught:
-            envs.step({"paddle": np.zeros(2, np.int8)})
-    assert caught.value.index in (0, 1)
+            envs.step({"paddle": np.array([1, -1], np.int8)})
+    assert caught.value.index == 1
     _check(caught.value.__cause__, message)  # type: ignore[arg-type]
     assert "board" in str(caught.value) or "99" in str(caught.value)
 
