@@ -96,9 +96,12 @@ def ours(addresses: list[str], count: int) -> Any:
     return run, batch.close
 
 
+_LOOP = asyncio.new_event_loop()  # one loop for every floor run: grpc.aio binds to it
+
+
 def raw_multi_stream_floor(addresses: list[str], count: int) -> Any:
     """``count`` bare streams on one event loop, round-robin over one channel per address."""
-    loop = asyncio.new_event_loop()
+    loop = _LOOP
     Request, Response = dm_env_rpc_pb2.EnvironmentRequest, dm_env_rpc_pb2.EnvironmentResponse
 
     async def open_streams() -> tuple[list[Any], list[Any], bytes]:
@@ -145,7 +148,10 @@ def raw_multi_stream_floor(addresses: list[str], count: int) -> Any:
                 await channel.close()
 
         loop.run_until_complete(shut())
-        loop.close()
+        leftover = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in leftover:  # gRPC's call-status tasks of the cancelled calls
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
 
     return run, close
 
