@@ -75,7 +75,7 @@ from dm_env_rpc_client.errors import (
     WorldTimeoutError,
 )
 from dm_env_rpc_client.properties import PropertiesExtension, PropertySpec
-from dm_env_rpc_client.random_actions import random_action
+from dm_env_rpc_client.random_actions import random_action, random_batch
 from dm_env_rpc_client.recording import (
     Episode,
     EpisodeRecorder,
@@ -183,6 +183,7 @@ __all__ = [
     "pack_tensor",
     "properties_pb2",
     "random_action",
+    "random_batch",
     "reset_world",
     "reset_world_async",
     "serve",

@@ -131,6 +131,7 @@ class BatchCore:
         self._watchdog: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
+        self._actions_rng = np.random.default_rng()  # random_actions(); connect(seed=) seeds it
 
     def _wrap(self, index: int, exc: BaseException) -> errors.WorldError:
         address = self.addresses[index]

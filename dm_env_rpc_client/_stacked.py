@@ -47,7 +47,8 @@ class BatchedTimeStep(NamedTuple):
 
     Attributes:
       step_type: uint8 ``[B]`` of ``dm_env.StepType`` values.
-      reward: float64 ``[B]``; NaN on FIRST steps.
+      reward: float64 ``[B]``; NaN on FIRST steps (dm_env's "no reward yet"). For
+        sums over steps use ``reward_or_zero``, which has 0.0 there.
       discount: float64 ``[B]``; NaN on FIRST steps.
       observation: nested dict of ``[B, ...]`` arrays (object arrays when shapes differ).
       env_ids: int ``[B]``: which worlds these are.
@@ -84,6 +85,15 @@ class BatchedTimeStep(NamedTuple):
 
     def first(self) -> np.ndarray:
         return self.step_type == dm_env.StepType.FIRST
+
+    @property
+    def reward_or_zero(self) -> np.ndarray:
+        """``reward`` with 0.0 on FIRST steps, where it is NaN: ``returns += batch.reward_or_zero``.
+
+        The reward Gymnasium and EnvPool give; ``reward`` keeps dm_env's meaning (a
+        FIRST step has no reward), and other values (a NaN the server sent) stay as they are.
+        """
+        return np.where(self.first(), 0.0, self.reward)
 
     def _repr_html_(self) -> str:
         """A grid of the worlds' pictures, step types and rewards (as ``dmr.show(batch)``)."""

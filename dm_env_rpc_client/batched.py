@@ -68,27 +68,25 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
+import numpy as np
 
 from dm_env_rpc_client import _restart, errors, messages
 from dm_env_rpc_client._batch_core import (
     _FAILED,
     _LIVE,
-    _NAMES_COUNT,
     _NO_WAITER,
     _REMOVED_STATE,
-    _SEED_TWICE,
     BatchCore,
     _call,
     _Failure,
     _flagged,
     _is_bad,
     _shut_down,
-    open_worlds,
 )
-from dm_env_rpc_client._loop import LoopConnection, LoopThread
+from dm_env_rpc_client._batch_open import open_batch
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
-from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of, split_actions
-from dm_env_rpc_client.connection import create_channel
+from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
+from dm_env_rpc_client.random_actions import random_batch
 
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
 _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {wanted} of it."
@@ -96,6 +94,11 @@ _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} 
 _NO_RESPONSE = "no response within {timeout} s"
 _ALL_REMOVED = "Every world of the batch was removed after failing; see envs.failures."
 _BAD_ID = "env_ids holds {value!r}; give world indices from 0 to {last} (see envs.live_ids)."
+_RESET_TWICE = "env_ids names world {index} twice; reset each world once."
+_RESET_IN_FLIGHT = (
+    "World {index} has {pending} step(s) in flight; recv() them before resetting it "
+    "(their answers would come after its FIRST step)."
+)
 
 
 class BatchedEnvironment(BatchCore):
@@ -176,66 +179,24 @@ class BatchedEnvironment(BatchCore):
             ``num_envs``, or an unknown ``on_world_failure``.
           WorldError: naming the world that could not be created or joined.
         """
-        _restart.check_policy(on_world_failure)
-        if isinstance(addresses, str):
-            addresses = [addresses]
-        count = len(addresses) if num_envs is None else num_envs
-        if world_names is not None:
-            count = len(world_names) if num_envs is None else count
-            if len(world_names) != count:
-                raise ValueError(_NAMES_COUNT.format(names=len(world_names), count=count))
-        if not addresses or count < 1:
-            raise ValueError("Give at least one address and one world.")
-        if seed is not None and world_names is None and seed_setting is not None:
-            if seed_setting in (create_world_settings or {}):
-                raise ValueError(_SEED_TWICE.format(name=seed_setting))
-        else:
-            seed_setting = None
-        runner = LoopThread(name="dm_env_rpc_client-batched")
-        channels: dict[str, grpc.aio.Channel] = {}
-
-        async def open_stream(address: str, wait: float | None = timeout) -> LoopConnection:
-            channel = channels.get(address)
-            if channel is None:
-                channel = channels[address] = create_channel(
-                    address, credentials=credentials, options=options, insecure=insecure, aio=True
-                )
-            return await LoopConnection.open(
-                runner, address, channel=channel, timeout=wait, metadata=metadata
-            )
-
-        connections: list[LoopConnection] = []
-        try:
-            opened = open_worlds(
-                runner,
-                open_stream,
-                connections,
-                addresses,
-                count,
-                (create_world_settings, join_world_settings, world_names),
-                timeout,
-                seed,
-                seed_setting,
-            )
-        except BaseException:
-            _shut_down(runner, connections, channels)
-            raise
-        envs, used, recipes, seeds = opened
-        batch = cls(envs, used, connections=connections)
-        batch.world_seeds = seeds
-        batch._runner, batch._channels = runner, channels
-        batch._streams = [conn.async_connection for conn in connections]
-        batch._joined_specs = [env._wire_specs for env in envs]
-        if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
-            batch._decoder = StackedDecoder(envs[0])
-        batch._policy = on_world_failure
-        batch._restart_policy = restart or RestartPolicy()
-        batch._step_timeout = step_timeout
-        batch._recipes = recipes
-        batch._open_stream = open_stream
-        if step_timeout is not None:
-            runner.call(batch._watch)
-        return batch
+        return open_batch(
+            cls,
+            addresses,
+            num_envs,
+            create_world_settings=create_world_settings,
+            join_world_settings=join_world_settings,
+            timeout=timeout,
+            credentials=credentials,
+            options=options,
+            insecure=insecure,
+            metadata=metadata,
+            seed=seed,
+            seed_setting=seed_setting,
+            world_names=world_names,
+            on_world_failure=on_world_failure,
+            step_timeout=step_timeout,
+            restart=restart,
+        )
 
     def __len__(self) -> int:
         """The number of worlds in the batch (removed ones not counted)."""
@@ -254,19 +215,55 @@ class BatchedEnvironment(BatchCore):
         """The observation spec of one world."""
         return self.envs[0].observation_spec()
 
-    def reset(self, timeout: float | None = None) -> BatchedTimeStep:
-        """Resets every world in the batch and returns their FIRST steps.
+    @property
+    def num_envs(self) -> int:
+        """How many worlds ``step`` takes actions for (``len(envs)``; removed ones not counted)."""
+        return len(self)
+
+    def reset(
+        self, env_ids: Sequence[int] | None = None, timeout: float | None = None
+    ) -> BatchedTimeStep:
+        """Resets worlds and returns their FIRST steps, in the order of ``env_ids``.
+
+        Args:
+          env_ids: the worlds to reset (EnvPool's ``reset(env_id)``); default every
+            world in the batch. The others go on where they are.
+          timeout: seconds to wait for each response.
 
         Raises:
+          ValueError: not a world index, one named twice, or a world with steps in
+            flight (``recv`` them first).
           WorldError: a world failed or did not answer within ``timeout``.
         """
-        timesteps, ids = [], self._checked_ids(None)
+        timesteps, ids = [], self._checked_ids(env_ids)
+        for position, index in enumerate(ids):
+            if index in ids[:position]:
+                raise ValueError(_RESET_TWICE.format(index=index))
+            if self._in_flight[index]:
+                pending = self._in_flight[index]
+                raise ValueError(_RESET_IN_FLIGHT.format(index=index, pending=pending))
         for index in ids:
             try:
                 timesteps.append(self.envs[index].reset(timeout=timeout))
             except errors.DmEnvRpcClientError as exc:
                 raise self._wrap(index, exc) from exc
         return _flagged(batch_of(timesteps, ids))
+
+    def random_actions(
+        self, rng: np.random.Generator | int | None = None, env_ids: Sequence[int] | None = None
+    ) -> Any:
+        """Random actions for ``env_ids`` (default every world), stacked as ``step`` takes them.
+
+        Args:
+          rng: a NumPy Generator or a seed; default the batch's own generator,
+            seeded by ``connect(seed=...)`` when one was given.
+          env_ids: the worlds to draw for, in ``send`` order.
+
+        Returns:
+          A nested dict of ``[len(env_ids), ...]`` arrays (``dmr.random_batch``).
+        """
+        count = len(self._checked_ids(env_ids))
+        return random_batch(self.action_spec(), count, self._actions_rng if rng is None else rng)
 
     def step(self, actions: Any, timeout: float | None = None) -> BatchedTimeStep:
         """Steps every world in the batch with its slice of ``actions`` (batch axis first).

@@ -17,7 +17,9 @@ half-bounded floats/ints      the bound and 2 (floats) or 200 (ints) beyond it
 variable (-1) dimension       a length drawn uniformly from ``[1, 4]``
 ============================  ==================================================
 
-``rng`` is a ``numpy.random.Generator`` or an integer seed.
+``rng`` is a ``numpy.random.Generator`` or an integer seed. ``random_batch(spec,
+num_envs, rng)`` draws a whole batch at once, stacked with the batch axis first
+(what ``BatchedEnvironment.step`` takes), one NumPy call per spec.
 """
 
 from __future__ import annotations
@@ -139,24 +141,68 @@ def random_action(action_spec: Any, rng: np.random.Generator | int) -> Any:
         raise errors.SpecError(
             f"Cannot draw a random action for {type(action_spec).__name__}; pass dm_env specs."
         )
-    shape = _shape(action_spec, generator)
-    if isinstance(action_spec, dm_specs.DiscreteArray):
-        value: Any = generator.integers(0, action_spec.num_values, size=shape).astype(
-            action_spec.dtype
-        )
-    elif isinstance(action_spec, dm_specs.StringArray) or np.dtype(action_spec.dtype).kind in "US":
+    return _draw(action_spec, generator, None)
+
+
+def _draw(spec: dm_specs.Array, generator: np.random.Generator, count: int | None) -> Any:
+    """One value for ``spec``, or with ``count`` a ``[count, ...]`` batch of them."""
+    if count is not None and any(dim < 0 for dim in spec.shape):
+        out = np.empty(count, dtype=object)  # each world draws its own lengths
+        for index in range(count):
+            out[index] = np.asarray(_draw(spec, generator, None))
+        return out
+    shape = _shape(spec, generator)
+    if count is not None:
+        shape = (count, *shape)
+    if isinstance(spec, dm_specs.DiscreteArray):
+        value: Any = generator.integers(0, spec.num_values, size=shape).astype(spec.dtype)
+    elif isinstance(spec, dm_specs.StringArray) or np.dtype(spec.dtype).kind in "US":
         value = _strings(shape, generator)
         return value[()] if shape == () else value
     else:
-        kind = np.dtype(action_spec.dtype).kind
+        kind = np.dtype(spec.dtype).kind
         if kind == "b":
             value = generator.random(shape) < 0.5
         elif kind in "iuf":
-            value = _numbers(action_spec, shape, generator)
+            value = _numbers(spec, shape, generator)
         else:
             raise errors.SpecError(
-                f"Action {action_spec.name!r} has dtype {action_spec.dtype}, which has no random "
+                f"Action {spec.name!r} has dtype {spec.dtype}, which has no random "
                 "values; supply this action yourself."
             )
-    value = np.asarray(value, dtype=action_spec.dtype)
+    value = np.asarray(value, dtype=spec.dtype)
     return value[()] if shape == () else value
+
+
+def random_batch(action_spec: Any, num_envs: int, rng: np.random.Generator | int) -> Any:
+    """Draws random actions for ``num_envs`` worlds at once, stacked (batch axis first).
+
+    What ``BatchedEnvironment.step`` takes: each leaf is a ``[num_envs, *shape]``
+    array drawn as ``random_action`` draws one value (the table above), in one
+    NumPy call per leaf; a spec with a variable dimension gives an object
+    array of ``num_envs`` arrays of their own lengths.
+
+    Args:
+      action_spec: e.g. ``envs.action_spec()``: a spec or a nested dict/list of specs.
+      num_envs: how many worlds.
+      rng: a NumPy Generator, or an integer seed.
+
+    Returns:
+      Values of the same structure as ``action_spec``, each with a leading batch axis.
+
+    Raises:
+      SpecError: for a spec with no random values (object/proto dtypes).
+      ValueError: ``num_envs`` below 1.
+    """
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1, not {num_envs}.")
+    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    if isinstance(action_spec, Mapping):
+        return {key: random_batch(value, num_envs, generator) for key, value in action_spec.items()}
+    if isinstance(action_spec, (list, tuple)):
+        return type(action_spec)(random_batch(value, num_envs, generator) for value in action_spec)
+    if not isinstance(action_spec, dm_specs.Array):
+        raise errors.SpecError(
+            f"Cannot draw a random action for {type(action_spec).__name__}; pass dm_env specs."
+        )
+    return _draw(action_spec, generator, num_envs)
