@@ -81,7 +81,9 @@ def local_child(steps: int, addresses: list[str]) -> None:
         stats = shard.run(steps, None, PIPELINE, False)
     finally:
         shard.close()
-    print(json.dumps([stats.steps / stats.elapsed, stats.cpu / stats.steps * 1e6]))
+    print(
+        json.dumps([stats.stats.steps / stats.stats.elapsed, stats.cpu / stats.stats.steps * 1e6])
+    )
 
 
 def sharded(fleet: ServerFleet, shards: int, steps: int) -> tuple[float, float]:

@@ -7,6 +7,8 @@ Commands:
   sized for the worlds (``--in-process`` keeps it in this one). Prints a
   summary (``--json``: one JSON object): steps, episodes, returns, steps per
   second, round-trip latency, seeds, recording.
+  With ``--ray [auto|ADDRESS|local] --num-shards K`` the worlds are stepped by
+  K Ray actors (``integrations/_ray_cli.py``; needs the ``ray`` extra).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
@@ -214,6 +216,18 @@ def run(args: argparse.Namespace) -> int:
     create_settings = _settings(args.create_setting)
     if seed_setting is not None and seed_setting in create_settings and not args.world:
         raise UsageError(_SEED_TWICE.format(name=seed_setting))
+    if args.ray is not None:  # sharded on Ray: needs the ray extra, so imported only here
+        from dm_env_rpc_client.integrations._ray_cli import run_on_ray
+
+        for address in dict.fromkeys(args.address or ()):
+            check_address(address, kwargs, args.timeout, args.quiet or args.json)
+        with (
+            _stop_on_sigint() as stop,
+            tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
+        ):
+            stats = run_on_ray(args, kwargs, stop, progress)
+        report(stats, args)
+        return INTERRUPTED if stats.interrupted else 0
     with _addresses(args, kwargs) as addresses:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -403,6 +417,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--in-process",
         action="store_true",
         help="without --address: run the embedded server in this process, not a child process",
+    )
+    run_parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="auto|ADDRESS|local",
+        help="shard the worlds over Ray actors: 'local' (the default) starts a Ray of this "
+        "machine, 'auto' or ADDRESS joins a cluster (needs the ray extra)",
+    )
+    run_parser.add_argument(
+        "--num-shards",
+        type=positive_int,
+        default=2,
+        help="with --ray: shard actors, each stepping its share of the worlds (default: 2)",
     )
     _connection_flags(run_parser)
     run_parser.set_defaults(handler=run)

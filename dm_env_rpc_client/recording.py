@@ -207,6 +207,8 @@ class Recording:
       directory: the run's folder: created if missing; refused if it holds anything.
       worlds: how many worlds the run has.
       seeds: each world's seed, for the metadata (None: none).
+      first_world: the index of world 0 in file names and metadata (a shard of a
+        larger run records its worlds under their indices in the whole run).
 
     Raises:
       RecordingError: the folder is not empty, not a folder, or cannot be created.
@@ -217,11 +219,14 @@ class Recording:
         directory: str | pathlib.Path,
         worlds: int,
         seeds: Sequence[int | None] | None = None,
+        *,
+        first_world: int = 0,
     ) -> None:
         self.directory = prepare_folder(directory)
         seeds = list(seeds) if seeds is not None else [None] * worlds
         self._recorders = [
-            EpisodeRecorder(self.directory, world, seed=seeds[world]) for world in range(worlds)
+            EpisodeRecorder(self.directory, first_world + world, seed=seeds[world])
+            for world in range(worlds)
         ]
         self._closed = False
 

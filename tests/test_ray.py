@@ -8,6 +8,7 @@ placement group or process behind.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pathlib
 import signal
@@ -23,6 +24,7 @@ import trustme
 from conftest import wait_for
 
 import dm_env_rpc_client as dmr
+from dm_env_rpc_client._cli_run import RunStats
 from dm_env_rpc_client.server.catch import Catch
 
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
@@ -204,14 +206,16 @@ def test_sharded_run_adds_up_and_records_every_shard(
             progress=seen.append,
         )
     assert [s.worlds for s in run.shards] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert run.worlds == 8 and run.steps == 1200 == sum(s.steps for s in run.shards)
-    assert run.episodes == sum(s.episodes for s in run.shards) > 0
-    assert run.returns == run.shards[0].returns + run.shards[1].returns
-    assert run.episodes == len(run.returns)
-    latencies = np.concatenate([s.latencies for s in run.shards]) * 1e3
+    total, parts = run.stats, [s.stats for s in run.shards]
+    assert total.worlds == 8 and run.steps == 1200 == sum(p.steps for p in parts)
+    assert total.episodes == sum(p.episodes for p in parts) > 0
+    assert total.returns == parts[0].returns + parts[1].returns
+    assert total.episodes == len(total.returns)
+    assert total.world_seeds == list(range(7, 15))  # world i created with seed + i
+    latencies = np.concatenate([p.latencies for p in parts]) * 1e3
     assert latencies.size == 1200
     assert run.latency_p99_ms == pytest.approx(np.percentile(latencies, 99))
-    assert run.elapsed == max(s.elapsed for s in run.shards)
+    assert total.elapsed == max(p.elapsed for p in parts)
     assert all(s.cpu > 0 for s in run.shards)
     assert seen and seen[-1] <= 1200 and seen == sorted(seen)
     # Every shard's episodes came back into one folder, and every one loads.
@@ -221,8 +225,9 @@ def test_sharded_run_adds_up_and_records_every_shard(
     assert {e.world for e in episodes} == set(range(8))
     assert all(e.seed == 7 + e.world for e in episodes)  # world i created with seed + i
     complete = [e for e in episodes if not e.truncated]
-    assert len(complete) == run.episodes
-    assert sorted(float(np.nansum(e.reward)) for e in complete) == sorted(run.returns)
+    assert len(complete) == total.episodes
+    assert sorted(float(np.nansum(e.reward)) for e in complete) == sorted(total.returns)
+    assert total.recorded_episodes == len(episodes) == sum(p.recorded_episodes for p in parts)
 
 
 def test_sharded_run_steps_with_a_policy_in_the_shards(
@@ -239,8 +244,8 @@ def test_sharded_run_steps_with_a_policy_in_the_shards(
             record=tmp_path / "policy",
             num_cpus=FRACTION,
         )
-    assert run.steps == 400 and run.episodes > 0
-    assert run.returns and all(r == 1.0 for r in run.returns)  # the policy always catches
+    assert run.steps == 400 and run.stats.episodes > 0
+    assert all(r == 1.0 for r in run.stats.returns)  # the policy always catches
     for episode in dmr.iter_episodes(tmp_path / "policy"):
         # The recorded action at t is what the policy chose for observation t.
         for t in range(len(episode)):
@@ -284,17 +289,17 @@ def test_split_and_summarize_without_ray() -> None:
     fast = rng.uniform(0.001, 0.002, 9_900)
     slow = rng.uniform(0.050, 0.060, 100)
     shards = [
-        rayi.ShardStats(0, [0], 9_900, 3, [1.0, -1.0, 1.0], 2.0, 1.5, fast, 0, {}),
-        rayi.ShardStats(1, [1], 100, 1, [1.0], 1.0, 0.5, slow, 2, {}),
+        rayi.ShardStats(0, [0], RunStats(1, 9_900, 3, 0, [1.0, -1.0, 1.0], fast, 2.0), 1.5, 0, {}),
+        rayi.ShardStats(1, [1], RunStats(1, 100, 1, 0, [1.0], slow, 1.0), 0.5, 2, {}),
     ]
     run = rayi.summarize(shards)
-    assert (run.steps, run.episodes, run.restarts, run.worlds) == (10_000, 4, 2, 2)
+    assert (run.steps, run.stats.episodes, run.restarts, run.stats.worlds) == (10_000, 4, 2, 2)
     assert run.steps_per_second == 5_000.0
     assert run.cpu_us_per_step == pytest.approx(200.0)  # (1.5 + 0.5) s over 10,000 steps
     # The p99 over all steps, not the mean of the shards' p99s.
     everything = np.concatenate([fast, slow]) * 1e3
     assert run.latency_p99_ms == pytest.approx(np.percentile(everything, 99))
-    mean_of_shards = np.mean([np.percentile(s.latencies * 1e3, 99) for s in shards])
+    mean_of_shards = np.mean([np.percentile(s.stats.latencies * 1e3, 99) for s in shards])
     assert abs(run.latency_p99_ms - mean_of_shards) > 1.0
 
 
@@ -449,3 +454,29 @@ def test_rllib_ppo_trains_on_catch_served_by_a_fleet(clean_ray: None) -> None:
         assert np.isfinite(losses["total_loss"]) and np.isfinite(losses["policy_loss"])
     flat = [seed for runner in seeds for seed in runner]
     assert len(seeds) == 2 and len(flat) == 4 and len(set(flat)) == 4
+
+
+CLI = [sys.executable, "-m", "dm_env_rpc_client"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_run_on_ray_matches_a_local_run_and_records_every_shard(
+    tmp_path: pathlib.Path,
+) -> None:
+    """``run --ray local --num-shards 2`` (its own Ray, in the subprocess) plays the same steps."""
+    common = ["run", "--num-envs", "4", "--steps", "400", "--seed", "3", "--json", "--quiet"]
+    local = _cli(*common)
+    assert local.returncode == 0, local.stderr
+    sharded = _cli(*common, "--ray", "local", "--num-shards", "2", "--record", str(tmp_path / "r"))
+    assert sharded.returncode == 0, sharded.stderr
+    ours, theirs = json.loads(sharded.stdout), json.loads(local.stdout)
+    # Same worlds (seeds 3 + i), same actions (world i's generator), so the same episodes.
+    for key in ("worlds", "steps", "episodes", "return_mean", "world_seeds"):
+        assert ours[key] == theirs[key], key
+    assert ours["recorded_episodes"] == len(list(dmr.iter_episodes(tmp_path / "r"))) > 0
+    assert {e.world for e in dmr.iter_episodes(tmp_path / "r")} == {0, 1, 2, 3}
+    refused = _cli("run", "--ray", "--num-envs", "2", "--num-shards", "3", "--steps", "10")
+    assert refused.returncode == 2 and "--num-shards 3 is more than the 2 worlds" in refused.stderr

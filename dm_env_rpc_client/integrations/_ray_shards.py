@@ -9,12 +9,17 @@ its worlds, then steps them right there, with random actions (drawn from world
 K) or with a user ``policy``. No step goes through the driver; the driver only
 polls each shard's step count for the progress bar.
 
-What comes back is a ``ShardedRun``: the totals over all shards (steps,
-episodes, returns, steps/s, latency percentiles computed over every step's
-round trip, not averaged over shards) and each shard's ``ShardStats``. With
-``record=DIR`` each shard records its episodes and the recordings come back to
-the driver, which writes them all into ``DIR`` (file names carry the global
-world index, so they never clash).
+Random actions go through the command line's own loop (``step_worlds``), so
+a shard steps exactly as ``dm-env-rpc-client run`` does: world ``i``'s actions
+come from its own generator, seeded from ``seed + i``, whatever K is.
+
+What comes back is a ``ShardedRun``: the shards' ``RunStats`` merged
+(``RunStats.merge``: steps, episodes and returns added up, latency percentiles
+over every step's round trip, not averaged over shards) and each shard's
+``ShardStats``. With ``record=DIR`` each shard records its episodes and the
+recordings come back to the driver, which writes them all into ``DIR`` (file
+names and metadata carry the world's index in the whole run, so they never
+clash).
 
 A policy is ``policy(timestep) -> actions``: ``timestep`` is the
 ``BatchedTimeStep`` of the shard's worlds that just finished a step (its
@@ -25,11 +30,11 @@ step in flight; random actions keep ``pipeline`` steps in flight per world.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import pathlib
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -39,7 +44,8 @@ import numpy as np
 import ray
 
 from dm_env_rpc_client import errors
-from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
+from dm_env_rpc_client._cli_run import RunStats, step_worlds
+from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.integrations._ray_fleet import (
     _NOT_INITIALIZED,
     FleetError,
@@ -47,12 +53,16 @@ from dm_env_rpc_client.integrations._ray_fleet import (
     _first_line,
     fleet_addresses,
 )
-from dm_env_rpc_client.random_actions import random_action
-from dm_env_rpc_client.recording import EpisodeRecorder, prepare_folder
+from dm_env_rpc_client.integrations._ray_policy import Policy, step_with_policy
+from dm_env_rpc_client.recording import Recording, prepare_folder
 
-Policy = Callable[[BatchedTimeStep], Mapping[str, Any]]
 _BAD_SPLIT = "Cannot split {worlds} worlds into {shards} shards; need 1 <= shards <= worlds."
 _SHARD_FAILED = "Shard {shard} (worlds {first}-{last}) failed: {error}"
+_NOT_READY = (
+    "{pending} of {count} shards did not connect their worlds within {timeout} s (not placed: "
+    "the cluster has {available}; or the servers are slow). Ask for fewer shards or CPUs per "
+    "shard (num_cpus=...), or a longer timeout."
+)
 _POLL = 0.25  # seconds between progress polls
 
 
@@ -61,64 +71,68 @@ class ShardStats(NamedTuple):
 
     Attributes:
       shard: the shard's index.
-      worlds: the global indices of its worlds.
-      steps: steps received (the FIRST steps that start episodes included).
-      episodes: episodes that ended (LAST steps).
-      returns: each ended episode's return, in the order they ended.
-      elapsed: seconds spent stepping.
-      cpu: CPU seconds the shard's process spent meanwhile (all its threads).
-      latencies: round trip of every step in seconds (the latest 100,000).
+      worlds: the indices of its worlds in the whole run.
+      stats: its ``RunStats`` (world seeds and returns in world order).
+      cpu: CPU seconds its process spent stepping (all its threads).
       restarts: worlds restarted after a failure (the batch's ``failures``).
       recordings: recorded episodes, file name -> ``.npz`` bytes.
     """
 
     shard: int
     worlds: list[int]
-    steps: int
-    episodes: int
-    returns: list[float]
-    elapsed: float
+    stats: RunStats
     cpu: float
-    latencies: np.ndarray
     restarts: int
     recordings: dict[str, bytes]
 
 
 class ShardedRun(NamedTuple):
-    """The totals of a sharded run, and each shard's stats.
+    """A sharded run: the shards' stats merged, and each shard's.
 
     Attributes:
-      worlds: worlds over all shards.
-      steps: steps over all shards.
-      episodes: ended episodes over all shards.
-      returns: every ended episode's return, shard by shard.
-      elapsed: the slowest shard's stepping time (the shards step at once).
-      steps_per_second: ``steps / elapsed``.
-      cpu_us_per_step: the shards' CPU time per step, in microseconds: what one
+      stats: ``RunStats.merge`` of the shards: worlds, steps, episodes,
+        returns and latencies over all of them; ``elapsed`` is the slowest
+        shard's (they step side by side).
+      shards: each shard's ``ShardStats``.
+      cpu_us_per_step: the shards' CPU time per step, in microseconds: what a
         step costs the clients, wherever they run.
-      latency_p50_ms: median round trip over every step of every shard.
-      latency_p99_ms: 99th percentile of the same.
       restarts: world restarts over all shards.
       recorded: the episode files written (with ``record``), sorted.
-      shards: each shard's ``ShardStats``.
     """
 
-    worlds: int
-    steps: int
-    episodes: int
-    returns: list[float]
-    elapsed: float
-    steps_per_second: float
+    stats: RunStats
+    shards: list[ShardStats]
     cpu_us_per_step: float
-    latency_p50_ms: float
-    latency_p99_ms: float
     restarts: int
     recorded: list[pathlib.Path]
-    shards: list[ShardStats]
+
+    @property
+    def steps(self) -> int:
+        """Steps over all shards."""
+        return self.stats.steps
+
+    @property
+    def steps_per_second(self) -> float:
+        """Steps over all shards per second of the slowest shard."""
+        return self.stats.steps / self.stats.elapsed if self.stats.elapsed else float("nan")
+
+    @property
+    def latency_p50_ms(self) -> float:
+        """The median round trip over every step of every shard."""
+        return _percentile(self.stats.latencies, 50)
+
+    @property
+    def latency_p99_ms(self) -> float:
+        """The 99th percentile round trip over every step of every shard."""
+        return _percentile(self.stats.latencies, 99)
+
+
+def _percentile(latencies: np.ndarray, q: float) -> float:
+    return float(np.percentile(latencies, q) * 1e3) if latencies.size else float("nan")
 
 
 def split(num_worlds: int, num_shards: int) -> list[list[int]]:
-    """Global world indices of each shard: contiguous shares, sizes differing by at most one.
+    """Indices of each shard's worlds: contiguous shares, sizes differing by at most one.
 
     Raises:
       ValueError: ``num_shards`` is not between 1 and ``num_worlds``.
@@ -130,33 +144,24 @@ def split(num_worlds: int, num_shards: int) -> list[list[int]]:
 
 
 def summarize(shards: Sequence[ShardStats], recorded: Sequence[pathlib.Path] = ()) -> ShardedRun:
-    """Adds the shards' stats up; latency percentiles over all their steps at once."""
-    steps = sum(s.steps for s in shards)
-    elapsed = max((s.elapsed for s in shards), default=0.0)
-    latencies = np.concatenate([s.latencies for s in shards]) if shards else np.zeros(0)
-    p50, p99 = np.percentile(latencies * 1e3, [50, 99]) if latencies.size else (float("nan"),) * 2
+    """Merges the shards' stats (``RunStats.merge``: latency percentiles over all their steps)."""
+    stats = RunStats.merge([s.stats for s in shards])
+    cpu = sum(s.cpu for s in shards)
     return ShardedRun(
-        worlds=sum(len(s.worlds) for s in shards),
-        steps=steps,
-        episodes=sum(s.episodes for s in shards),
-        returns=[r for s in shards for r in s.returns],
-        elapsed=elapsed,
-        steps_per_second=steps / elapsed if elapsed > 0 else float("nan"),
-        cpu_us_per_step=sum(s.cpu for s in shards) / steps * 1e6 if steps else float("nan"),
-        latency_p50_ms=float(p50),
-        latency_p99_ms=float(p99),
+        stats=stats,
+        shards=list(shards),
+        cpu_us_per_step=cpu / stats.steps * 1e6 if stats.steps else float("nan"),
         restarts=sum(s.restarts for s in shards),
         recorded=sorted(recorded),
-        shards=list(shards),
     )
 
 
 class ShardError(errors.DmEnvRpcClientError):
-    """A shard of a sharded run failed; names the shard and its global worlds.
+    """A shard of a sharded run failed; names the shard and its worlds.
 
     Attributes:
       shard: the shard's index.
-      worlds: the global indices of its worlds.
+      worlds: the indices of its worlds in the whole run.
     """
 
     def __init__(self, message: str, shard: int, worlds: Sequence[int]) -> None:
@@ -182,114 +187,70 @@ class _Shard:
         self._shard, self._worlds = shard, worlds
         self._timeout = connect_options.get("timeout", 30.0)
         self._received = 0
+        self._stop = threading.Event()
         options = dict(connect_options)
         credentials = options.pop("credentials", None)
         if credentials is not None:
             options["credentials"] = credentials()
+        self._seed = None if seed is None else seed + worlds[0]  # world i: seed + i overall
         self._batch = BatchedEnvironment.connect(
-            addresses,
-            len(addresses),
-            seed=None if seed is None else seed + worlds[0],
-            **options,
+            addresses, len(addresses), seed=self._seed, **options
         )
 
     def progress(self) -> int:
         return self._received
 
+    def update(self, count: int) -> None:  # the progress bar step_worlds updates
+        self._received += count
+
+    def stop(self) -> None:
+        self._stop.set()
+
     def run(self, steps: int, policy: Policy | None, pipeline: int, record: bool) -> ShardStats:
-        batch, worlds = self._batch, self._worlds
-        seeds = batch.world_seeds
-        rngs = [np.random.default_rng(seed) for seed in seeds]
         folder = tempfile.TemporaryDirectory(prefix="dm_env_rpc_shard-") if record else None
-        recorders = (
-            [EpisodeRecorder(folder.name, w, seed=s) for w, s in zip(worlds, seeds, strict=True)]
+        recording = (
+            Recording(
+                folder.name, len(self._worlds), self._batch.world_seeds, first_world=self._worlds[0]
+            )
             if folder is not None
             else None
         )
-        sent_actions: list[collections.deque[Any]] = [collections.deque() for _ in worlds]
-        running = np.zeros(len(worlds))
-        returns: list[float] = []
-        spec = batch.action_spec()
-        received = sent = 0
-        started, cpu = time.perf_counter(), time.process_time()
-        ready: BatchedTimeStep | None = None
-        if policy is not None:  # the policy needs observations: start from FIRST steps
-            ready = batch.reset(timeout=self._timeout)
-            for position, world in enumerate(ready.env_ids):
-                if recorders is not None:
-                    recorders[world].add(None, ready.at(position))
-        while received < steps:
-            if policy is not None:
-                if ready is not None and sent < steps:
-                    ids = list(ready.env_ids)[: steps - sent]
-                    actions = _head(policy(ready), len(ids))
-                    batch.send(actions, ids)
-                    for position, world in enumerate(ids):
-                        sent_actions[world].append(_index(actions, position))
-                    sent += len(ids)
-            else:  # random actions: top every world up to `pipeline` steps in flight
-                ids = [w for w in range(len(worlds)) if batch.in_flight(w) < pipeline]
-                ids = ids[: steps - sent]
-                if ids:
-                    drawn = [random_action(spec, rngs[w]) for w in ids]
-                    batch.send(_stack(drawn), ids)
-                    for world, action in zip(ids, drawn, strict=True):
-                        sent_actions[world].append(action)
-                    sent += len(ids)
-            ready = batch.recv(1, timeout=self._timeout)
-            for position, world in enumerate(ready.env_ids):
-                action = sent_actions[world].popleft()
-                step_type = int(ready.step_type[position])
-                if step_type != 0:
-                    running[world] += ready.reward[position]
-                if step_type == 2:
-                    returns.append(float(running[world]))
-                    running[world] = 0.0
-                if recorders is not None:
-                    recorders[world].add(None if step_type == 0 else action, ready.at(position))
-            received += len(ready.env_ids)
-            self._received = received
-        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        common: dict[str, Any] = {
+            "steps": steps,
+            "timeout": self._timeout,
+            "recording": recording,
+            "stop": self._stop,
+            "progress": self,
+        }
+        cpu = time.process_time()
+        try:
+            if policy is None:
+                stats = step_worlds(self._batch, pipeline=pipeline, seed=self._seed or 0, **common)
+            else:
+                stats = step_with_policy(self._batch, policy=policy, **common)
+        finally:
+            if recording is not None:
+                recording.close()  # unfinished episodes are kept, marked truncated
+        cpu = time.process_time() - cpu
         recordings: dict[str, bytes] = {}
-        if folder is not None and recorders is not None:
-            for recorder in recorders:
-                recorder.truncate()  # an unfinished episode is kept, marked truncated
+        if folder is not None and recording is not None:
+            stats.recorded_episodes, stats.recorded_truncated = (
+                recording.episodes,
+                recording.truncated,
+            )
             recordings = {p.name: p.read_bytes() for p in pathlib.Path(folder.name).glob("*.npz")}
             folder.cleanup()
         return ShardStats(
             shard=self._shard,
-            worlds=list(worlds),
-            steps=received,
-            episodes=len(returns),
-            returns=returns,
-            elapsed=elapsed,
+            worlds=list(self._worlds),
+            stats=stats,
             cpu=cpu,
-            latencies=np.asarray(batch.latencies, np.float64),
-            restarts=len(getattr(batch, "failures", ())),
+            restarts=len(getattr(self._batch, "failures", ())),
             recordings=recordings,
         )
 
     def close(self) -> None:
         self._batch.close()
-
-
-def _head(actions: Any, count: int) -> Any:
-    if isinstance(actions, Mapping):
-        return {key: _head(value, count) for key, value in actions.items()}
-    return np.asarray(actions)[:count]
-
-
-def _index(actions: Any, position: int) -> Any:
-    if isinstance(actions, Mapping):
-        return {key: _index(value, position) for key, value in actions.items()}
-    return np.asarray(actions)[position]
-
-
-def _stack(actions: list[Any]) -> Any:
-    first = actions[0]
-    if isinstance(first, Mapping):
-        return {key: _stack([a[key] for a in actions]) for key in first}
-    return np.stack([np.asarray(a) for a in actions])
 
 
 def run_sharded(
@@ -310,6 +271,7 @@ def run_sharded(
     connect_options: Mapping[str, Any] | None = None,
     num_cpus: float = 1.0,
     progress: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> ShardedRun:
     """Steps ``num_worlds`` worlds in ``num_shards`` Ray actors; see the module docs.
 
@@ -325,11 +287,12 @@ def run_sharded(
         it); None steps with random actions.
       pipeline: steps in flight per world with random actions.
       seed: world ``i`` is created with setting ``seed = seed + i`` and draws
-        its random actions from a generator seeded ``seed + i``.
+        its random actions from a generator seeded from ``seed + i``.
       record: a new or empty folder: every shard's episodes are written there.
       create_world_settings: settings for every CreateWorldRequest.
       join_world_settings: settings for every JoinWorldRequest.
-      timeout: seconds for each server answer and each step's response.
+      timeout: seconds for each server answer and each step's response; also
+        how long the shards may take to be placed and connect their worlds.
       credentials: a function returning ``grpc.ChannelCredentials`` for a TLS
         fleet, called in each shard (credential objects do not pickle).
       insecure: allow plaintext to non-loopback addresses (a fleet's servers
@@ -338,15 +301,18 @@ def run_sharded(
       num_cpus: CPUs reserved per shard (fractions allowed).
       progress: called in this process with the total steps received so far,
         about four times a second.
+      stop: set it (from a signal handler, say) to end every shard between
+        steps; what they did so far comes back, marked interrupted.
 
     Returns:
-      The totals and each shard's stats (``ShardedRun``).
+      The merged stats and each shard's (``ShardedRun``).
 
     Raises:
       FleetError: Ray is not initialized, or the fleet is closed or unreachable.
       ShardError: a shard could not connect its worlds or failed while
         stepping; names the shard, its worlds and the cause.
       RecordingError: ``record`` is not a new or empty folder.
+      RequestTimeoutError: the shards were not placed and connected within ``timeout``.
       ValueError: a bad ``num_shards``, ``num_worlds`` or ``steps``.
     """
     if not ray.is_initialized():
@@ -365,7 +331,7 @@ def run_sharded(
         **(connect_options or {}),
     }
     shard_class = ray.remote(_Shard).options(
-        num_cpus=num_cpus, max_concurrency=2, scheduling_strategy="SPREAD"
+        num_cpus=num_cpus, max_concurrency=3, scheduling_strategy="SPREAD"
     )
     actors: list[Any] = [
         shard_class.remote(k, share, [addresses[w % len(addresses)] for w in share], seed, options)
@@ -373,16 +339,25 @@ def run_sharded(
     ]
     try:
         # Every shard connects its worlds first, so they all start stepping at once.
-        _gather(actors, shares, [actor.progress.remote() for actor in actors], None)
-        cumulative = [
-            round(steps * share[-1] / num_worlds + steps / num_worlds) for share in shares
-        ]
+        connected = [actor.progress.remote() for actor in actors]
+        _, pending = ray.wait(connected, num_returns=len(connected), timeout=timeout)
+        if pending:
+            raise errors.RequestTimeoutError(
+                _NOT_READY.format(
+                    pending=len(pending),
+                    count=len(actors),
+                    timeout=timeout,
+                    available=ray.available_resources(),
+                )
+            )
+        _gather(actors, shares, connected, None, None)
+        cumulative = [round(steps * (share[-1] + 1) / num_worlds) for share in shares]
         quotas = [b - a for a, b in zip([0, *cumulative[:-1]], cumulative, strict=True)]
         runs = [
             actor.run.remote(quota, policy, max(1, pipeline), folder is not None)
             for actor, quota in zip(actors, quotas, strict=True)
         ]
-        stats = _gather(actors, shares, runs, progress)
+        stats = _gather(actors, shares, runs, progress, stop)
     finally:
         _close(actors, timeout)
     recorded = []
@@ -390,7 +365,10 @@ def run_sharded(
         for shard in stats:
             for name, data in sorted(shard.recordings.items()):
                 recorded.append(_write_atomically(folder / name, data))
-    return summarize(stats, recorded)
+    run = summarize(stats, recorded)
+    if folder is not None:
+        run.stats.recorded = str(folder)
+    return run
 
 
 def _gather(
@@ -398,11 +376,17 @@ def _gather(
     shares: list[list[int]],
     refs: list[Any],
     progress: Callable[[int], None] | None,
+    stop: threading.Event | None,
 ) -> list[Any]:
     """Waits for one call per shard (polling progress meanwhile); a failure names its shard."""
     pending = list(refs)
+    stopped = False
     while pending:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=_POLL)
+        if stop is not None and stop.is_set() and not stopped:
+            stopped = True
+            for actor in actors:
+                actor.stop.remote()
         if progress is not None:
             counts = ray.get([actor.progress.remote() for actor in actors], timeout=_POLL * 40)
             progress(sum(counts))

@@ -1,0 +1,131 @@
+"""``dm-env-rpc-client run --ray [auto|ADDRESS|local] --num-shards K``: the run, sharded on Ray.
+
+``cli.run`` hands over here when ``--ray`` is given (importing this module
+needs the ``ray`` extra). The run keeps what a local run prints: the progress
+bar, then the same summary, from the shards' ``RunStats`` merged (latency
+percentiles over every step of every shard). Without ``--address`` the worlds
+go to a ``ServerFleet`` of embedded Catch servers, one per shard. ``local``
+starts a Ray of this machine with enough CPUs for the servers and shards
+(each reserves one); ``auto`` or an address joins a cluster. Ctrl-C stops every
+shard between steps; the summary then covers what they did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import ray
+
+from dm_env_rpc_client._args import UsageError, read_pem
+from dm_env_rpc_client._cli_run import RunStats
+from dm_env_rpc_client.integrations._ray_fleet import ServerFleet
+from dm_env_rpc_client.integrations._ray_shards import run_sharded
+from dm_env_rpc_client.integrations.ray import init_ray
+from dm_env_rpc_client.server.catch import Catch
+from dm_env_rpc_client.specs import unflatten
+
+LOCAL = "local"
+_MIN_WORKERS = 64  # streams each fleet server serves at least
+_NO_WORLDS = "--ray creates its worlds; it cannot join existing ones (--world). Drop one of them."
+_TOO_MANY_SHARDS = "--num-shards {shards} is more than the {worlds} worlds; give at most {worlds}."
+
+
+def _make_catch(settings: dict[str, Any]) -> Catch:
+    return Catch(**settings)
+
+
+def _credentials(args: argparse.Namespace) -> Callable[[], grpc.ChannelCredentials] | None:
+    """The TLS flags as a function the shards call (credential objects do not pickle)."""
+    if not (args.tls or args.root_certificates or args.certificate or args.private_key):
+        return None
+    return functools.partial(
+        grpc.ssl_channel_credentials,
+        root_certificates=read_pem(args.root_certificates, "--root-certificates"),
+        private_key=read_pem(args.private_key, "--private-key"),
+        certificate_chain=read_pem(args.certificate, "--certificate"),
+    )
+
+
+def run_on_ray(
+    args: argparse.Namespace,
+    channel_kwargs: dict[str, Any],
+    stop: threading.Event,
+    progress: Any,
+) -> RunStats:
+    """Runs ``args`` (the ``run`` command's) on Ray; returns the merged stats.
+
+    Args:
+      args: the parsed ``run`` arguments, with ``ray`` and ``num_shards``.
+      channel_kwargs: ``credentials`` / ``insecure`` / ``options`` from the TLS flags.
+      stop: set on Ctrl-C: every shard ends between steps.
+      progress: the progress bar (``update(n)``).
+
+    Raises:
+      UsageError: flags that do not go with ``--ray``.
+      FleetError, ShardError: from the fleet or a shard (they name what failed).
+    """
+    if args.world:
+        raise UsageError(_NO_WORLDS)
+    worlds = args.num_envs or 4
+    if args.num_shards > worlds:
+        raise UsageError(_TOO_MANY_SHARDS.format(shards=args.num_shards, worlds=worlds))
+    servers = 0 if args.address else args.num_shards
+    cpus = max(os.cpu_count() or 1, args.num_shards + servers)
+    started = _init(args.ray, cpus)
+    fleet: ServerFleet | None = None
+    try:
+        if args.address:
+            source: Any = list(args.address)
+        else:
+            fleet = ServerFleet(
+                _make_catch,
+                servers,
+                max_workers=max(_MIN_WORKERS, worlds),
+                timeout=max(60.0, args.timeout),
+            )
+            source = fleet
+        seen = [0]
+
+        def advance(total: int) -> None:
+            progress.update(total - seen[0])
+            seen[0] = total
+
+        run = run_sharded(
+            source,
+            num_worlds=worlds,
+            num_shards=args.num_shards,
+            steps=args.steps,
+            pipeline=args.pipeline,
+            seed=args.seed,
+            record=args.record,
+            create_world_settings=unflatten(dict(args.create_setting or ())),
+            join_world_settings=unflatten(dict(args.join_setting or ())),
+            timeout=args.timeout,
+            credentials=_credentials(args),
+            insecure=bool(channel_kwargs["insecure"]) or fleet is not None,
+            connect_options={
+                "seed_setting": args.seed_setting or None,
+                "options": channel_kwargs["options"],
+            },
+            progress=advance,
+            stop=stop,
+        )
+    finally:
+        if fleet is not None:
+            fleet.close()
+        if started:
+            ray.shutdown()
+    return run.stats
+
+
+def _init(target: str, cpus: int) -> bool:
+    """Starts (``local``) or joins Ray; True when this call started it."""
+    if target == LOCAL:
+        return init_ray(LOCAL, num_cpus=cpus, log_to_driver=False)
+    return init_ray(target, log_to_driver=False)
