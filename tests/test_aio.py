@@ -122,7 +122,9 @@ def test_close_pending_timeouts_backpressure_and_no_threads_left(server_process)
             started = time.monotonic()
             await conn.aclose()
             await conn.aclose()
-            assert time.monotonic() - started < 5
+            # aclose() cancels its tasks and closes the channel without waiting on the server:
+            # a bound of 15 s fails on a hang, not on a loaded machine.
+            assert time.monotonic() - started < 15
             results = await asyncio.gather(*pending, return_exceptions=True)
             assert all(isinstance(r, errors.ConnectionClosedError) for r in results)
             with pytest.raises(errors.ConnectionClosedError, match="closed"):

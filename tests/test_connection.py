@@ -132,7 +132,9 @@ def test_close_with_pending_sends_timeouts_and_backpressure(server_process) -> N
         started = time.monotonic()
         conn.close()
         conn.close()  # idempotent
-        assert time.monotonic() - started < 5
+        # close() joins the reader for at most 5 s, then closes the channel: a bound of 15 s
+        # fails on a hang, not on a loaded machine (where the suite runs beside other work).
+        assert time.monotonic() - started < 15
         for future in futures:
             assert isinstance(future.exception(timeout=0), errors.ConnectionClosedError)
         with pytest.raises(errors.ConnectionClosedError, match="closed"):
