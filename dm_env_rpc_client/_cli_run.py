@@ -184,6 +184,8 @@ def step_worlds(
             for world, action in zip(ids, actions, strict=True):
                 sent[world].append(action)
                 left[world] -= 1
+        if not batch.pending():
+            break  # every step sent; the rest were lost with a restarted world (batch.failures)
         result = _recv(batch, timeout, stop)
         if result is None:
             break

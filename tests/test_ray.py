@@ -263,6 +263,40 @@ def _one(board: np.ndarray) -> dmr.BatchedTimeStep:
     )
 
 
+def test_a_server_killed_mid_run_is_restarted_and_the_run_completes(clean_ray: None) -> None:
+    """Ray restarts the fleet's server; the shards' worlds restart on it or the other one."""
+    with rayi.ServerFleet(make_catch, 2, num_cpus=FRACTION, max_restarts=1) as fleet:
+        victim = fleet.servers()[0]
+        killed = []
+
+        def kill_once(total: int) -> None:  # the progress callback, in this process
+            if total >= 300 and not killed:
+                os.kill(victim.pid, signal.SIGKILL)
+                killed.append(total)
+
+        run = rayi.run_sharded(
+            fleet,
+            num_worlds=4,
+            num_shards=2,
+            steps=6000,
+            seed=0,
+            num_cpus=FRACTION,
+            progress=kill_once,
+            connect_options={"on_world_failure": "restart"},
+        )
+        assert killed, "the run ended before the server was killed"
+        # Every step sent came back, but those lost with the killed server: a restarted
+        # world's one FIRST step answers all of its lost ones.
+        lost = sum(s.lost for s in run.shards)
+        assert run.steps == sum(s.stats.steps for s in run.shards)
+        assert run.steps + lost - run.restarts == 6000
+        # Worlds 0 and 2 lived on the killed server, one in each shard.
+        assert run.restarts == 2 == sum(s.restarts for s in run.shards)
+        assert [s.restarts for s in run.shards] == [1, 1]
+        assert wait_for(lambda: fleet.servers()[0].pid != victim.pid, timeout=60)
+        assert fleet.restarts == 1 and [h.ok for h in fleet.health()] == [True, True]
+
+
 def test_a_shard_that_cannot_connect_is_named(clean_ray: None) -> None:
     with (
         rayi.ServerFleet(make_catch, 1, num_cpus=FRACTION) as fleet,
@@ -289,8 +323,10 @@ def test_split_and_summarize_without_ray() -> None:
     fast = rng.uniform(0.001, 0.002, 9_900)
     slow = rng.uniform(0.050, 0.060, 100)
     shards = [
-        rayi.ShardStats(0, [0], RunStats(1, 9_900, 3, 0, [1.0, -1.0, 1.0], fast, 2.0), 1.5, 0, {}),
-        rayi.ShardStats(1, [1], RunStats(1, 100, 1, 0, [1.0], slow, 1.0), 0.5, 2, {}),
+        rayi.ShardStats(
+            0, [0], RunStats(1, 9_900, 3, 0, [1.0, -1.0, 1.0], fast, 2.0), 1.5, 0, 0, {}
+        ),
+        rayi.ShardStats(1, [1], RunStats(1, 100, 1, 0, [1.0], slow, 1.0), 0.5, 2, 0, {}),
     ]
     run = rayi.summarize(shards)
     assert (run.steps, run.stats.episodes, run.restarts, run.stats.worlds) == (10_000, 4, 2, 2)

@@ -74,7 +74,11 @@ class ShardStats(NamedTuple):
       worlds: the indices of its worlds in the whole run.
       stats: its ``RunStats`` (world seeds and returns in world order).
       cpu: CPU seconds its process spent stepping (all its threads).
-      restarts: worlds restarted after a failure (the batch's ``failures``).
+      restarts: worlds restarted after a failure (``failures`` of the shard's batch
+        restarted, under ``connect_options={"on_world_failure": "restart"}``).
+      lost: steps sent to a failed world that no server answered; the world's
+        one FIRST step after its restart answers them all, and ``stats.steps``
+        counts that one.
       recordings: recorded episodes, file name -> ``.npz`` bytes.
     """
 
@@ -83,6 +87,7 @@ class ShardStats(NamedTuple):
     stats: RunStats
     cpu: float
     restarts: int
+    lost: int
     recordings: dict[str, bytes]
 
 
@@ -245,7 +250,8 @@ class _Shard:
             worlds=list(self._worlds),
             stats=stats,
             cpu=cpu,
-            restarts=len(getattr(self._batch, "failures", ())),
+            restarts=sum(f.outcome == "restarted" for f in self._batch.failures),
+            lost=sum(f.steps_lost for f in self._batch.failures),
             recordings=recordings,
         )
 
