@@ -10,6 +10,7 @@ response answers.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -80,6 +81,16 @@ def lifecycle(
     response = dm_env_rpc_pb2.EnvironmentResponse()
     getattr(response, kind).SetInParent()
     return response
+
+
+def refusing_catch(settings: dict[str, Any]) -> dm_env.Environment:
+    """Catch, until the file named by ``$DMR_TEST_REFUSE_FLAG`` exists (``serve --env``)."""
+    from dm_env_rpc_client.server.catch import Catch
+
+    flag = os.environ.get("DMR_TEST_REFUSE_FLAG")
+    if flag and os.path.exists(flag):
+        raise RuntimeError("this server makes no more worlds")
+    return Catch(**settings)
 
 
 class Counter(dm_env.Environment):

@@ -15,6 +15,7 @@ from faulty import Counter, faulty_server, float_specs, lifecycle
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._restart import RestartPolicy
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import connect
 from dm_env_rpc_client.environment import create_and_join_world, join_world
@@ -302,3 +303,156 @@ def test_keepalive_is_not_refused_as_too_many_pings(kind: str) -> None:
             assert not conn.closed
             for _ in range(50):
                 assert env.step({}).observation["x"].tolist() == [1.0, 2.0]
+
+
+# --- the restart policy ----------------------------------------------------------------------
+
+FAST = RestartPolicy(attempts=6, total=20.0, backoff=0.05, max_backoff=0.5, connect_timeout=1.0)
+
+
+def _drive(envs: BatchedEnvironment, turns: int, on_turn: Any = None) -> dict[str, Any]:
+    """Steps every live world with one step in flight each, for ``turns`` recvs and until two
+    worlds were restarted (at most 30 s); returns step counts and the flags seen."""
+    seen: dict[str, Any] = {"steps": [0] * 4, "truncated": [], "first": []}
+    envs.send({"paddle": np.zeros(len(envs.live_ids), np.int8)}, envs.live_ids)
+    deadline = time.monotonic() + 30
+    turn = 0
+    while turn < turns or (len(seen["truncated"]) < 2 and time.monotonic() < deadline):
+        if on_turn is not None:
+            on_turn(turn, seen)
+        turn += 1
+        batch = envs.recv(1, timeout=20)
+        ids = batch.env_ids.tolist()
+        for position, index in enumerate(ids):
+            seen["steps"][index] += 1
+            if batch.truncated[position]:
+                seen["truncated"].append(index)
+                seen["first"].append(int(batch.step_type[position]))
+        envs.send({"paddle": np.zeros(len(ids), np.int8)}, ids)
+    return seen
+
+
+def test_a_killed_server_costs_its_worlds_an_episode_not_the_run(server_process) -> None:
+    servers = [server_process() for _ in range(2)]
+    addresses = [s.address for s in servers]
+    envs = BatchedEnvironment.connect(
+        addresses, 4, on_world_failure="restart", restart=FAST, step_timeout=5
+    )
+    try:
+        envs.reset()
+        growth: dict[str, int] = {}
+
+        def kill_then_watch(turn: int, seen: dict[str, Any]) -> None:
+            if turn == 40:
+                servers[1].kill()  # worlds 1 and 3
+                growth["healthy_at_kill"] = seen["steps"][0] + seen["steps"][2]
+            if turn == 80:
+                growth["healthy_later"] = seen["steps"][0] + seen["steps"][2]
+
+        seen = _drive(envs, 400, kill_then_watch)
+        assert growth["healthy_later"] > growth["healthy_at_kill"]
+        assert sorted(seen["truncated"]) == [1, 3]  # each restarted world flagged once
+        assert set(seen["first"]) == {int(dm_env_step_type("FIRST"))}
+        restarts = [f for f in envs.failures if f.outcome == "restarted"]
+        assert sorted(f.index for f in restarts) == [1, 3]
+        for failure in restarts:
+            assert failure.address == addresses[1] and failure.new_address == addresses[0]
+            assert isinstance(failure.cause, errors.ConnectionClosedError)
+            assert failure.attempts >= 2 and failure.downtime > 0 and failure.steps_lost == 1
+        assert envs.addresses == [addresses[0]] * 4
+        assert seen["steps"][1] > 10 and seen["steps"][3] > 10  # they step again, elsewhere
+    finally:
+        envs.close(timeout=5)
+    assert wait_for(lambda: not _batch_threads(), timeout=5)  # nothing left behind
+
+
+def _batch_threads() -> list[Any]:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "dm_env_rpc_client-batched"]
+
+
+def test_a_world_comes_back_on_its_own_restarted_server(server_process) -> None:
+    server = server_process()
+    port = server.address.rsplit(":", 1)[1]
+    envs = BatchedEnvironment.connect(
+        [server.address], 2, on_world_failure="restart", restart=FAST, step_timeout=5
+    )
+    try:
+        envs.reset()
+        envs.step({"paddle": np.zeros(2, np.int8)}, timeout=10)
+        server.kill()
+        envs.send({"paddle": np.zeros(2, np.int8)}, [0, 1])
+        again = server_process("catch", "--port", port)  # the same port, a new process
+        assert again.address == server.address
+        batch = envs.recv(env_ids=[0, 1], timeout=20)
+        assert batch.first().all() and batch.truncated.all()
+        assert [f.new_address for f in envs.failures] == [server.address] * 2
+        after = envs.step({"paddle": np.zeros(2, np.int8)}, timeout=10)
+        assert not after.truncated.any() and not after.first().any()
+    finally:
+        envs.close(timeout=5)
+
+
+def test_a_stopped_server_s_worlds_restart_elsewhere(server_process) -> None:
+    servers = [server_process() for _ in range(2)]
+    addresses = [s.address for s in servers]
+    envs = BatchedEnvironment.connect(
+        addresses, 4, on_world_failure="restart", restart=FAST, step_timeout=1.0
+    )
+    try:
+        envs.reset()
+        os.kill(servers[1].process.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        seen = _drive(envs, 300)
+        assert sorted(seen["truncated"]) == [1, 3]
+        detected = [f.time for f in envs.failures]
+        assert all(f.outcome == "restarted" for f in envs.failures)
+        assert all(isinstance(f.cause, errors.RequestTimeoutError) for f in envs.failures)
+        assert {f.new_address for f in envs.failures} == {addresses[0]}
+        assert len(detected) == 2
+        assert seen["steps"][0] > 50 and seen["steps"][2] > 50
+        assert time.monotonic() - stopped < 60
+    finally:
+        os.kill(servers[1].process.pid, signal.SIGCONT)
+        envs.close(timeout=5)
+
+
+def test_a_world_that_cannot_be_restored_is_removed(server_process, tmp_path, monkeypatch) -> None:
+    flag = tmp_path / "refuse"
+    monkeypatch.setenv("DMR_TEST_REFUSE_FLAG", str(flag))  # tests.faulty.refusing_catch reads it
+    servers = [server_process("tests.faulty:refusing_catch") for _ in range(2)]
+    addresses = [s.address for s in servers]
+    policy = RestartPolicy(
+        attempts=3, total=10.0, backoff=0.01, max_backoff=0.05, connect_timeout=0.5
+    )
+    envs = BatchedEnvironment.connect(addresses, 4, on_world_failure="restart", restart=policy)
+    try:
+        envs.reset()
+        flag.touch()  # from now on both servers refuse CreateWorld
+        servers[1].kill()  # worlds 1 and 3: their server is gone, the other one refuses
+        steps = [0] * 4
+        envs.send({"paddle": np.zeros(4, np.int8)}, [0, 1, 2, 3])
+        deadline = time.monotonic() + 30
+        while envs.live_ids != [0, 2] or envs.pending() > 2:
+            assert time.monotonic() < deadline, envs.failures
+            batch = envs.recv(1, timeout=20)
+            ids = batch.env_ids.tolist()
+            for index in ids:
+                steps[index] += 1
+            envs.send({"paddle": np.zeros(len(ids), np.int8)}, ids)
+        assert steps[0] > 0 and steps[2] > 0  # the healthy worlds went on meanwhile
+        assert sorted(f.index for f in envs.failures) == [1, 3]
+        for failure in envs.failures:
+            assert failure.outcome == "removed" and failure.attempts == 3
+            assert isinstance(failure.cause, errors.ConnectionClosedError)
+            assert "no more worlds" in str(failure.last_error) or isinstance(
+                failure.last_error, errors.ConnectTimeoutError
+            )
+        assert len(envs) == 2
+        step = envs.step({"paddle": np.zeros(2, np.int8)}, timeout=10)  # the batch goes on
+        assert step.env_ids.tolist() == [0, 2]
+        with pytest.raises(errors.WorldError, match="removed from the batch after 3"):
+            envs.send({"paddle": np.zeros(1, np.int8)}, [1])
+    finally:
+        envs.close(timeout=5)
