@@ -255,15 +255,15 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         not once per step, while the server still has the rest of the window to
         work on.
         """
-        request, future = window[min(run, len(window)) - 1]
-        wait_response(future, self._timeout, request)
-        request, future = window.popleft()
         try:
-            responses = [wait_response(future, self._timeout, request)]
+            request, future = window[min(run, len(window)) - 1]
+            wait_response(future, self._timeout, request)
         except errors.RequestTimeoutError:
-            for late in (future, *(pending for _, pending in window)):  # in request order
+            for _, late in window:  # in request order: late answers still move the state on
                 late.add_done_callback(self._advance_late)
             raise
+        request, future = window.popleft()
+        responses = [future.result()]
         while window and window[0][1].done() and window[0][1].exception() is None:
             responses.append(window.popleft()[1].result())
         yield from self._run_timesteps(responses, decoder)

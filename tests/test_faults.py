@@ -456,3 +456,15 @@ def test_a_world_that_cannot_be_restored_is_removed(server_process, tmp_path, mo
             envs.send({"paddle": np.zeros(1, np.int8)}, [1])
     finally:
         envs.close(timeout=5)
+
+
+def test_step_iter_after_a_timeout_keeps_step_types_right(counter_server) -> None:
+    Counter.gate_at = 3
+    with connect(counter_server.address, timeout=10) as conn:
+        env, _ = create_and_join_world(conn, {}, {}, timeout=0.3)
+        env.reset()
+        with pytest.raises(errors.RequestTimeoutError):
+            list(env.step_iter([{"a": 0}] * 6, in_flight=4))
+        Counter.gate.set()
+        after = env.step({"a": 0})  # answered after the six late ones, in order
+        assert after.observation["count"] == 7 and after.step_type == dm_env_step_type("MID")
