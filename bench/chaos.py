@@ -1,0 +1,145 @@
+"""16 Catch worlds on 2 server processes, one of them killed and restarted every 10 s.
+
+Run: ``python bench/chaos.py [--seconds S] [--every E]`` (bounded: two phases of
+``S`` seconds each, default 25, plus start-up; about 60 s in all).
+
+The batch connects with ``on_world_failure="restart"`` and keeps 8 steps in
+flight per world (send/recv, EnvPool-style). Phase 1 runs undisturbed. Phase 2
+runs the same loop while a background thread SIGKILLs server 1 every ``E``
+seconds (default 10) and starts a new one on the same port. The worlds of
+server 0 are the *healthy* ones: their steps/s in phase 2 over phase 1 is the
+ratio that matters (target: at least 0.8). Every step sent is accounted for:
+answered, or dropped by a failure (``WorldFailure.steps_lost``), so the lost
+count must be 0. Restart latency is each restart's ``downtime``: from detection
+to the world's new FIRST step being filed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import threading
+import time
+from typing import Any
+
+# _common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _common import print_table
+
+# isort: split
+import numpy as np
+
+from dm_env_rpc_client._restart import RestartPolicy
+from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.server._subprocess import ChildServer, server_subprocess
+
+WORLDS = 16
+WINDOW = 8
+
+
+def step_for(envs: BatchedEnvironment, seconds: float, counts: list[int]) -> tuple[int, int]:
+    """Keeps WINDOW steps in flight per live world for ``seconds``; returns (sent, received)."""
+    sent = received = 0
+    for _ in range(WINDOW):
+        ids = envs.live_ids
+        envs.send({"paddle": np.zeros(len(ids), np.int8)}, ids)
+        sent += len(ids)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        batch = envs.recv(1, timeout=60)
+        ids = batch.env_ids.tolist()
+        received += len(ids)
+        for index in ids:
+            counts[index] += 1
+        envs.send({"paddle": np.zeros(len(ids), np.int8)}, ids)
+        sent += len(ids)
+    while envs.pending():  # drain: every step sent is answered or counted as lost
+        received += len(envs.recv(1, timeout=60).env_ids)
+    return sent, received
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=25.0, help="length of each phase")
+    parser.add_argument("--every", type=float, default=10.0, help="seconds between kills")
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        servers: list[ChildServer] = [stack.enter_context(server_subprocess()) for _ in range(2)]
+        addresses = [server.address for server in servers]
+        port = addresses[1].rsplit(":", 1)[1]
+        policy = RestartPolicy(attempts=10, total=30.0, backoff=0.2, max_backoff=1.0)
+        envs = stack.enter_context(
+            BatchedEnvironment.connect(
+                addresses, WORLDS, on_world_failure="restart", step_timeout=5.0, restart=policy
+            )
+        )
+        envs.reset()
+        healthy = [index for index in range(WORLDS) if index % 2 == 0]  # on server 0
+        calm = [0] * WORLDS
+        started = time.perf_counter()
+        calm_sent, calm_received = step_for(envs, args.seconds, calm)
+        calm_seconds = time.perf_counter() - started
+
+        stop = threading.Event()
+        kills: list[float] = []
+
+        def chaos() -> None:
+            while not stop.wait(args.every):
+                servers[1].kill()
+                kills.append(time.monotonic())
+                servers[1] = stack.enter_context(
+                    server_subprocess(extra_args=("--port", port), timeout=30)
+                )
+
+        killer = threading.Thread(target=chaos, name="chaos", daemon=True)
+        stormy = [0] * WORLDS
+        started = time.perf_counter()
+        killer.start()
+        stormy_sent, stormy_received = step_for(envs, args.seconds, stormy)
+        stormy_seconds = time.perf_counter() - started
+        stop.set()
+        killer.join(timeout=60)
+
+        failures = list(envs.failures)
+        lost_in_failures = sum(f.steps_lost for f in failures)
+        unaccounted = (calm_sent + stormy_sent) - (calm_received + stormy_received)
+        unaccounted -= lost_in_failures
+        downtimes = [f.downtime for f in failures if f.outcome == "restarted"]
+        calm_rate = sum(calm[i] for i in healthy) / calm_seconds
+        stormy_rate = sum(stormy[i] for i in healthy) / stormy_seconds
+        rows: list[list[Any]] = [
+            ["undisturbed", f"{calm_seconds:.1f}", f"{calm_rate:,.0f}",
+             f"{sum(calm) / calm_seconds:,.0f}", "1.00x"],
+            [f"server 1 killed every {args.every:.0f} s", f"{stormy_seconds:.1f}",
+             f"{stormy_rate:,.0f}", f"{sum(stormy) / stormy_seconds:,.0f}",
+             f"{stormy_rate / calm_rate:.2f}x"],
+        ]  # fmt: skip
+        print_table(
+            f"{WORLDS} Catch worlds on 2 servers, {WINDOW} in flight/world, restart policy",
+            ["phase", "seconds", "healthy steps/s", "all steps/s", "healthy vs undisturbed"],
+            rows,
+        )
+        outcomes = {o: sum(f.outcome == o for f in failures) for o in ("restarted", "removed")}
+        print(
+            f"\nkills: {len(kills)}; world failures: {len(failures)} ({outcomes}); "
+            f"steps dropped by failures (answered by the FIRST step after restart): "
+            f"{lost_in_failures}; steps lost (sent, neither answered nor counted): {unaccounted}"
+        )
+        if downtimes:
+            print(
+                f"restart latency (detection to FIRST step filed): p50 "
+                f"{statistics.median(downtimes) * 1e3:,.0f} ms, p99 "
+                f"{percentile(downtimes, 0.99) * 1e3:,.0f} ms, max {max(downtimes) * 1e3:,.0f} ms "
+                f"over {len(downtimes)} restarts; new addresses: "
+                f"{sorted({str(f.new_address) for f in failures})}"
+            )
+        print(f"live worlds at the end: {len(envs.live_ids)} of {WORLDS}")
+
+
+if __name__ == "__main__":
+    main()
