@@ -82,7 +82,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
       seed_setting: the reset setting that carries ``reset(seed=...)``; None never sends it.
       unwrap_single: a world with one action (observation) has that tensor's
         space, not a ``Dict``.
-      connect_kwargs: more arguments for ``BatchedEnvironment.connect``.
+      connect_kwargs: more arguments for ``BatchedEnvironment.connect``
+        (credentials, ``on_world_failure``, ``restart``, ...).
 
     Raises:
       ValueError: neither or both of ``batch`` and ``addresses``.
