@@ -14,6 +14,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,12 +143,15 @@ def test_fleet_restarts_a_killed_server_and_reports_its_address(clean_ray: None)
 
 def test_fleet_reports_a_server_dead_beyond_its_restarts(clean_ray: None) -> None:
     with rayi.ServerFleet(make_catch, 1, num_cpus=FRACTION, max_restarts=0, timeout=10) as fleet:
+        memos = list(pathlib.Path(tempfile.gettempdir()).glob(f"*{fleet._fleet_id}*"))
+        assert len(memos) == 1  # the server's port, for a restart on this node
         os.kill(fleet.servers()[0].pid, signal.SIGKILL)
         assert wait_for(lambda: not fleet.health(timeout=2)[0].ok, timeout=30)
         health = fleet.health(timeout=2)[0]
         assert health.address is None and "Actor" in (health.error or "")
         with pytest.raises(rayi.FleetError, match="Server 0 of the fleet"):
             fleet.servers(timeout=2)
+    assert not memos[0].exists()  # close() removes what the killed server left
 
 
 def test_fleet_that_cannot_be_placed_says_what_to_do(clean_ray: None) -> None:

@@ -40,6 +40,7 @@ from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.connection import connect
 from dm_env_rpc_client.server import MakeEnv, Server, serve
 
+_MEMO = "dm_env_rpc_fleet"  # /tmp/dm_env_rpc_fleet-<fleet>-<server>: a server's port, for restarts
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _NOT_INITIALIZED = (
     "Ray is not initialized: call ray.init() first (on one machine: "
@@ -110,7 +111,7 @@ class _ServerHost:
         self._index = index
         self._host = host or ray.util.get_node_ip_address()
         # A restart on the same node binds the old port again when it is free.
-        self._memo = pathlib.Path(tempfile.gettempdir()) / f"dm_env_rpc_fleet-{fleet_id}-{index}"
+        self._memo = pathlib.Path(tempfile.gettempdir()) / f"{_MEMO}-{fleet_id}-{index}"
         with contextlib.suppress(OSError, ValueError):
             port = int(self._memo.read_text())
             self._server: Server = self._serve(make_env, port, credentials, max_workers)
@@ -196,6 +197,7 @@ class ServerFleet:
         self._actors: list[Any] = []
         self._infos: list[ServerInfo | None] = [None] * num_servers
         self.restarts = 0
+        self._fleet_id = uuid.uuid4().hex
         self._group: PlacementGroup | None = placement_group(
             [{"CPU": num_cpus}] * num_servers, strategy=strategy
         )
@@ -211,7 +213,7 @@ class ServerFleet:
                     )
                 )
             actor_class = ray.remote(_ServerHost)
-            fleet_id = uuid.uuid4().hex
+            fleet_id = self._fleet_id
             for index in range(num_servers):
                 self._actors.append(
                     actor_class.options(
@@ -322,6 +324,10 @@ class ServerFleet:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.kill(actor, no_restart=True)
         self._actors = []
+        # The servers' port notes on this node (a killed server never removes its own).
+        for memo in pathlib.Path(tempfile.gettempdir()).glob(f"{_MEMO}-{self._fleet_id}-*"):
+            with contextlib.suppress(OSError):
+                memo.unlink()
         if self._group is not None:
             with contextlib.suppress(ray.exceptions.RayError):
                 remove_placement_group(self._group)
