@@ -380,3 +380,23 @@ def test_driving_the_connection_yourself(conn: Connection) -> None:
     env.close()
     with pytest.raises(errors.ConnectionClosedError, match="environment is closed"):
         env.step_request({"paddle": 0})
+
+
+def test_step_async_futures_carry_the_adaptors_own_errors_as_they_are(conn: Connection) -> None:
+    # step_async over a Connection makes the TimeStep on the reader thread; an error of the
+    # adaptor's own code there (here a reward override) reaches the Future unchanged, not as
+    # a ProtocolError about the server's response.
+    class Broken(DmEnvAdaptor):
+        def reward(self, state: int, step_type: dm_env.StepType, observations: Any) -> Any:
+            if step_type == dm_env.StepType.MID:
+                raise KeyError("no reward today")
+            return super().reward(state, step_type, observations)
+
+    world = create_world(conn, {"rows": 5})
+    specs = conn.send(dm_env_rpc_pb2.JoinWorldRequest(world_name=world)).specs
+    env = Broken(conn, specs, world_name=world)
+    assert env.reset().first()
+    future = env.step_async({"paddle": 0})
+    with pytest.raises(KeyError, match="no reward today"):
+        future.result(timeout=10)
+    env.close()
