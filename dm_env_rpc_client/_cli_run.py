@@ -62,6 +62,8 @@ class RunStats:
       recorded_episodes: episode files written, truncated ones included.
       recorded_truncated: truncated episode files written.
       interrupted: the run was stopped by Ctrl-C.
+      restarts: "world i: old address -> new address (cause)" per world restarted after a failure.
+      worlds_lost: worlds removed from the batch after failing (not restorable).
     """
 
     worlds: int = 0
@@ -76,6 +78,8 @@ class RunStats:
     recorded_episodes: int = 0
     recorded_truncated: int = 0
     interrupted: bool = False
+    restarts: list[str] = dataclasses.field(default_factory=list)
+    worlds_lost: int = 0
 
     @classmethod
     def merge(cls, parts: Sequence[RunStats]) -> RunStats:
@@ -93,6 +97,8 @@ class RunStats:
             recorded_episodes=sum(p.recorded_episodes for p in parts),
             recorded_truncated=sum(p.recorded_truncated for p in parts),
             interrupted=any(p.interrupted for p in parts),
+            restarts=[r for p in parts for r in p.restarts],
+            worlds_lost=sum(p.worlds_lost for p in parts),
         )
 
 
@@ -166,7 +172,7 @@ def step_worlds(
       WorldError: a world failed.
     """
     stop = stop or threading.Event()
-    count = len(batch)
+    count = len(batch.envs)  # every world; a removed one stops taking steps
     spec = batch.action_spec()
     rngs = [np.random.default_rng((seed + world, ACTION_STREAM)) for world in range(count)]
     left = [steps // count + (world < steps % count) for world in range(count)]
@@ -177,7 +183,16 @@ def step_worlds(
     stats = RunStats(worlds=count, world_seeds=list(batch.world_seeds))
     started = time.perf_counter()
     while stats.steps < steps and not stop.is_set():
-        ids = [w for w in range(count) if left[w] and batch.in_flight(w) < pipeline]
+        live = set(batch.live_ids)
+        for world in range(count):
+            if world not in live and (left[world] or in_episode[world]):
+                left[world], in_episode[world] = 0, False  # removed: its episode was cut
+                sent[world].clear()
+                if recording is not None:
+                    recording.truncate(world)
+        ids = [w for w in sorted(live) if left[w] and batch.in_flight(w) < pipeline]
+        if not ids and not batch.pending():
+            break  # every world that could still step is gone
         if ids:
             actions = [random_action(spec, rngs[world]) for world in ids]
             _send(batch, ids, actions)
@@ -186,10 +201,22 @@ def step_worlds(
                 left[world] -= 1
         if not batch.pending():
             break  # every step sent; the rest were lost with a restarted world (batch.failures)
-        result = _recv(batch, timeout, stop)
+        try:
+            result = _recv(batch, timeout, stop)
+        except errors.WorldError as error:
+            if error.index in batch.live_ids:
+                raise
+            continue  # a world was removed: the loop above lets it go
         if result is None:
             break
         for position, world in enumerate(result.env_ids):
+            if result.truncated is not None and result.truncated[position]:
+                # Restarted: this FIRST step answers every step the world had in flight.
+                lost = _steps_lost(batch, world)
+                for _ in range(lost - 1):
+                    sent[world].popleft()
+                left[world] += lost - 1
+                in_episode[world] = False
             action = sent[world].popleft()
             step_type = int(result.step_type[position])
             if step_type == 0:
@@ -210,7 +237,19 @@ def step_worlds(
     stats.unfinished = sum(in_episode)
     stats.returns = [r for world_returns in returns for r in world_returns]
     stats.latencies = np.asarray(batch.latencies, dtype=np.float64)
+    stats.restarts = [
+        f"world {f.index}: {f.address} -> {f.new_address} ({type(f.cause).__name__})"
+        for f in batch.failures
+        if f.outcome == "restarted"
+    ]
+    stats.worlds_lost = sum(f.outcome == "removed" for f in batch.failures)
     return stats
+
+
+def _steps_lost(batch: BatchedEnvironment, world: int) -> int:
+    """How many steps the latest restart of ``world`` answered with its FIRST step."""
+    failure = next((f for f in reversed(batch.failures) if f.index == world), None)
+    return max(1, failure.steps_lost) if failure is not None else 1
 
 
 def summary(stats: RunStats) -> dict[str, Any]:
@@ -236,6 +275,8 @@ def summary(stats: RunStats) -> dict[str, Any]:
         "recorded_to": stats.recorded,
         "recorded_episodes": stats.recorded_episodes,
         "recorded_truncated": stats.recorded_truncated,
+        "restarts": stats.restarts,
+        "worlds_lost": stats.worlds_lost,
         "interrupted": stats.interrupted,
     }
 
@@ -280,6 +321,10 @@ def print_summary(stats: RunStats, *, as_json: bool = False) -> None:
                 f"{data['recorded_truncated']} of them truncated)",
             )
         )
+    if data["restarts"] or data["worlds_lost"]:
+        listed = "; ".join(data["restarts"]) or "none"
+        rows.append(("restarts", f"{len(data['restarts'])} ({listed})"))
+        rows.append(("worlds lost", str(data["worlds_lost"])))
     if data["interrupted"]:
         rows.append(("interrupted", "yes (Ctrl-C)"))
     print("\n".join(f"{label:<16}{value}" for label, value in rows), flush=True)

@@ -59,6 +59,7 @@ from dm_env_rpc_client.server._subprocess import server_subprocess
 from dm_env_rpc_client.server.catch import Catch
 
 INTERRUPTED = 130
+WORLD_LOST = 3  # run finished, but a world failed and could not be restored
 DEFAULT_TIMEOUT = 30.0
 EMBEDDED_MIN_WORKERS = 64  # the embedded server serves at least this many worlds at once
 _PROBE_TIMEOUT = 5.0  # seconds for the address checks (resolve, then a TCP connect)
@@ -240,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 seed_setting=seed_setting,
                 world_names=args.world,
+                on_world_failure=args.on_failure,
+                step_timeout=args.timeout,
                 **kwargs,
             )
         for warning in caught:  # e.g. a server that takes no seed setting
@@ -275,7 +278,9 @@ def run(args: argparse.Namespace) -> int:
         stats.recorded = args.record
         stats.recorded_episodes, stats.recorded_truncated = recording.episodes, recording.truncated
     report(stats, args)
-    return INTERRUPTED if stats.interrupted else 0
+    if stats.interrupted:
+        return INTERRUPTED
+    return WORLD_LOST if stats.worlds_lost else 0
 
 
 def report(stats: RunStats, args: argparse.Namespace) -> None:
@@ -410,6 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         type=_record_folder,
         help="write each episode as .npz into DIR, which must be empty or new",
+    )
+    run_parser.add_argument(
+        "--on-failure",
+        choices=("restart", "raise"),
+        default="restart",
+        help="a world whose server dies or stalls: make it again (restart) or stop the run (raise)",
     )
     run_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")

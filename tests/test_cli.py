@@ -402,3 +402,37 @@ def test_specs_into_a_closed_pipe_is_quiet() -> None:
         process.stdout.close()  # like `| head` that has already exited
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == 0 and stderr == ""
+
+
+def _run_and_kill(first: Any, second: Any, record: pathlib.Path, *extra: str) -> Any:
+    """``run`` over both servers; the second is SIGKILLed mid-run (once episodes are saved)."""
+    command = [*CLI, "run", "--address", first.address, second.address, "--num-envs", "4"]
+    command += ["--timeout", "5", "--record", str(record), "--json", *extra]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(list(record.glob("*.npz"))) >= 4, timeout=60)
+        second.kill()
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    return process.returncode, stdout, stderr
+
+
+def test_run_restarts_the_worlds_of_a_killed_server(tmp_path: pathlib.Path) -> None:
+    with server_subprocess() as first, server_subprocess() as second:
+        code, stdout, stderr = _run_and_kill(first, second, tmp_path / "rec", "--steps", "20000")
+    assert code == 0, stderr
+    summary = _summary(stdout)
+    assert summary["steps"] == 20000 and summary["worlds_lost"] == 0
+    restarted = sorted(line.split(":")[0] for line in summary["restarts"])
+    assert restarted == ["world 1", "world 3"]  # the worlds of the killed server
+    assert all(f"{second.address} -> {first.address}" in r for r in summary["restarts"])
+    assert summary["recorded_truncated"] >= 2  # the episodes the failure cut are kept
+
+
+def test_run_with_on_failure_raise_stops(tmp_path: pathlib.Path) -> None:
+    with server_subprocess() as first, server_subprocess() as second:
+        code, _, stderr = _run_and_kill(
+            first, second, tmp_path / "rec", "--steps", "1000000", "--on-failure", "raise"
+        )
+    assert code == 1 and f"at {second.address} failed" in stderr
