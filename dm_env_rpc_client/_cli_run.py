@@ -211,11 +211,10 @@ def step_worlds(
             break
         for position, world in enumerate(result.env_ids):
             if result.truncated is not None and result.truncated[position]:
-                # Restarted: this FIRST step answers every step the world had in flight.
-                lost = _steps_lost(batch, world)
-                for _ in range(lost - 1):
+                # Restarted: this FIRST step answers every step the world had in flight
+                # (the others are counted in the failure's steps_lost, not sent again).
+                for _ in range(_steps_lost(batch, world) - 1):
                     sent[world].popleft()
-                left[world] += lost - 1
                 in_episode[world] = False
             action = sent[world].popleft()
             step_type = int(result.step_type[position])

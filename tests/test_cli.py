@@ -423,7 +423,7 @@ def test_run_restarts_the_worlds_of_a_killed_server(tmp_path: pathlib.Path) -> N
         code, stdout, stderr = _run_and_kill(first, second, tmp_path / "rec", "--steps", "20000")
     assert code == 0, stderr
     summary = _summary(stdout)
-    assert summary["steps"] == 20000 and summary["worlds_lost"] == 0
+    assert 20000 - 2 * 8 <= summary["steps"] <= 20000 and summary["worlds_lost"] == 0
     restarted = sorted(line.split(":")[0] for line in summary["restarts"])
     assert restarted == ["world 1", "world 3"]  # the worlds of the killed server
     assert all(f"{second.address} -> {first.address}" in r for r in summary["restarts"])
