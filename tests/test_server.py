@@ -393,8 +393,12 @@ def test_disconnect_leaves_and_destroys_created_worlds(catch_server: Server) -> 
         other.close()
 
 
+def _server_loop_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "dm_env_rpc_server-loop"}
+
+
 def _server_loops() -> int:
-    return sum(t.name == "dm_env_rpc_server-loop" for t in threading.enumerate())
+    return len(_server_loop_threads())
 
 
 def test_stop_ends_open_streams_and_leaves_no_thread() -> None:
@@ -440,10 +444,12 @@ def test_stop_returns_while_a_step_never_does() -> None:
 
 
 def test_a_port_in_use_is_refused_by_name(catch_server: Server) -> None:
-    before = _server_loops()
+    before = _server_loop_threads()
     with pytest.raises(OSError, match=f"'{catch_server.address}'; pick another port"):
         serve(lambda settings: Catch(**settings), catch_server.address)
-    assert _server_loops() == before  # the failed server's loop is gone
+    # The failed server's loop is gone: no loop thread that was not there before (compared by
+    # identity, as an earlier test's server may still be ending its loop meanwhile).
+    assert not _server_loop_threads() - before
     raw = RawStream(catch_server.address)
     try:
         assert raw.create(seed=0)  # the first server still serves
