@@ -107,9 +107,11 @@ def main() -> None:
 
         failures = list(envs.failures)
         lost_in_failures = sum(f.steps_lost for f in failures)
-        unaccounted = (calm_sent + stormy_sent) - (calm_received + stormy_received)
-        unaccounted -= lost_in_failures
         downtimes = [f.downtime for f in failures if f.outcome == "restarted"]
+        # A restarted world's FIRST step was received and answers one of its steps_lost.
+        answered_by_first = sum(1 for f in failures if f.outcome == "restarted" and f.steps_lost)
+        unaccounted = (calm_sent + stormy_sent) - (calm_received + stormy_received)
+        unaccounted -= lost_in_failures - answered_by_first
         calm_rate = sum(calm[i] for i in healthy) / calm_seconds
         stormy_rate = sum(stormy[i] for i in healthy) / stormy_seconds
         rows: list[list[Any]] = [
@@ -127,8 +129,9 @@ def main() -> None:
         outcomes = {o: sum(f.outcome == o for f in failures) for o in ("restarted", "removed")}
         print(
             f"\nkills: {len(kills)}; world failures: {len(failures)} ({outcomes}); "
-            f"steps dropped by failures (answered by the FIRST step after restart): "
-            f"{lost_in_failures}; steps lost (sent, neither answered nor counted): {unaccounted}"
+            f"steps in flight at the failures (answered by the FIRST step after the restart, "
+            f"or dropped and counted in steps_lost): {lost_in_failures}; "
+            f"steps lost (sent, neither answered nor counted): {unaccounted}"
         )
         if downtimes:
             print(
@@ -136,7 +139,7 @@ def main() -> None:
                 f"{statistics.median(downtimes) * 1e3:,.0f} ms, p99 "
                 f"{percentile(downtimes, 0.99) * 1e3:,.0f} ms, max {max(downtimes) * 1e3:,.0f} ms "
                 f"over {len(downtimes)} restarts; new addresses: "
-                f"{sorted({str(f.new_address) for f in failures})}"
+                f"{sorted({str(f.new_address) for f in failures})} (server 1 is {addresses[1]})"
             )
         print(f"live worlds at the end: {len(envs.live_ids)} of {WORLDS}")
 
