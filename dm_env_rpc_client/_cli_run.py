@@ -10,7 +10,7 @@ random actions, pipelined, and returns a ``RunStats``:
   servers seeded the same way, plays the same steps whatever order the
   responses come back in.
 - Variable-length actions are sent world by world when they do not stack.
-- Ctrl-C (``stop`` set) ends the loop between steps: what was received
+- Ctrl-C or SIGTERM (``stop`` set) ends the loop between steps: what was received
   is counted and recorded, and ``interrupted`` is set.
 - A stall raises ``RequestTimeoutError`` after ``timeout`` seconds without a
   step, naming every world that has steps in flight and its address.
@@ -38,7 +38,7 @@ from dm_env_rpc_client.random_actions import random_action
 from dm_env_rpc_client.recording import Recording
 
 ACTION_STREAM = 1  # world i's actions: numpy.random.default_rng((seed + i, ACTION_STREAM))
-_SLICE = 0.25  # seconds between checks for Ctrl-C while waiting for steps
+_SLICE = 0.25  # seconds between checks for a stop signal while waiting for steps
 _STALLED = (
     "No step finished within {timeout} s. Waiting on: {waiting}. The server may be stopped, "
     "overloaded or unreachable; pass a longer --timeout if it is only slow."
@@ -61,7 +61,7 @@ class RunStats:
       recorded: the recording folder, if any.
       recorded_episodes: episode files written, truncated ones included.
       recorded_truncated: truncated episode files written.
-      interrupted: the run was stopped by Ctrl-C.
+      interrupted: the run was stopped by Ctrl-C or SIGTERM.
       restarts: "world i: old address -> new address (cause)" per world restarted after a failure.
       worlds_lost: worlds removed from the batch after failing (not restorable).
     """
@@ -325,5 +325,5 @@ def print_summary(stats: RunStats, *, as_json: bool = False) -> None:
         rows.append(("restarts", f"{len(data['restarts'])} ({listed})"))
         rows.append(("worlds lost", str(data["worlds_lost"])))
     if data["interrupted"]:
-        rows.append(("interrupted", "yes (Ctrl-C)"))
+        rows.append(("interrupted", "yes (Ctrl-C or SIGTERM)"))
     print("\n".join(f"{label:<16}{value}" for label, value in rows), flush=True)

@@ -19,7 +19,7 @@ message saying so; a remote host needs ``--insecure`` or TLS flags.
 
 Exit codes: 0 success; 1 an error, printed as one paragraph (``--debug`` for
 the traceback and gRPC's own log lines); 2 bad arguments; 130 Ctrl-C (``run``
-prints its summary first).
+prints its summary first; 143 when SIGTERM stops ``run``, likewise).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from dm_env_rpc_client.server.catch import Catch
 
 INTERRUPTED = 130
 WORLD_LOST = 3  # run finished, but a world failed and could not be restored
+TERMINATED = 143  # 128 + SIGTERM, as a shell reports it
 DEFAULT_TIMEOUT = 30.0
 EMBEDDED_MIN_WORKERS = 64  # the embedded server serves at least this many worlds at once
 _PROBE_TIMEOUT = 5.0  # seconds for the address checks (resolve, then a TCP connect)
@@ -195,21 +196,32 @@ def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[lis
 
 
 @contextlib.contextmanager
-def _stop_on_sigint() -> Iterator[threading.Event]:
-    """Ctrl-C sets the event instead of raising, so the loop ends between steps."""
-    stop = threading.Event()
+def _stop_on_signals() -> Iterator[tuple[threading.Event, list[int]]]:
+    """Ctrl-C and SIGTERM set the event instead of ending us: the loop ends between steps.
+
+    Yields the event and the list of the signals received.
+    """
+    stop, received = threading.Event(), list[int]()
     if threading.current_thread() is not threading.main_thread():
-        yield stop  # signals reach the main thread only: Ctrl-C raises as usual
+        yield stop, received  # signals reach the main thread only: they act as usual
         return
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def handler(signum: int, _: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {
+        signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
-        yield stop
+        yield stop, received
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``run`` command; returns 130 after a Ctrl-C (with the summary printed)."""
+    """The ``run`` command; returns 130 after Ctrl-C, 143 after SIGTERM (summary printed)."""
     from tqdm.auto import tqdm
 
     kwargs = _channel_kwargs(args)
@@ -253,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
                 Recording(args.record, len(batch), batch.world_seeds) if args.record else None
             )
             with (
-                _stop_on_sigint() as stop,
+                _stop_on_signals() as (stop, received),
                 tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
             ):
                 try:
@@ -279,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
         stats.recorded_episodes, stats.recorded_truncated = recording.episodes, recording.truncated
     report(stats, args)
     if stats.interrupted:
-        return INTERRUPTED
+        return TERMINATED if signal.SIGTERM in received else INTERRUPTED
     return WORLD_LOST if stats.worlds_lost else 0
 
 

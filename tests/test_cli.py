@@ -313,6 +313,8 @@ def test_run_joins_existing_worlds() -> None:
         summary = _summary(result.stdout)
         assert summary["worlds"] == 2 and summary["world_seeds"] == [None, None]
         assert summary["episodes"] == 10  # 3 rows: every episode is 3 steps, FIRST included
+        specs = _run("specs", server.address, "--world", names[0])
+        assert specs.returncode == 0 and "(3, 5)" in specs.stdout, specs.stderr
         assert dmr.join_world(owner, names[1]).reset().observation["board"].shape == (3, 5)
 
 
@@ -320,7 +322,8 @@ def _wait_for_file(folder: pathlib.Path) -> None:
     assert wait_for(lambda: any(folder.glob("episode_*.npz")), timeout=60)
 
 
-def test_ctrl_c_prints_the_summary_and_exits_130(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_prints_the_summary(tmp_path: pathlib.Path, stop: int, code: int) -> None:
     record = tmp_path / "rec"
     process = subprocess.Popen(
         [*CLI, "run", "--steps", "100000000", "--json", "--record", str(record)],
@@ -330,11 +333,11 @@ def test_ctrl_c_prints_the_summary_and_exits_130(tmp_path: pathlib.Path) -> None
     )
     try:
         _wait_for_file(record)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         stdout, stderr = process.communicate(timeout=60)
     finally:
         process.kill()
-    assert process.returncode == 130, stderr
+    assert process.returncode == code, stderr
     summary = _summary(stdout)
     assert summary["interrupted"] is True and summary["steps"] > 0
     episodes = list(iter_episodes(record))

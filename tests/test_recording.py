@@ -128,3 +128,17 @@ def test_variable_length_tensors_are_kept_per_step(tmp_path: pathlib.Path) -> No
     ]
     assert [w.shape for w in episode.action["word"]] == [(3, 2), (2, 2), (1, 2)]
     assert len(episode) == 3
+
+
+def test_truncate_one_world_for_a_failed_world(tmp_path: pathlib.Path) -> None:
+    recording = Recording(tmp_path / "run", 2, seeds=[4, None])
+    _episode(recording, 1, 2, last=False)
+    path = recording.truncate(1)
+    assert path is not None and path.name == "episode_001_000001.npz"
+    assert recording.truncate(1) is None  # nothing left to save
+    assert recording.truncate(0) is None  # world 0 never started an episode
+    episode = load_episode(path)
+    assert episode.truncated and episode.world == 1 and episode.seed is None and len(episode) == 2
+    _episode(recording, 1, 1)  # the world's replacement records on, numbering on
+    recording.close()
+    assert [e.episode for e in iter_episodes(tmp_path / "run")] == [1, 2]
