@@ -235,12 +235,12 @@ def run(args: argparse.Namespace) -> int:
         for address in dict.fromkeys(args.address or ()):
             check_address(address, kwargs, args.timeout, args.quiet or args.json)
         with (
-            _stop_on_sigint() as stop,
+            _stop_on_signals() as (stop, received),
             tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
         ):
             stats = run_on_ray(args, kwargs, stop, progress)
         report(stats, args)
-        return INTERRUPTED if stats.interrupted else 0
+        return _exit_code(stats, received)
     with _addresses(args, kwargs) as addresses:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -290,6 +290,11 @@ def run(args: argparse.Namespace) -> int:
         stats.recorded = args.record
         stats.recorded_episodes, stats.recorded_truncated = recording.episodes, recording.truncated
     report(stats, args)
+    return _exit_code(stats, received)
+
+
+def _exit_code(stats: RunStats, received: list[int]) -> int:
+    """0; 130 after Ctrl-C or 143 after SIGTERM; 3 when a world was lost for good."""
     if stats.interrupted:
         return TERMINATED if signal.SIGTERM in received else INTERRUPTED
     return WORLD_LOST if stats.worlds_lost else 0
