@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from dm_env_rpc_client import errors
-from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
 from dm_env_rpc_client.random_actions import random_action
 from dm_env_rpc_client.recording import Recording
 
@@ -176,11 +176,9 @@ def step_worlds(
     spec = batch.action_spec()
     rngs = [np.random.default_rng((seed + world, ACTION_STREAM)) for world in range(count)]
     left = [steps // count + (world < steps % count) for world in range(count)]
-    sent: list[collections.deque[Any]] = [collections.deque() for _ in range(count)]
-    running = np.zeros(count)
-    in_episode = [False] * count
-    returns: list[list[float]] = [[] for _ in range(count)]
     stats = RunStats(worlds=count, world_seeds=list(batch.world_seeds))
+    tally = EpisodeTally(batch, stats, recording, in_episode=False)
+    sent, in_episode = tally.sent, tally.in_episode
     started = time.perf_counter()
     while stats.steps < steps and not stop.is_set():
         live = set(batch.live_ids)
@@ -209,11 +207,48 @@ def step_worlds(
             continue  # a world was removed: the loop above lets it go
         if result is None:
             break
+        tally.take(result, progress)
+    tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
+    stats.restarts = [
+        f"world {f.index}: {f.address} -> {f.new_address} ({type(f.cause).__name__})"
+        for f in batch.failures
+        if f.outcome == "restarted"
+    ]
+    stats.worlds_lost = sum(f.outcome == "removed" for f in batch.failures)
+    return stats
+
+
+class EpisodeTally:
+    """Counts received steps into a ``RunStats``: episodes, returns, recording.
+
+    The one accounting of both stepping loops (random actions here, a policy on
+    the Ray shards). ``sent[world]`` holds the actions sent to each world, oldest
+    first; ``take`` pairs each received step with its action.
+    """
+
+    def __init__(
+        self,
+        batch: BatchedEnvironment,
+        stats: RunStats,
+        recording: Recording | None,
+        *,
+        in_episode: bool,
+    ) -> None:
+        count = len(batch.envs)
+        self.batch, self.stats, self.recording = batch, stats, recording
+        self.sent: list[collections.deque[Any]] = [collections.deque() for _ in range(count)]
+        self.running = np.zeros(count)
+        self.in_episode = [in_episode] * count
+        self.returns: list[list[float]] = [[] for _ in range(count)]
+
+    def take(self, result: BatchedTimeStep, progress: Any = None) -> None:
+        """Counts (and records) every step of ``result``."""
+        sent, in_episode, running = self.sent, self.in_episode, self.running
         for position, world in enumerate(result.env_ids):
             if result.truncated is not None and result.truncated[position]:
                 # Restarted: this FIRST step answers every step the world had in flight
                 # (the others are counted in the failure's steps_lost, not sent again).
-                for _ in range(_steps_lost(batch, world) - 1):
+                for _ in range(_steps_lost(self.batch, world) - 1):
                     sent[world].popleft()
                 in_episode[world] = False
             action = sent[world].popleft()
@@ -223,26 +258,23 @@ def step_worlds(
             else:
                 running[world] += result.reward[position]
             if step_type == 2 and in_episode[world]:
-                returns[world].append(float(running[world]))
-                stats.episodes += 1
+                self.returns[world].append(float(running[world]))
+                self.stats.episodes += 1
                 in_episode[world] = False
-            if recording is not None:
-                recording.add(world, None if step_type == 0 else action, result.at(position))
-        stats.steps += len(result.env_ids)
+            if self.recording is not None:
+                self.recording.add(world, None if step_type == 0 else action, result.at(position))
+        self.stats.steps += len(result.env_ids)
         if progress is not None:
             progress.update(len(result.env_ids))
-    stats.elapsed = time.perf_counter() - started
-    stats.interrupted = stop.is_set()
-    stats.unfinished = sum(in_episode)
-    stats.returns = [r for world_returns in returns for r in world_returns]
-    stats.latencies = np.asarray(batch.latencies, dtype=np.float64)
-    stats.restarts = [
-        f"world {f.index}: {f.address} -> {f.new_address} ({type(f.cause).__name__})"
-        for f in batch.failures
-        if f.outcome == "restarted"
-    ]
-    stats.worlds_lost = sum(f.outcome == "removed" for f in batch.failures)
-    return stats
+
+    def finish(self, elapsed: float, *, interrupted: bool) -> None:
+        """Fills the run's totals: time, unfinished episodes, returns (by world), latencies."""
+        stats = self.stats
+        stats.elapsed = elapsed
+        stats.interrupted = interrupted
+        stats.unfinished = sum(self.in_episode)
+        stats.returns = [r for world_returns in self.returns for r in world_returns]
+        stats.latencies = np.asarray(self.batch.latencies, dtype=np.float64)
 
 
 def _steps_lost(batch: BatchedEnvironment, world: int) -> int:

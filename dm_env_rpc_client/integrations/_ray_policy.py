@@ -8,7 +8,6 @@ come back. It counts and records like ``step_worlds`` and returns a ``RunStats``
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dm_env_rpc_client._cli_run import RunStats
+from dm_env_rpc_client._cli_run import EpisodeTally, RunStats
 from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
 from dm_env_rpc_client.recording import Recording
 
@@ -49,11 +48,8 @@ def step_with_policy(
       WorldError: a world failed.
     """
     stop = stop or threading.Event()
-    count = len(batch)
-    sent: list[collections.deque[Any]] = [collections.deque() for _ in range(count)]
-    running = np.zeros(count)
-    in_episode = [True] * count
-    stats = RunStats(worlds=count, world_seeds=list(batch.world_seeds))
+    stats = RunStats(worlds=len(batch), world_seeds=list(batch.world_seeds))
+    tally = EpisodeTally(batch, stats, recording, in_episode=True)
     started = time.perf_counter()
     ready = batch.reset(timeout=timeout)
     if recording is not None:
@@ -66,29 +62,11 @@ def step_with_policy(
             actions = _head(policy(ready), len(ids))
             batch.send(actions, ids)
             for position, world in enumerate(ids):
-                sent[world].append(_index(actions, position))
+                tally.sent[world].append(_index(actions, position))
             requested += len(ids)
         ready = batch.recv(1, timeout=timeout)
-        for position, world in enumerate(ready.env_ids):
-            action = sent[world].popleft()
-            step_type = int(ready.step_type[position])
-            if step_type == 0:
-                running[world], in_episode[world] = 0.0, True
-            else:
-                running[world] += ready.reward[position]
-            if step_type == 2 and in_episode[world]:
-                stats.returns.append(float(running[world]))
-                stats.episodes += 1
-                in_episode[world] = False
-            if recording is not None:
-                recording.add(world, None if step_type == 0 else action, ready.at(position))
-        stats.steps += len(ready.env_ids)
-        if progress is not None:
-            progress.update(len(ready.env_ids))
-    stats.elapsed = time.perf_counter() - started
-    stats.interrupted = stop.is_set()
-    stats.unfinished = sum(in_episode)
-    stats.latencies = np.asarray(batch.latencies, dtype=np.float64)
+        tally.take(ready, progress)
+    tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
     return stats
 
 
