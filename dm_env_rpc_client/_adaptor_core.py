@@ -287,6 +287,13 @@ class AdaptorCore:
 
     # --- requests and specs ----------------------------------------------------------------
 
+    def _reset_done(self, response: dm_env_rpc_pb2.ResetResponse) -> None:
+        """After a ResetResponse: take its specs if they changed; the next step is FIRST."""
+        if response.specs != self._wire_specs:
+            self._set_specs(response.specs)
+        with self._lock:
+            self._last_state = State.INTERRUPTED
+
     def _check_open(self) -> None:
         if self._closed:
             raise errors.ConnectionClosedError(_CLOSED)

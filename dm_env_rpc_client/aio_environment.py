@@ -33,7 +33,6 @@ import dm_env
 from dm_env_rpc_client import errors, messages
 from dm_env_rpc_client._adaptor_core import (
     AdaptorCore,
-    State,
     check_adaptor_kwargs,
     pack_settings,
 )
@@ -131,11 +130,7 @@ class AsyncDmEnvAdaptor(AdaptorCore):
         self._check_open()
         timeout = self._timeout if timeout is None else timeout
         request = dm_env_rpc_pb2.ResetRequest(settings=pack_settings(settings))
-        response = await self._connection.send(request, timeout)
-        if response.specs != self._wire_specs:
-            self._set_specs(response.specs)
-        with self._lock:
-            self._last_state = State.INTERRUPTED
+        self._reset_done(await self._connection.send(request, timeout))
         return await self._step({}, timeout)
 
     async def step(self, action: Mapping[str, Any]) -> dm_env.TimeStep:

@@ -124,11 +124,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         self._check_open()
         timeout = self._timeout if timeout is None else timeout
         request = dm_env_rpc_pb2.ResetRequest(settings=pack_settings(settings))
-        response = self._connection.send(request, timeout)
-        if response.specs != self._wire_specs:
-            self._set_specs(response.specs)
-        with self._lock:
-            self._last_state = State.INTERRUPTED
+        self._reset_done(self._connection.send(request, timeout))
         return self._step({}, timeout)
 
     def step(self, action: Mapping[str, Any]) -> dm_env.TimeStep:
