@@ -1,6 +1,6 @@
 """Vector-env steps per second over 16 Catch worlds on 2 servers: four ways to drive them.
 
-Run: ``python bench/gymnasium.py [--steps N] [--rounds R] [--worlds W]``. Two
+Run: ``python bench/gym_vector.py [--steps N] [--rounds R] [--worlds W]``. Two
 server processes hold the worlds (round-robin). Every variant steps all the
 worlds in lockstep with the same random actions, one vector step at a time:
 
@@ -28,28 +28,13 @@ from typing import Any
 from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_process_info
 
 # isort: split
-import importlib
-import pathlib
-import sys
+import gymnasium
+import numpy as np
+from gymnasium.utils import performance
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
-# This script is named like the package it measures: import the package with the script's
-# folder off the import path (in AsyncVectorEnv's workers too, which re-import this script).
-_HERE = pathlib.Path(__file__).resolve().parent
-_PATH = list(sys.path)
-sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE]
-gymnasium = importlib.import_module("gymnasium")
-sys.path[:] = _PATH
-
-# isort: split
-import numpy as np  # noqa: E402
-from gymnasium.utils import performance  # noqa: E402
-from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv  # noqa: E402
-
-from dm_env_rpc_client.batched import BatchedEnvironment  # noqa: E402
-from dm_env_rpc_client.integrations.gymnasium import (  # noqa: E402
-    GymnasiumEnv,
-    GymnasiumVectorEnv,
-)
+from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.integrations.gymnasium import GymnasiumEnv, GymnasiumVectorEnv
 
 SYNC = "(a) SyncVectorEnv of GymnasiumEnv"
 ASYNC = "(b) AsyncVectorEnv of GymnasiumEnv"
