@@ -30,7 +30,7 @@ import numpy as np
 from dm_env_rpc_client import _restart, errors
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
-from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder
+from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of
 from dm_env_rpc_client.aio import AsyncConnection
 from dm_env_rpc_client.connection import ConnectionLike
 from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world, join_world
@@ -99,8 +99,8 @@ class BatchCore:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._closed = False
         # Finished steps, per world in request order: (outcome, latency). The outcome is the
-        # exception of a failed step, a _Failure, else a TimeStep (adaptors over their own
-        # connections) or (step type, StepResponse[, steps it answers]) (on the batch's loop;
+        # exception of a failed step, a _Failure, else (TimeStep, state) (adaptors over their
+        # own connections) or (step type, StepResponse[, steps it answers]) (on the batch's loop;
         # recv decodes these; a third item marks the truncating FIRST step after a restart).
         self._cond = threading.Condition(threading.Lock())
         count = len(self.envs)
@@ -308,7 +308,8 @@ class BatchCore:
         self, index: int, gen: int, sent: float, future: concurrent.futures.Future[Any]
     ) -> None:
         try:
-            outcome = self.envs[index].step_response(future.result())
+            response = future.result()
+            outcome: Any = (self.envs[index].step_response(response), response.state)
         except BaseException as exc:
             outcome = exc
         self._file(index, gen, sent, outcome)
@@ -331,6 +332,33 @@ class BatchCore:
                 self._done[index].appendleft((outcome, latency))
             self._ready += len(items)
 
+    def _decode(
+        self, env_ids: list[int], step_types: list[Any], responses: list[Any]
+    ) -> BatchedTimeStep:
+        if self._decoder is not None and all(
+            self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
+        ):
+            return self._decoder.decode(step_types, responses, env_ids)
+        # Specs differ between worlds (or changed on reset): one TimeStep per world.
+        timesteps = [
+            self.envs[index]._timestep(step_type, response)
+            for index, step_type, response in zip(env_ids, step_types, responses, strict=True)
+        ]
+        return batch_of(timesteps, env_ids)
+
+    def _decode_apart(self, taken: list[tuple[int, Any, float]]) -> BatchedTimeStep:
+        """Raises ``WorldError`` for the first step that does not decode; the rest stay filed."""
+        for position, (index, outcome, _) in enumerate(taken):
+            try:
+                self.envs[index]._timestep(outcome[0], outcome[1])
+            except Exception as exc:
+                rest = taken[:position] + taken[position + 1 :]
+                for other, other_outcome, _ in rest:  # they are filed again below
+                    self._in_flight[other] += other_outcome[2] if len(other_outcome) > 2 else 1
+                self._put_back(rest)
+                raise self._wrap(index, exc) from exc
+        raise AssertionError("the batch did not decode, but each step does")
+
     async def _stop_tasks(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -344,10 +372,12 @@ def _is_bad(outcome: Any) -> bool:
     return isinstance(outcome, (BaseException, _Failure))
 
 
-def _flagged(batch: BatchedTimeStep, truncated: Sequence[bool] | None = None) -> BatchedTimeStep:
-    """The batch with its ``truncated`` flags (all False unless given)."""
+def _flagged(
+    batch: BatchedTimeStep, truncated: Sequence[bool] | None, states: Sequence[int]
+) -> BatchedTimeStep:
+    """The batch with its ``truncated`` flags (all False unless given) and server states."""
     flags = np.zeros(len(batch.env_ids), bool) if truncated is None else np.array(truncated, bool)
-    return batch._replace(truncated=flags)
+    return batch._replace(truncated=flags, state=np.array(states, np.uint8))
 
 
 async def _call(function: Callable[..., Any], *args: Any) -> Any:

@@ -56,6 +56,12 @@ class BatchedTimeStep(NamedTuple):
         restarted after a failure (``on_world_failure="restart"``): its previous
         episode was cut short without a LAST step, so count it as truncated.
         ``BatchedEnvironment`` always fills it; None only in batches built by hand.
+      state: uint8 ``[B]``: the server's ``EnvironmentStateType`` of each step
+        (``RUNNING``, ``TERMINATED`` or ``INTERRUPTED``; ``dmr.dm_env_rpc_pb2``
+        names them). A LAST step is TERMINATED when the episode ended by itself
+        and INTERRUPTED when it was cut short (Gymnasium's ``terminated`` and
+        ``truncated``); the discount does not tell the two apart.
+        ``BatchedEnvironment`` always fills it; None only in batches built by hand.
     """
 
     step_type: np.ndarray
@@ -64,6 +70,7 @@ class BatchedTimeStep(NamedTuple):
     observation: dict[str, Any]
     env_ids: np.ndarray
     truncated: np.ndarray | None = None
+    state: np.ndarray | None = None
 
     def at(self, position: int) -> dm_env.TimeStep:
         """The ``dm_env.TimeStep`` of one world of the batch."""

@@ -247,7 +247,8 @@ class BatchedEnvironment(BatchCore):
                 timesteps.append(self.envs[index].reset(timeout=timeout))
             except errors.DmEnvRpcClientError as exc:
                 raise self._wrap(index, exc) from exc
-        return _flagged(batch_of(timesteps, ids))
+        states = [self.envs[i]._last_state or 0 for i in ids]  # RUNNING after a reset
+        return _flagged(batch_of(timesteps, ids), None, states)
 
     def random_actions(
         self, rng: np.random.Generator | int | None = None, env_ids: Sequence[int] | None = None
@@ -461,10 +462,11 @@ class BatchedEnvironment(BatchCore):
             raise self._wrap(index, cause) from cause
         env_ids = [index for index, _, _ in taken]
         self.latencies.extend(latency for _, _, latency in taken)
-        if self._runner is None:  # TimeSteps already
+        if self._runner is None:  # (TimeStep, state) already
             for index in env_ids:
                 self._in_flight[index] -= 1
-            return _flagged(batch_of([outcome for _, outcome, _ in taken], env_ids))
+            timesteps, states = zip(*(outcome for _, outcome, _ in taken), strict=True)
+            return _flagged(batch_of(timesteps, env_ids), None, states)
         for index, outcome, _ in taken:
             self._in_flight[index] -= outcome[2] if len(outcome) > 2 else 1
         step_types = [outcome[0] for _, outcome, _ in taken]
@@ -473,34 +475,8 @@ class BatchedEnvironment(BatchCore):
             stacked = self._decode(env_ids, step_types, responses)
         except Exception:  # find the world whose step does not decode
             return self._decode_apart(taken)
-        return _flagged(stacked, [len(outcome) > 2 for _, outcome, _ in taken])
-
-    def _decode(
-        self, env_ids: list[int], step_types: list[Any], responses: list[Any]
-    ) -> BatchedTimeStep:
-        if self._decoder is not None and all(
-            self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
-        ):
-            return self._decoder.decode(step_types, responses, env_ids)
-        # Specs differ between worlds (or changed on reset): one TimeStep per world.
-        timesteps = [
-            self.envs[index]._timestep(step_type, response)
-            for index, step_type, response in zip(env_ids, step_types, responses, strict=True)
-        ]
-        return batch_of(timesteps, env_ids)
-
-    def _decode_apart(self, taken: list[tuple[int, Any, float]]) -> BatchedTimeStep:
-        """Raises ``WorldError`` for the first step that does not decode; the rest stay filed."""
-        for position, (index, outcome, _) in enumerate(taken):
-            try:
-                self.envs[index]._timestep(outcome[0], outcome[1])
-            except Exception as exc:
-                rest = taken[:position] + taken[position + 1 :]
-                for other, other_outcome, _ in rest:  # they are filed again below
-                    self._in_flight[other] += other_outcome[2] if len(other_outcome) > 2 else 1
-                self._put_back(rest)
-                raise self._wrap(index, exc) from exc
-        raise AssertionError("the batch did not decode, but each step does")
+        truncated = [len(outcome) > 2 for _, outcome, _ in taken]
+        return _flagged(stacked, truncated, [response.state for response in responses])
 
     def close(self, timeout: float = 10.0) -> None:
         """Leaves every world and closes what this batch opened. Idempotent; bounded by ``timeout``."""

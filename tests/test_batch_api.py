@@ -109,3 +109,41 @@ def test_the_batch_reward_adds_up_where_dm_env_says_nan(catch_server: Server) ->
         assert np.isfinite(returns).all()
         assert np.array_equal(batch.reward_or_zero[~batch.first()], batch.reward[~batch.first()])
         assert (batch.reward_or_zero[batch.first()] == 0).all()
+
+
+RUNNING, TERMINATED, INTERRUPTED = (
+    dmr.dm_env_rpc_pb2.RUNNING,
+    dmr.dm_env_rpc_pb2.TERMINATED,
+    dmr.dm_env_rpc_pb2.INTERRUPTED,
+)
+
+
+def _states_of_two_episodes(envs: dmr.BatchedEnvironment) -> list[list[int]]:
+    """``state`` of a reset and the next three steps (the third starts the next episodes)."""
+    batch = envs.reset()
+    states = [batch.state.tolist()]
+    for _ in range(3):
+        batch = envs.step({"paddle": np.zeros(2, np.int8)})
+        assert batch.state is not None and batch.state.dtype == np.uint8
+        states.append(batch.state.tolist())
+    return states
+
+
+@pytest.mark.parametrize("own_connections", [False, True])
+def test_state_tells_terminated_from_interrupted(
+    catch_server: Server, own_connections: bool
+) -> None:
+    # Catch of 3 rows ends by itself on its second step; of 4 rows with max_steps=2 it is
+    # cut short there. Both are LAST steps with discount 1 or 0; only the state says which.
+    for settings, ended in (({"rows": 3}, TERMINATED), ({"rows": 4, "max_steps": 2}, INTERRUPTED)):
+        if own_connections:
+            conns = [dmr.connect(catch_server.address, timeout=10) for _ in range(2)]
+            adaptors = [dmr.create_and_join_world(c, settings, timeout=10)[0] for c in conns]
+            envs = dmr.BatchedEnvironment(adaptors, connections=conns)
+        else:
+            envs = dmr.BatchedEnvironment.connect(
+                catch_server.address, 2, create_world_settings=settings, timeout=10
+            )
+        with envs:  # closes the adaptors and connections too
+            states = _states_of_two_episodes(envs)
+        assert states == [[RUNNING] * 2, [RUNNING] * 2, [ended] * 2, [RUNNING] * 2]

@@ -296,8 +296,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                 "step_wait was called without step_async; call step_async first.", "step"
             )
         batch = self._receive(self._timeout if timeout is None else timeout)
-        # One step per world was in flight, so each adaptor's latest state is this step's.
-        states = np.fromiter((env._last_state for env in self._batch.envs), np.int64)
+        states = batch.state
         not_first = batch.step_type != _FIRST
         rewards = np.where(not_first, batch.reward, 0.0)
         infos = {
