@@ -410,7 +410,12 @@ def open_worlds(
     connections: list[LoopConnection],
     addresses: Sequence[str],
     count: int,
-    settings_of: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, Sequence[str] | None],
+    settings_of: tuple[
+        Mapping[str, Any] | None,
+        Mapping[str, Any] | None,
+        Sequence[str] | None,
+        tuple[str, ...] | None,
+    ],
     timeout: float | None,
     seed: int | None,
     seed_setting: str | None,
@@ -420,10 +425,14 @@ def open_worlds(
     Each stream opened is appended to ``connections`` at once, so the caller can
     close them all if a later world fails.
 
+    ``settings_of`` is (create settings, join settings, world names, requested observations).
+
     Raises:
       WorldError: naming the world that could not be created or joined.
+      UnknownNameError: a requested observation the world does not have.
     """
-    create_world_settings, join_world_settings, world_names = settings_of
+    create_world_settings, join_world_settings, world_names, requested = settings_of
+    adaptor_kwargs = {"timeout": timeout, "requested_observations": requested}
     envs: list[DmEnvAdaptor] = []
     used: list[str] = []
     recipes: list[_restart.WorldRecipe] = []
@@ -435,14 +444,14 @@ def open_worlds(
             connections.append(conn)
             settings = None
             if world_names is not None:
-                env = join_world(conn, world_names[index], join_world_settings, timeout=timeout)
+                env = join_world(conn, world_names[index], join_world_settings, **adaptor_kwargs)
             else:
                 settings = dict(create_world_settings or {})
                 if seed_setting is not None and seed is not None:
                     settings[seed_setting] = seeds[index] = seed + index
                 try:
                     env, _ = create_and_join_world(
-                        conn, settings, join_world_settings, timeout=timeout
+                        conn, settings, join_world_settings, **adaptor_kwargs
                     )
                 except errors.InvalidArgumentError as exc:
                     if seed_setting is None or repr(seed_setting) not in str(exc):
@@ -454,8 +463,10 @@ def open_worlds(
                     seed_setting, seeds[index] = None, None
                     settings = dict(create_world_settings or {})
                     env, _ = create_and_join_world(
-                        conn, settings, join_world_settings, timeout=timeout
+                        conn, settings, join_world_settings, **adaptor_kwargs
                     )
+        except errors.UnknownNameError:
+            raise  # a requested observation no world has: the caller's to fix, not a world's
         except errors.DmEnvRpcClientError as exc:
             raise errors.WorldError(
                 _WORLD_FAILED.format(index=index, address=address, error=exc),
@@ -465,5 +476,7 @@ def open_worlds(
         envs.append(env)
         used.append(address)
         name = None if world_names is None else world_names[index]
-        recipes.append(_restart.WorldRecipe(settings, join_world_settings, name, timeout))
+        recipes.append(
+            _restart.WorldRecipe(settings, join_world_settings, name, timeout, requested)
+        )
     return envs, used, recipes, seeds

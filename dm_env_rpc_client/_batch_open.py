@@ -28,6 +28,10 @@ from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client.connection import create_channel
 
 Batch = TypeVar("Batch", bound=BatchCore)
+_ONE_NAME = (
+    "requested_observations takes a list of observation names, not the string {name!r}: "
+    "pass [{name!r}]."
+)
 
 
 def open_batch(
@@ -37,6 +41,7 @@ def open_batch(
     *,
     create_world_settings: Mapping[str, Any] | None,
     join_world_settings: Mapping[str, Any] | None,
+    requested_observations: Sequence[str] | None,
     timeout: float | None,
     credentials: grpc.ChannelCredentials | None,
     options: Sequence[tuple[str, Any]] | None,
@@ -51,6 +56,9 @@ def open_batch(
 ) -> Batch:
     """``BatchedEnvironment.connect`` (its arguments and errors are documented there)."""
     _restart.check_policy(on_world_failure)
+    if isinstance(requested_observations, str):
+        raise ValueError(_ONE_NAME.format(name=requested_observations))
+    requested = None if requested_observations is None else tuple(requested_observations)
     if isinstance(addresses, str):
         addresses = [addresses]
     count = len(addresses) if num_envs is None else num_envs
@@ -86,7 +94,7 @@ def open_batch(
             connections,
             addresses,
             count,
-            (create_world_settings, join_world_settings, world_names),
+            (create_world_settings, join_world_settings, world_names, requested),
             timeout,
             seed,
             seed_setting,

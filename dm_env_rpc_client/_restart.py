@@ -131,6 +131,7 @@ class WorldRecipe(NamedTuple):
     join_settings: Mapping[str, Any] | None
     world_name: str | None  # join this existing world instead of creating one
     timeout: float | None  # the adaptor's timeout
+    requested_observations: tuple[str, ...] | None = None  # the adaptor's
 
 
 def rotation(home: str, addresses: Sequence[str]) -> list[str]:
@@ -210,6 +211,7 @@ async def _make_world(
         world_name=world_name,
         destroy_on_close=destroy,
         timeout=recipe.timeout,
+        requested_observations=recipe.requested_observations,
     )
     first = None
     if first_step:

@@ -127,6 +127,7 @@ class BatchedEnvironment(BatchCore):
         *,
         create_world_settings: Mapping[str, Any] | None = None,
         join_world_settings: Mapping[str, Any] | None = None,
+        requested_observations: Sequence[str] | None = None,
         timeout: float | None = 30.0,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] | None = None,
@@ -155,6 +156,8 @@ class BatchedEnvironment(BatchCore):
           num_envs: how many worlds; default one per address.
           create_world_settings: settings for every CreateWorldRequest.
           join_world_settings: settings for every JoinWorldRequest.
+          requested_observations: the observation names every world returns (as
+            for ``DmEnvAdaptor``; a restarted world too); None returns all.
           timeout: seconds to wait for each server to answer, and for each response
             of the worlds' ``reset``, ``close`` and lifecycle calls.
           credentials: channel credentials for TLS (as for ``dmr.connect``).
@@ -176,7 +179,10 @@ class BatchedEnvironment(BatchCore):
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``
             both set the seed setting, ``world_names`` does not match
-            ``num_envs``, or an unknown ``on_world_failure``.
+            ``num_envs``, an unknown ``on_world_failure``, or
+            ``requested_observations`` given as one string.
+          UnknownNameError: a requested observation the worlds do not have (it
+            lists the known names).
           WorldError: naming the world that could not be created or joined.
         """
         return open_batch(
@@ -185,6 +191,7 @@ class BatchedEnvironment(BatchCore):
             num_envs,
             create_world_settings=create_world_settings,
             join_world_settings=join_world_settings,
+            requested_observations=requested_observations,
             timeout=timeout,
             credentials=credentials,
             options=options,

@@ -147,3 +147,58 @@ def test_state_tells_terminated_from_interrupted(
         with envs:  # closes the adaptors and connections too
             states = _states_of_two_episodes(envs)
         assert states == [[RUNNING] * 2, [RUNNING] * 2, [ended] * 2, [RUNNING] * 2]
+
+
+def test_requested_observations_reach_every_world(catch_server: Server) -> None:
+    with dmr.BatchedEnvironment.connect(
+        catch_server.address, 2, requested_observations=["board", "reward"], timeout=10
+    ) as envs:
+        batch = envs.step({"paddle": np.zeros(2, np.int8)})
+        assert set(batch.observation) == {"board", "reward"}
+        assert batch.observation["reward"].shape == (2,)
+    with dmr.BatchedEnvironment.connect(
+        catch_server.address, 2, requested_observations=["reward"], timeout=10
+    ) as envs:
+        assert set(envs.reset().observation) == {"reward"}  # the board is not sent
+
+
+def test_an_unknown_requested_observation_is_named_with_the_known_ones(
+    catch_server: Server,
+) -> None:
+    with pytest.raises(
+        dmr.UnknownNameError,
+        match="Unknown observation name 'bord'. Known names: 'board', 'discount', 'reward'",
+    ):
+        dmr.BatchedEnvironment.connect(
+            catch_server.address, 2, requested_observations=["board", "bord"], timeout=10
+        )
+    with pytest.raises(ValueError, match=r"not the string 'board': pass \['board'\]"):
+        dmr.BatchedEnvironment.connect(
+            catch_server.address, 2, requested_observations="board", timeout=10
+        )
+    # Nothing was left behind: the server still takes new worlds on a fresh batch.
+    with dmr.BatchedEnvironment.connect(catch_server.address, 2, timeout=10) as envs:
+        assert envs.reset().first().all()
+
+
+def test_a_restarted_world_returns_the_requested_observations(server_process) -> None:
+    servers = [server_process("catch"), server_process("catch")]
+    with dmr.BatchedEnvironment.connect(
+        [server.address for server in servers],
+        2,
+        requested_observations=["board", "reward"],
+        on_world_failure="restart",
+        timeout=10,
+    ) as envs:
+        envs.reset()
+        servers[1].kill()
+        for _ in range(50):  # world 1 comes back on the other server within a few steps
+            batch = envs.step({"paddle": np.zeros(2, np.int8)}, timeout=30)
+            if batch.truncated.any():
+                break
+        assert batch.truncated.tolist() == [False, True]
+        assert set(batch.observation) == {"board", "reward"}
+        assert batch.observation["board"].shape == (2, 10, 5)
+        assert envs.addresses[1] == servers[0].address
+        for world in envs.envs:  # the restarted world's adaptor asks for them too
+            assert set(world.observation_spec()) == {"board", "reward"}

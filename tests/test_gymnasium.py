@@ -710,3 +710,31 @@ def test_a_restarted_world_is_flagged_in_infos(server_process: Any) -> None:
     _, _, _, _, infos = envs.step(zeros)
     assert "restarted" not in infos
     envs.close()
+
+
+def test_vector_env_from_addresses_with_requested_observations(zoo_server: Server) -> None:
+    names = _zoo_names(zoo_server)
+    with pytest.raises(errors.SpecError, match="Leave it out: pass requested_observations"):
+        GymnasiumVectorEnv(addresses=zoo_server.address, num_envs=2, timeout=10)
+    envs = GymnasiumVectorEnv(
+        addresses=zoo_server.address, num_envs=2, requested_observations=names, timeout=10
+    )
+    envs.action_space.seed(0)
+    observations, _ = envs.reset(seed=0)
+    assert envs.observation_space.contains(observations)
+    assert "strings" not in envs.single_observation_space.spaces
+    for _ in range(6):
+        observations, *_ = envs.step(envs.action_space.sample())
+        assert envs.observation_space.contains(observations)
+    envs.close()
+    with pytest.raises(
+        errors.UnknownNameError, match="'camra'. Known names: 'act.arm.grip', .*'camera'"
+    ):
+        GymnasiumVectorEnv(
+            addresses=zoo_server.address, num_envs=2, requested_observations=["camra"]
+        )
+    with (
+        dmr.BatchedEnvironment.connect(zoo_server.address, 1, requested_observations=names) as b,
+        pytest.raises(ValueError, match="pass it to BatchedEnvironment.connect"),
+    ):
+        GymnasiumVectorEnv(b, requested_observations=names)

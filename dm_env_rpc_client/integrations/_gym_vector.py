@@ -46,6 +46,10 @@ _FIRST = 0  # dm_env.StepType.FIRST
 
 _ONE_SOURCE = "Give GymnasiumVectorEnv either a BatchedEnvironment or addresses=, not {what}."
 _NUM_ENVS = "num_envs={num_envs} but the BatchedEnvironment has {count} worlds."
+_REQUESTED_WITH_BATCH = (
+    "requested_observations= goes with addresses=; a BatchedEnvironment shows what its "
+    "worlds were joined with: pass it to BatchedEnvironment.connect instead."
+)
 _SEEDS = "reset(seed=) takes an int or one seed per world ({count}), not {seed!r}."
 _BAD_ACTION = (
     "Action {name!r} does not fit the batched action space {space} (one row per world, "
@@ -78,6 +82,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
       num_envs: how many worlds (with ``addresses``); default one per address.
       create_world_settings: settings of every CreateWorldRequest.
       join_world_settings: settings of every JoinWorldRequest.
+      requested_observations: the observations to show (with ``addresses``; a
+        batch you pass shows what its worlds were joined with): leave out those
+        with no gymnasium space.
       timeout: seconds to wait for the servers, and for each step and reset.
       seed_setting: the reset setting that carries ``reset(seed=...)``; None never sends it.
       unwrap_single: a world with one action (observation) has that tensor's
@@ -86,7 +93,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         (credentials, ``on_world_failure``, ``restart``, ...).
 
     Raises:
-      ValueError: neither or both of ``batch`` and ``addresses``.
+      ValueError: neither or both of ``batch`` and ``addresses``, or
+        ``requested_observations`` with ``batch``.
+      UnknownNameError: a requested observation the worlds do not have.
       SpecError: a tensor has no gymnasium space (the message says how to leave it out).
       WorldError: a world could not be created or joined.
     """
@@ -106,6 +115,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         num_envs: int | None = None,
         create_world_settings: Mapping[str, Any] | None = None,
         join_world_settings: Mapping[str, Any] | None = None,
+        requested_observations: Sequence[str] | None = None,
         timeout: float | None = 30.0,
         seed_setting: str | None = "seed",
         unwrap_single: bool = False,
@@ -121,11 +131,14 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                 num_envs,
                 create_world_settings=create_world_settings,
                 join_world_settings=join_world_settings,
+                requested_observations=requested_observations,
                 timeout=timeout,
                 **dict(connect_kwargs or {}),
             )
         elif num_envs is not None and num_envs != len(batch):
             raise ValueError(_NUM_ENVS.format(num_envs=num_envs, count=len(batch)))
+        elif requested_observations is not None:
+            raise ValueError(_REQUESTED_WITH_BATCH)
         self._batch = batch
         self._timeout = timeout
         self._seed_setting = seed_setting
