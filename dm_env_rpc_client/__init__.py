@@ -29,6 +29,8 @@ from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
 from dm_env_rpc_client.cli import main as cli_main
 from dm_env_rpc_client.connection import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    KEEPALIVE_DETECTION_S,
     Connection,
     ConnectionLike,
     connect,
@@ -119,6 +121,7 @@ __all__ = [
     "CreateAndJoinResult",
     "DATA_TYPE_TO_NUMPY",
     "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_TIMEOUT",
     "DataType",
     "DmEnvAdaptor",
     "DmEnvRpcClientError",
@@ -131,6 +134,7 @@ __all__ = [
     "ForeignConnection",
     "IntegerRangeError",
     "InvalidArgumentError",
+    "KEEPALIVE_DETECTION_S",
     "NUMPY_TO_DATA_TYPE",
     "NotFoundError",
     "ObservationError",

@@ -41,6 +41,7 @@ _ENDED = (int(State.TERMINATED), int(State.INTERRUPTED))
 _FIRST, _MID, _LAST = dm_env.StepType.FIRST, dm_env.StepType.MID, dm_env.StepType.LAST
 REWARD = "reward"
 DISCOUNT = "discount"
+CLOSE_TIMEOUT = 10.0  # the most close() waits for each response by default
 
 _BAD_TRANSITION = (
     "The server's state went from {before} to {after}, which no step type describes. "
@@ -293,6 +294,13 @@ class AdaptorCore:
             self._set_specs(response.specs)
         with self._lock:
             self._last_state = State.INTERRUPTED
+
+    def _close_timeout(self, timeout: float | None) -> float:
+        """What ``close`` waits for each response: ``timeout``, else the adaptor's, at most 10 s."""
+        if timeout is not None:
+            return timeout
+        adaptor = getattr(self, "_timeout", None)
+        return CLOSE_TIMEOUT if adaptor is None else min(adaptor, CLOSE_TIMEOUT)
 
     def _check_open(self) -> None:
         if self._closed:

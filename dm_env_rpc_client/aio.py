@@ -35,6 +35,7 @@ from dm_env_rpc_client.connection import (
     _IN_FLIGHT_TIMEOUT,
     _REQUEST_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
     closed_error,
     create_channel,
 )
@@ -156,11 +157,14 @@ class AsyncConnection:
     async def send(
         self,
         request: message.Message,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
         *,
         response_type: type | None = None,
     ) -> Any:
         """Sends a request and awaits its response (see ``Connection.send``).
+
+        ``timeout`` defaults to ``DEFAULT_TIMEOUT`` (60 s); None waits until the
+        response or the stream's end.
 
         Raises:
           DmEnvRpcError: the server answered with an error.

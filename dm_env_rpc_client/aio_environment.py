@@ -39,7 +39,7 @@ from dm_env_rpc_client._adaptor_core import (
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
-from dm_env_rpc_client.connection import DEFAULT_CONNECT_TIMEOUT
+from dm_env_rpc_client.connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 
 _NOT_ASYNC = (
     "{caller} takes an AsyncConnection (await dmr.connect_async(address)) or an address "
@@ -80,8 +80,11 @@ class AsyncDmEnvAdaptor(AdaptorCore):
       validate: check actions against their specs before sending.
       world_name: the joined world's name.
       destroy_on_close: also destroy the world on ``aclose()``.
-      timeout: seconds to wait for each response; None waits until the
-        response or the stream's end.
+      timeout: seconds to wait for each response in ``step``, ``reset``,
+        ``step_iter`` and ``aclose`` (default ``DEFAULT_TIMEOUT``, 60 s; as
+        ``DmEnvAdaptor``); None waits until the response or the stream's end
+        (a stopped or unreachable server ends it within
+        ``KEEPALIVE_DETECTION_S``, 15 s).
     """
 
     def __init__(
@@ -94,7 +97,7 @@ class AsyncDmEnvAdaptor(AdaptorCore):
         validate: bool = True,
         world_name: str | None = None,
         destroy_on_close: bool = False,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         self._connection = _async_connection(connection, "AsyncDmEnvAdaptor")
         self._timeout = timeout
@@ -222,25 +225,39 @@ class AsyncDmEnvAdaptor(AdaptorCore):
     async def aclose(self, timeout: float | None = None) -> None:
         """Leaves the world (once; idempotent), and destroys it if ``destroy_on_close``.
 
-        An adaptor made from an address also closes the connection it opened.
+        As ``DmEnvAdaptor.close``: an adaptor made from an address also closes
+        the connection it opened; a closed stream or a response that does not
+        come within ``timeout`` ends the call quietly (a dead or hung server);
+        a server that refuses the LeaveWorldRequest still gets the
+        DestroyWorldRequest, then its error is raised.
 
         Args:
-          timeout: seconds to wait for each response (default: the adaptor's ``timeout``).
+          timeout: seconds to wait for each response (default: the adaptor's
+            ``timeout``, at most ``CLOSE_TIMEOUT``, 10 s).
+
+        Raises:
+          DmEnvRpcError: the server refused to leave or destroy the world.
         """
         if self._closed:
             return
         self._closed = True
-        timeout = self._timeout if timeout is None else timeout
+        timeout = self._close_timeout(timeout)
+        refused: errors.DmEnvRpcError | None = None
         try:
-            await self._connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
+            try:
+                await self._connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
+            except errors.DmEnvRpcError as exc:
+                refused = exc  # still destroy the world below
             if self._destroy_on_close and self.world_name is not None:
                 request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=self.world_name)
                 await self._connection.send(request, timeout)
-        except errors.ConnectionClosedError:
-            pass  # the server is gone: nothing left to leave
+        except (errors.ConnectionClosedError, errors.RequestTimeoutError):
+            pass  # the server is gone or hung: nothing more to do
         finally:
             if self._owns_connection:
                 await self._connection.aclose()
+        if refused is not None:
+            raise refused
 
     async def __aenter__(self) -> AsyncDmEnvAdaptor:
         return self
@@ -267,9 +284,12 @@ async def create_world_async(
     connection: AsyncConnection,
     create_world_settings: Mapping[str, Any] | None = None,
     *,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
 ) -> str:
     """Creates a world and returns its name (``create_world`` for asyncio).
+
+    ``timeout``: seconds to wait for the response (default ``DEFAULT_TIMEOUT``,
+    60 s; None waits until the response or the stream's end).
 
     Raises:
       InvalidArgumentError: the server refused the settings.
@@ -327,6 +347,7 @@ async def join_world_async(
     """
     check_adaptor_kwargs("join_world_async", adaptor_kwargs, AsyncDmEnvAdaptor)
     conn, owned = await _open(connection, "join_world_async", adaptor_kwargs.get("timeout"))
+    adaptor_kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     try:
         env = await _join(conn, world_name, join_world_settings, adaptor_kwargs)
     except BaseException:
@@ -367,8 +388,10 @@ async def create_and_join_world_async(
       DmEnvRpcError: the server refused the create or the join.
     """
     check_adaptor_kwargs("create_and_join_world_async", adaptor_kwargs, AsyncDmEnvAdaptor)
-    timeout = adaptor_kwargs.get("timeout")
-    conn, owned = await _open(connection, "create_and_join_world_async", timeout)
+    conn, owned = await _open(
+        connection, "create_and_join_world_async", adaptor_kwargs.get("timeout")
+    )
+    timeout = adaptor_kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     try:
         world_name = await create_world_async(conn, create_world_settings, timeout=timeout)
         try:
@@ -388,16 +411,18 @@ async def create_and_join_world_async(
     return env, world_name
 
 
-async def leave_world_async(connection: AsyncConnection, *, timeout: float | None = None) -> None:
-    """Leaves the joined world (a no-op when not joined)."""
+async def leave_world_async(
+    connection: AsyncConnection, *, timeout: float | None = DEFAULT_TIMEOUT
+) -> None:
+    """Leaves the joined world (a no-op when not joined); ``timeout`` as for ``create_world_async``."""
     conn = _async_connection(connection, "leave_world_async")
     await conn.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
 
 
 async def destroy_world_async(
-    connection: AsyncConnection, world_name: str, *, timeout: float | None = None
+    connection: AsyncConnection, world_name: str, *, timeout: float | None = DEFAULT_TIMEOUT
 ) -> None:
-    """Destroys a world (it must not be joined)."""
+    """Destroys a world (it must not be joined); ``timeout`` as for ``create_world_async``."""
     conn = _async_connection(connection, "destroy_world_async")
     await conn.send(dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name), timeout)
 
@@ -407,9 +432,12 @@ async def reset_world_async(
     world_name: str,
     settings: Mapping[str, Any] | None = None,
     *,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
 ) -> None:
-    """Resets a world for every joined connection, optionally with new settings."""
+    """Resets a world for every joined connection, optionally with new settings.
+
+    ``timeout`` as for ``create_world_async``.
+    """
     conn = _async_connection(connection, "reset_world_async")
     request = dm_env_rpc_pb2.ResetWorldRequest(
         world_name=world_name, settings=pack_settings(settings)

@@ -173,7 +173,7 @@ class BatchedEnvironment(BatchCore):
           on_world_failure: ``"raise"`` or ``"restart"`` (see the module docs).
           step_timeout: a world with steps in flight that gets no response for
             this many seconds has failed (None: never; then a stopped server is
-            found only by keepalive, while its stream is open).
+            found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
 
         Raises:

@@ -33,25 +33,31 @@ from dm_env_rpc_client import errors, messages
 
 # Channel options: unlimited message sizes; quick reconnect backoff so connect() notices a
 # server that comes up late; and keepalive, so that a half-open connection (a stopped server, a
-# dropped network) is found within KEEPALIVE_DETECTION_S while a call is open. A ping goes out
-# after 10 s without reads and must be answered within 5 s. Servers accept that: a default gRPC
-# server allows pings every 5 minutes only while it sends no data, and counts 2 "strikes" before
-# it answers too_many_pings; gRPC clients send at most 2 pings (grpc.http2.max_pings_without_data)
-# before they send data again, so an idle stream costs the server at most one strike.
+# dropped network) is found within KEEPALIVE_DETECTION_S while a request waits. A ping goes out
+# after 10 s without reads and must be answered within 5 s. gRPC also pings on its own (to size
+# its flow-control window, right after data arrives); a keepalive that finds such a ping in
+# flight waits for it, and that ping's deadline is grpc.http2.ping_timeout_ms, 60 s unless set:
+# so it is set to 5 s too, or a server stopped just after it answered is found only after a
+# minute (measured with grpcio 1.85). Servers accept these pings: a default gRPC server allows
+# pings every 5 minutes only while it sends no data, and counts 2 "strikes" before it answers
+# too_many_pings; gRPC clients send at most 2 pings (grpc.http2.max_pings_without_data) before
+# they send data again, so an idle stream costs the server at most one strike.
 DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 )
-KEEPALIVE_DETECTION_S = 15.0  # keepalive_time + keepalive_timeout: half-open found by then
+KEEPALIVE_DETECTION_S = 15.0  # keepalive_time + ping timeout: half-open found by then
 
 
 DEFAULT_CONNECT_TIMEOUT = 30.0  # seconds connect() waits for a server by default
+DEFAULT_TIMEOUT = 60.0  # seconds a request waits for its response unless told otherwise
 
 _CLOSED = "The connection is closed; open a new one with dmr.connect()."
 _STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
@@ -317,7 +323,7 @@ class Connection:
     def send(
         self,
         request: message.Message,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
         *,
         response_type: type | None = None,
     ) -> Any:
@@ -325,7 +331,9 @@ class Connection:
 
         Args:
           request: as for ``send_async``.
-          timeout: seconds to wait; None waits until the response or the stream's end.
+          timeout: seconds to wait (default ``DEFAULT_TIMEOUT``, 60 s); None waits
+            until the response or the stream's end (a stopped or unreachable
+            server ends it within ``KEEPALIVE_DETECTION_S``, 15 s).
           response_type: as for ``send_async``.
 
         Returns:

@@ -35,6 +35,7 @@ from google.protobuf import message
 
 from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._adaptor_core import (
+    CLOSE_TIMEOUT,
     DISCOUNT,
     REWARD,
     AdaptorCore,
@@ -48,6 +49,7 @@ from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.connection import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
     Connection,
     ConnectionLike,
     connect,
@@ -56,8 +58,6 @@ from dm_env_rpc_client.connection import (
 from dm_env_rpc_client.properties import PropertiesExtension
 
 specs_table = specs.specs_table  # importable from here as before
-DEFAULT_TIMEOUT = 60.0  # seconds an adaptor waits for each response unless told otherwise
-CLOSE_TIMEOUT = 10.0  # the most close() waits for each response by default
 
 
 class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
@@ -295,8 +295,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         if self._closed:
             return
         self._closed = True
-        if timeout is None:
-            timeout = CLOSE_TIMEOUT if self._timeout is None else min(self._timeout, CLOSE_TIMEOUT)
+        timeout = self._close_timeout(timeout)
         refused: errors.DmEnvRpcError | None = None
         try:
             try:
@@ -350,7 +349,7 @@ def create_world(
     connection: ConnectionLike,
     create_world_settings: Mapping[str, Any] | None = None,
     *,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
 ) -> str:
     """Creates a world and returns its name. Settings: nested dicts of Python or NumPy values.
 
@@ -358,7 +357,8 @@ def create_world(
       connection: a ``Connection``, or an object with the reference package's
         ``send(request)``.
       create_world_settings: the CreateWorldRequest settings.
-      timeout: seconds to wait for the response.
+      timeout: seconds to wait for the response (default ``DEFAULT_TIMEOUT``,
+        60 s; None waits until the response or the stream's end).
 
     Raises:
       RequestTimeoutError: no response within ``timeout`` seconds.
@@ -482,15 +482,15 @@ def create_and_join_world(
     return CreateAndJoinResult(env, world_name)
 
 
-def leave_world(connection: ConnectionLike, *, timeout: float | None = None) -> None:
-    """Leaves the joined world (a no-op when not joined)."""
+def leave_world(connection: ConnectionLike, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    """Leaves the joined world (a no-op when not joined); ``timeout`` as for ``create_world``."""
     as_connection(connection, "leave_world").send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
 
 
 def destroy_world(
-    connection: ConnectionLike, world_name: str, *, timeout: float | None = None
+    connection: ConnectionLike, world_name: str, *, timeout: float | None = DEFAULT_TIMEOUT
 ) -> None:
-    """Destroys a world (it must not be joined)."""
+    """Destroys a world (it must not be joined); ``timeout`` as for ``create_world``."""
     request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name)
     as_connection(connection, "destroy_world").send(request, timeout)
 
@@ -500,9 +500,12 @@ def reset_world(
     world_name: str,
     settings: Mapping[str, Any] | None = None,
     *,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
 ) -> None:
-    """Resets a world for every joined connection, optionally with new settings."""
+    """Resets a world for every joined connection, optionally with new settings.
+
+    ``timeout`` as for ``create_world``.
+    """
     request = dm_env_rpc_pb2.ResetWorldRequest(
         world_name=world_name, settings=pack_settings(settings)
     )
@@ -510,6 +513,8 @@ def reset_world(
 
 
 __all__ = [
+    "CLOSE_TIMEOUT",
+    "DEFAULT_TIMEOUT",
     "DISCOUNT",
     "REWARD",
     "CreateAndJoinResult",

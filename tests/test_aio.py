@@ -117,6 +117,10 @@ def test_close_pending_timeouts_backpressure_and_no_threads_left(server_process)
             pending = [
                 asyncio.ensure_future(conn.send(dm_env_rpc_pb2.StepRequest())) for _ in range(3)
             ]
+            for _ in range(1000):  # let the three take their slots (a few loop turns)
+                if conn._slots is not None and conn._slots.locked():
+                    break
+                await asyncio.sleep(0)
             with pytest.raises(errors.RequestTimeoutError, match="4 requests in flight"):
                 await conn.send(dm_env_rpc_pb2.StepRequest(), timeout=0.2)
             started = time.monotonic()

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import dm_env
 import numpy as np
 import pytest
+from faulty import faulty_server, float_specs, lifecycle
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._adaptor_core import AdaptorCore
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.server import Server
 from dm_env_rpc_client.server.catch import Catch
 
@@ -177,6 +182,63 @@ def test_a_step_without_an_answer_times_out(slow_server: Server) -> None:
         await env.aclose(timeout=5)
 
     asyncio.run(main())
+
+
+def test_a_stopped_server_ends_waiting_steps_and_aclose_gives_up_quietly(server_process) -> None:
+    """SIGSTOP: with no request timeout at all, keepalive ends the wait within
+    KEEPALIVE_DETECTION_S; with the default timeout, the same; ``aclose`` returns quietly."""
+    child = server_process()
+
+    async def main() -> None:
+        unbounded, _ = await dmr.create_and_join_world_async(child.address, {}, {}, timeout=None)
+        default, _ = await dmr.create_and_join_world_async(child.address, {}, {})
+        assert default._timeout == dmr.DEFAULT_TIMEOUT
+        await unbounded.reset()
+        await default.reset()
+        os.kill(child.process.pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            for env in (unbounded, default):
+                with pytest.raises(errors.ConnectionClosedError, match="ping timeout"):
+                    async for _ in env.step_iter([{"paddle": 0}] * 4):
+                        pass
+            with pytest.raises(errors.ConnectionClosedError):
+                await default.step({"paddle": 0})
+            # The documented bound, with room for a loaded machine.
+            assert time.monotonic() - stopped < dmr.KEEPALIVE_DETECTION_S + 15
+            for env in (unbounded, default):
+                await env.aclose()  # the server is gone: nothing to leave, no error
+                assert env.connection.closed
+        finally:
+            os.kill(child.process.pid, signal.SIGCONT)
+
+    asyncio.run(main())
+
+
+def test_aclose_destroys_the_world_when_leave_is_refused() -> None:
+    """As the sync close: a refused LeaveWorld still sends DestroyWorld, then raises."""
+    seen: list[str] = []
+    specs = float_specs()
+
+    def answer(request: Any) -> Any:
+        kind = request.WhichOneof("payload")
+        seen.append(kind)
+        if kind == "leave_world":
+            error = dm_env_rpc_pb2.EnvironmentResponse()
+            error.error.code, error.error.message = 13, "cannot leave"
+            return error
+        return lifecycle(request, specs)
+
+    async def main(address: str) -> None:
+        env, _ = await dmr.create_and_join_world_async(address, {}, {}, timeout=5)
+        with pytest.raises(errors.DmEnvRpcError, match="cannot leave"):
+            await env.aclose()
+        assert seen[-2:] == ["leave_world", "destroy_world"]
+        assert env.connection.closed  # an adaptor made from an address closes its connection
+        await env.aclose()  # idempotent
+
+    with faulty_server(answer) as address:
+        asyncio.run(main(address))
 
 
 def test_async_world_helpers_and_failed_joins(catch_server: Server) -> None:

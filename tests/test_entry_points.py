@@ -94,6 +94,48 @@ def test_connecting_waits_a_finite_time_by_default() -> None:
     assert math.isfinite(dmr.DEFAULT_CONNECT_TIMEOUT) and dmr.DEFAULT_CONNECT_TIMEOUT > 0
 
 
+_WAIT_FOR_A_RESPONSE = [
+    dmr.Connection.send,
+    dmr.AsyncConnection.send,
+    dmr.DmEnvAdaptor.__init__,
+    dmr.AsyncDmEnvAdaptor.__init__,
+    dmr.create_world,
+    dmr.leave_world,
+    dmr.destroy_world,
+    dmr.reset_world,
+    dmr.create_world_async,
+    dmr.leave_world_async,
+    dmr.destroy_world_async,
+    dmr.reset_world_async,
+]
+
+
+@pytest.mark.parametrize("function", _WAIT_FOR_A_RESPONSE, ids=lambda f: f.__qualname__)
+def test_every_request_waits_a_finite_time_by_default(function: Any) -> None:
+    assert inspect.signature(function).parameters["timeout"].default == dmr.DEFAULT_TIMEOUT
+    assert math.isfinite(dmr.DEFAULT_TIMEOUT) and dmr.DEFAULT_TIMEOUT > 0
+
+
+def test_the_join_helpers_give_adaptors_the_default_timeout(catch_server: Server) -> None:
+    """create/join helpers take the adaptor's keywords: without ``timeout`` they are bounded too."""
+    env, _ = dmr.create_and_join_world(catch_server.address, {}, {})
+    assert env._timeout == dmr.DEFAULT_TIMEOUT
+    env.close()
+
+    async def main() -> None:
+        env, name = await dmr.create_and_join_world_async(catch_server.address, {}, {})
+        assert env._timeout == dmr.DEFAULT_TIMEOUT
+        await env.aclose()
+        async with await dmr.connect_async(catch_server.address, timeout=10) as conn:
+            name = await dmr.create_world_async(conn, {})
+            joined = await dmr.join_world_async(conn, name)
+            assert joined._timeout == dmr.DEFAULT_TIMEOUT
+            await joined.aclose()
+            await dmr.destroy_world_async(conn, name)
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("thing", [42, None, object()])
 def test_not_a_connection_says_what_to_pass(thing: Any) -> None:
     with pytest.raises(TypeError, match=r"dmr\.connect\(address\).*address string"):

@@ -17,8 +17,8 @@ from dm_env_rpc_client import errors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._restart import RestartPolicy
 from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.connection import connect
-from dm_env_rpc_client.environment import create_and_join_world, join_world
+from dm_env_rpc_client.connection import KEEPALIVE_DETECTION_S, connect
+from dm_env_rpc_client.environment import create_and_join_world, create_world, join_world
 from dm_env_rpc_client.server import serve
 
 ZEROS4 = {"paddle": np.zeros(4, np.int8)}
@@ -203,6 +203,42 @@ def test_a_stopped_server_is_reported_within_the_step_timeout(server_process) ->
         assert sorted(envs.recv(2, timeout=10).env_ids.tolist()) == [0, 2]
     finally:
         os.kill(servers[1].process.pid, signal.SIGCONT)
+        envs.close(timeout=2)
+
+
+def test_keepalive_finds_a_stopped_server_without_any_timeout(server_process) -> None:
+    """No request timeout, no step_timeout: keepalive alone ends what waits on a stopped server,
+    within KEEPALIVE_DETECTION_S, for a plain Connection and for the batch's worlds."""
+    servers = [server_process() for _ in range(2)]
+    envs = BatchedEnvironment.connect([s.address for s in servers], 4, step_timeout=None)
+    conn = connect(servers[1].address, timeout=10)
+    try:
+        envs.reset()
+        env = join_world(conn, create_world(conn, {}, timeout=10), timeout=10)
+        env.reset()
+        os.kill(servers[1].process.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        envs.send(ZEROS4, [0, 1, 2, 3])
+        pending = conn.send_async(dm_env_rpc_pb2.StepRequest())
+        assert sorted(envs.recv(2, timeout=10).env_ids.tolist()) == [0, 2]
+        failed = []
+        for _ in (1, 3):  # each stalled world is reported once; None of them hangs
+            with pytest.raises(errors.WorldError) as info:
+                envs.recv(1, timeout=60)
+            assert not isinstance(info.value, errors.WorldTimeoutError)
+            assert isinstance(info.value.__cause__, errors.ConnectionClosedError)
+            failed.append(info.value.index)
+        assert sorted(failed) == [1, 3]
+        error = pending.exception(timeout=60)
+        assert isinstance(error, errors.ConnectionClosedError), error
+        assert "ping timeout" in str(error)
+        # The documented bound, with room for a loaded machine.
+        assert time.monotonic() - stopped < KEEPALIVE_DETECTION_S + 15
+        envs.send({"paddle": np.zeros(2, np.int8)}, [0, 2])  # the healthy worlds go on
+        assert sorted(envs.recv(2, timeout=10).env_ids.tolist()) == [0, 2]
+    finally:
+        os.kill(servers[1].process.pid, signal.SIGCONT)
+        conn.close()
         envs.close(timeout=2)
 
 
