@@ -6,6 +6,7 @@ import concurrent.futures
 import contextlib
 import importlib.util
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -67,6 +68,30 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: flo
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+    except OSError:
+        return False
+    return bool(states) and all(state in "tT" for state in states)
+
+
+def sigstop(process: Any) -> None:
+    """SIGSTOPs a child process and waits until every thread of it has stopped.
+
+    The signal takes effect asynchronously: on a loaded machine a server thread may still
+    answer a request sent just after ``os.kill`` returns.
+    """
+    pid = process.pid
+    os.kill(pid, signal.SIGSTOP)
+    if os.path.isdir(f"/proc/{pid}"):  # Linux: confirm it
+        assert wait_for(lambda: _all_threads_stopped(pid), timeout=10), "did not stop"
 
 
 def assert_killing_fails_pending(

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import wait_for
+from conftest import sigstop, wait_for
 
 from dm_env_rpc_client import errors, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
@@ -88,7 +88,7 @@ def test_killed_server_fails_pending_promptly(server_process) -> None:
     async def main() -> None:
         conn = await connect_async(server.address, timeout=20)
         await _join(conn)
-        os.kill(server.process.pid, signal.SIGSTOP)
+        sigstop(server.process)
         sends = [asyncio.ensure_future(conn.send(dm_env_rpc_pb2.StepRequest())) for _ in range(100)]
         await asyncio.sleep(0)  # let the sends enqueue
         started = time.monotonic()
@@ -110,7 +110,7 @@ def test_close_pending_timeouts_backpressure_and_no_threads_left(server_process)
     async def main() -> None:
         conn = await connect_async(server.address, timeout=20, max_in_flight=4)
         await _join(conn)
-        os.kill(server.process.pid, signal.SIGSTOP)
+        sigstop(server.process)
         try:
             with pytest.raises(errors.RequestTimeoutError, match="StepRequest"):
                 await conn.send(dm_env_rpc_pb2.StepRequest(), timeout=0.2)

@@ -14,6 +14,7 @@ from typing import Any
 import dm_env
 import numpy as np
 import pytest
+from conftest import sigstop
 from faulty import faulty_server, float_specs, lifecycle
 
 import dm_env_rpc_client as dmr
@@ -195,7 +196,7 @@ def test_a_stopped_server_ends_waiting_steps_and_aclose_gives_up_quietly(server_
         assert default._timeout == dmr.DEFAULT_TIMEOUT
         await unbounded.reset()
         await default.reset()
-        os.kill(child.process.pid, signal.SIGSTOP)
+        sigstop(child.process)
         try:
             stopped = time.monotonic()
             for env in (unbounded, default):

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import wait_for
+from conftest import sigstop, wait_for
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client.batched import BatchedEnvironment
@@ -162,7 +162,7 @@ def test_close_is_bounded_when_a_server_hangs(server_process) -> None:
     server = server_process()
     batch = BatchedEnvironment.connect([server.address], 2, timeout=20)
     batch.reset()
-    os.kill(server.process.pid, signal.SIGSTOP)
+    sigstop(server.process)
     try:
         batch.send({"paddle": np.zeros(2, np.int8)}, [0, 1])
         started = time.monotonic()

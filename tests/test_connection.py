@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 import trustme
-from conftest import assert_killing_fails_pending, wait_for
+from conftest import assert_killing_fails_pending, sigstop, wait_for
 from google.protobuf import any_pb2
 
 from dm_env_rpc_client import errors, tensors
@@ -112,7 +112,7 @@ def test_killing_the_server_fails_pending_requests_promptly(server_process) -> N
     server = server_process()
     with connect(server.address, timeout=20) as conn:
         _join(conn)
-        os.kill(server.process.pid, signal.SIGSTOP)  # hold the requests in flight
+        sigstop(server.process)  # hold the requests in flight
         futures = [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(100)]
         assert not any(future.done() for future in futures)
         assert_killing_fails_pending(server, conn, futures)
@@ -122,7 +122,7 @@ def test_close_with_pending_sends_timeouts_and_backpressure(server_process) -> N
     server = server_process()
     conn = connect(server.address, timeout=20, max_in_flight=4)
     _join(conn)
-    os.kill(server.process.pid, signal.SIGSTOP)
+    sigstop(server.process)
     try:
         with pytest.raises(errors.RequestTimeoutError, match="StepRequest"):
             conn.send(dm_env_rpc_pb2.StepRequest(), timeout=0.2)

@@ -13,6 +13,7 @@ from typing import Any
 import dm_env
 import numpy as np
 import pytest
+from conftest import sigstop
 from dm_env import specs as dm_specs
 from dm_env import test_utils
 
@@ -347,7 +348,7 @@ def test_every_adaptor_call_can_time_out(server_process) -> None:
     with connect(server.address, timeout=20) as conn:
         env, _ = create_and_join_world(conn, {}, {}, timeout=1)
         env.reset()
-        os.kill(server.process.pid, signal.SIGSTOP)
+        sigstop(server.process)
         try:
             started = time.monotonic()
             with pytest.raises(errors.RequestTimeoutError, match="StepRequest request within 1 s"):

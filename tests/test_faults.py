@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import wait_for
+from conftest import sigstop, wait_for
 from faulty import Counter, faulty_server, float_specs, lifecycle
 
 from dm_env_rpc_client import errors
@@ -188,7 +188,7 @@ def test_a_stopped_server_is_reported_within_the_step_timeout(server_process) ->
     try:
         envs.reset()
         envs.step(ZEROS4, timeout=10)
-        os.kill(servers[1].process.pid, signal.SIGSTOP)
+        sigstop(servers[1].process)
         stopped = time.monotonic()
         envs.send(ZEROS4, [0, 1, 2, 3])
         healthy = envs.recv(2, timeout=10)
@@ -216,7 +216,7 @@ def test_keepalive_finds_a_stopped_server_without_any_timeout(server_process) ->
         envs.reset()
         env = join_world(conn, create_world(conn, {}, timeout=10), timeout=10)
         env.reset()
-        os.kill(servers[1].process.pid, signal.SIGSTOP)
+        sigstop(servers[1].process)
         stopped = time.monotonic()
         envs.send(ZEROS4, [0, 1, 2, 3])
         pending = conn.send_async(dm_env_rpc_pb2.StepRequest())
@@ -438,7 +438,7 @@ def test_a_stopped_server_s_worlds_restart_elsewhere(server_process) -> None:
     )
     try:
         envs.reset()
-        os.kill(servers[1].process.pid, signal.SIGSTOP)
+        sigstop(servers[1].process)
         stopped = time.monotonic()
         seen = _drive(envs, 300)
         assert sorted(seen["truncated"]) == [1, 3]

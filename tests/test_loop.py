@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import assert_killing_fails_pending
+from conftest import assert_killing_fails_pending, sigstop
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
@@ -85,7 +85,7 @@ def test_a_killed_server_fails_pending_requests_promptly(
     server = server_process()
     conn = _open(runner, server.address)
     _join(conn)
-    os.kill(server.process.pid, signal.SIGSTOP)  # hold the requests in flight
+    sigstop(server.process)  # hold the requests in flight
     futures = [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(50)]
     with pytest.raises(errors.RequestTimeoutError, match="StepRequest request within 0.2 s"):
         conn.send(dm_env_rpc_pb2.StepRequest(), timeout=0.2)
@@ -99,7 +99,7 @@ def test_close_fails_pending_and_later_sends(runner: LoopThread, server_process)
     server = server_process()
     conn = _open(runner, server.address)
     _join(conn)
-    os.kill(server.process.pid, signal.SIGSTOP)
+    sigstop(server.process)
     try:
         futures = [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(5)]
         started = time.monotonic()
