@@ -28,6 +28,7 @@ import concurrent.futures
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -135,10 +136,31 @@ class LoopThread:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         if not self._thread.is_alive():
-            self.loop.close()
+            _retire(self.loop)
 
     def __repr__(self) -> str:
         return f"LoopThread({'closed' if self._closed else 'running'})"
+
+
+# gRPC's asyncio layer has one completion poller per process, shared by every event loop. A
+# call or channel cancelled on a loop completes its last operations a moment later, and the
+# poller hands each completion to its own loop with call_soon_threadsafe: on a closed loop that
+# raises "Event loop is closed" inside another loop's callback (printed as a traceback, and
+# the rest of that callback's completions wait for the next one). So a stopped loop is closed
+# only once RETIRE_S has passed, when nothing of it can still be in gRPC's hands; until then,
+# a late completion lands in its queue and is dropped with it.
+RETIRE_S = 5.0
+_retired: collections.deque[tuple[float, asyncio.AbstractEventLoop]] = collections.deque()
+_retired_lock = threading.Lock()
+
+
+def _retire(loop: asyncio.AbstractEventLoop) -> None:
+    """Closes ``loop`` later: now, the loops retired more than ``RETIRE_S`` ago."""
+    now = time.monotonic()
+    with _retired_lock:
+        while _retired and now - _retired[0][0] >= RETIRE_S:
+            _retired.popleft()[1].close()
+        _retired.append((now, loop))
 
 
 async def _end_tasks() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -243,6 +245,40 @@ def test_keepalive_finds_a_stopped_server_without_any_timeout(server_process) ->
 
 
 # --- defect 5 and 8: bounded by default, quiet, cheap -------------------------------------
+
+
+_FAILED_CONNECTS = """
+import socket
+import dm_env_rpc_client as dmr
+from dm_env_rpc_client.server.catch import Catch
+
+probe = socket.socket()
+probe.bind(("127.0.0.1", 0))
+nobody = f"127.0.0.1:{probe.getsockname()[1]}"
+probe.close()
+with dmr.serve(Catch) as server:
+    cases = [[server.address]] * 12 + [[nobody], [server.address, nobody]] * 2
+    for addresses in cases:
+        settings = {"bogus": 1} if addresses == [server.address] else {}
+        try:
+            dmr.BatchedEnvironment.connect(
+                addresses, 4, timeout=1, create_world_settings=settings
+            )
+        except dmr.WorldError:
+            pass
+    with dmr.BatchedEnvironment.connect(server.address, 2) as envs:  # the next one works
+        envs.reset()
+print("ok")
+"""
+
+
+def test_failed_connects_print_nothing() -> None:
+    """gRPC printed "RuntimeError: Event loop is closed" tracebacks after a failed connect."""
+    result = subprocess.run(
+        [sys.executable, "-c", _FAILED_CONNECTS], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+    assert result.stderr == ""
 
 
 def test_close_is_cheap_right_after_connect(catch_server) -> None:
