@@ -14,6 +14,15 @@ random actions, pipelined, and returns a ``RunStats``:
   is counted and recorded, and ``interrupted`` is set.
 - A stall raises ``RequestTimeoutError`` after ``timeout`` seconds without a
   step, naming every world that has steps in flight and its address.
+- A world removed from the batch (its restarts failed) stops taking steps: its
+  cut episode is recorded truncated, its unanswered steps are not sent again,
+  and the other worlds go on. ``restarts`` and ``worlds_lost`` list the
+  batch's failures.
+
+``EpisodeTally`` is the accounting both stepping loops share (this one, and the
+Ray shards' policy loop): episodes, returns, recording, removed worlds,
+restarts. ``first_world`` names the worlds by their index in a larger run
+(a shard's), in the restarts and in a stall's message.
 
 ``RunStats.merge`` sums several loops' statistics (several shards of one run);
 latency percentiles come from every step's latency. ``summary`` is the one
@@ -109,20 +118,46 @@ def _stack(actions: list[Any]) -> Any:
     return np.stack([np.asarray(a) for a in actions])
 
 
-def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> None:
+def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> list[int]:
+    """Sends each world of ``ids`` its action; returns the worlds it sent to.
+
+    A world removed from the batch since ``ids`` was chosen is refused by
+    ``send``; it is left out (a stacked send sends nothing then, being all or
+    nothing, and the loop chooses again).
+    """
     try:
         stacked = _stack(actions)
     except ValueError:  # variable-length actions of different lengths: one world at a time
+        sent = []
         for world, action in zip(ids, actions, strict=True):
-            batch.send(_stack([action]), [world])
-        return
-    batch.send(stacked, ids)
+            if send_unless_removed(batch, _stack([action]), [world]):
+                sent.append(world)
+        return sent
+    return ids if send_unless_removed(batch, stacked, ids) else []
 
 
-def _stalled(batch: BatchedEnvironment, timeout: float) -> errors.RequestTimeoutError:
+def send_unless_removed(batch: BatchedEnvironment, actions: Any, ids: Sequence[int]) -> bool:
+    """``batch.send(actions, ids)``; False, with nothing sent, if one of them was removed.
+
+    Raises:
+      WorldError: a world of ``ids`` still in the batch refused the step.
+    """
+    try:
+        batch.send(actions, ids)
+    except errors.WorldError as error:
+        if error.index in batch.live_ids:
+            raise
+        return False
+    return True
+
+
+def _stalled(
+    batch: BatchedEnvironment, timeout: float, first_world: int
+) -> errors.RequestTimeoutError:
     waiting = [
-        f"world {world} at {batch.addresses[world]} ({batch.in_flight(world)} in flight)"
-        for world in range(len(batch))
+        f"world {first_world + world} at {batch.addresses[world]} "
+        f"({batch.in_flight(world)} in flight)"
+        for world in range(len(batch.envs))  # removed worlds too: len(batch) leaves them out
         if batch.in_flight(world)
     ]
     return errors.RequestTimeoutError(
@@ -130,8 +165,15 @@ def _stalled(batch: BatchedEnvironment, timeout: float) -> errors.RequestTimeout
     )
 
 
-def _recv(batch: BatchedEnvironment, timeout: float, stop: threading.Event) -> Any:
-    """The next finished steps, or None once ``stop`` is set."""
+def recv_until_stopped(
+    batch: BatchedEnvironment, timeout: float, stop: threading.Event, first_world: int = 0
+) -> BatchedTimeStep | None:
+    """The next finished steps, or None once ``stop`` is set.
+
+    Raises:
+      RequestTimeoutError: no step finished within ``timeout``; names the worlds waited on.
+      WorldError: a world failed (or was removed, with nothing else in flight).
+    """
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
@@ -141,7 +183,7 @@ def _recv(batch: BatchedEnvironment, timeout: float, stop: threading.Event) -> A
             if stop.is_set():
                 return None
             if left <= _SLICE:
-                raise _stalled(batch, timeout) from None
+                raise _stalled(batch, timeout, first_world) from None
 
 
 def step_worlds(
@@ -154,6 +196,7 @@ def step_worlds(
     recording: Recording | None = None,
     stop: threading.Event | None = None,
     progress: Any = None,
+    first_world: int = 0,
 ) -> RunStats:
     """Steps every world with random actions; see the module docs.
 
@@ -166,10 +209,11 @@ def step_worlds(
       recording: where to record the episodes (closed by the caller).
       stop: set it (from a signal handler) to end the run between steps.
       progress: a tqdm-like bar (``update(n)``), or None.
+      first_world: the index of world 0 in the whole run (a shard's first world).
 
     Raises:
       RequestTimeoutError: no step finished within ``timeout``; names the worlds.
-      WorldError: a world failed.
+      WorldError: a world failed (under ``on_world_failure="raise"``).
     """
     stop = stop or threading.Event()
     count = len(batch.envs)  # every world; a removed one stops taking steps
@@ -177,30 +221,26 @@ def step_worlds(
     rngs = [np.random.default_rng((seed + world, ACTION_STREAM)) for world in range(count)]
     left = [steps // count + (world < steps % count) for world in range(count)]
     stats = RunStats(worlds=count, world_seeds=list(batch.world_seeds))
-    tally = EpisodeTally(batch, stats, recording, in_episode=False)
-    sent, in_episode = tally.sent, tally.in_episode
+    tally = EpisodeTally(batch, stats, recording, in_episode=False, first_world=first_world)
     started = time.perf_counter()
     while stats.steps < steps and not stop.is_set():
         live = set(batch.live_ids)
-        for world in range(count):
-            if world not in live and (left[world] or in_episode[world]):
-                left[world], in_episode[world] = 0, False  # removed: its episode was cut
-                sent[world].clear()
-                if recording is not None:
-                    recording.truncate(world)
+        for world in tally.let_go_of_removed(live):
+            left[world] = 0
         ids = [w for w in sorted(live) if left[w] and batch.in_flight(w) < pipeline]
-        if not ids and not batch.pending():
-            break  # every world that could still step is gone
         if ids:
             actions = [random_action(spec, rngs[world]) for world in ids]
-            _send(batch, ids, actions)
+            sent = set(_send(batch, ids, actions))
             for world, action in zip(ids, actions, strict=True):
-                sent[world].append(action)
-                left[world] -= 1
+                if world in sent:
+                    tally.sent[world].append(action)
+                    left[world] -= 1
         if not batch.pending():
-            break  # every step sent; the rest were lost with a restarted world (batch.failures)
+            # Every step sent; the rest were lost with a restarted or removed world
+            # (batch.failures), or every world that could still step is gone.
+            break
         try:
-            result = _recv(batch, timeout, stop)
+            result = recv_until_stopped(batch, timeout, stop, first_world)
         except errors.WorldError as error:
             if error.index in batch.live_ids:
                 raise
@@ -209,21 +249,16 @@ def step_worlds(
             break
         tally.take(result, progress)
     tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
-    stats.restarts = [
-        f"world {f.index}: {f.address} -> {f.new_address} ({type(f.cause).__name__})"
-        for f in batch.failures
-        if f.outcome == "restarted"
-    ]
-    stats.worlds_lost = sum(f.outcome == "removed" for f in batch.failures)
     return stats
 
 
 class EpisodeTally:
-    """Counts received steps into a ``RunStats``: episodes, returns, recording.
+    """Counts received steps into a ``RunStats``: episodes, returns, recording, failures.
 
     The one accounting of both stepping loops (random actions here, a policy on
     the Ray shards). ``sent[world]`` holds the actions sent to each world, oldest
-    first; ``take`` pairs each received step with its action.
+    first; ``take`` pairs each received step with its action. ``first_world`` is
+    the index of world 0 in the whole run, for the restarts' listing.
     """
 
     def __init__(
@@ -233,13 +268,38 @@ class EpisodeTally:
         recording: Recording | None,
         *,
         in_episode: bool,
+        first_world: int = 0,
     ) -> None:
         count = len(batch.envs)
         self.batch, self.stats, self.recording = batch, stats, recording
+        self.first_world = first_world
         self.sent: list[collections.deque[Any]] = [collections.deque() for _ in range(count)]
         self.running = np.zeros(count)
         self.in_episode = [in_episode] * count
         self.returns: list[list[float]] = [[] for _ in range(count)]
+        self.removed: set[int] = set()
+
+    def let_go_of_removed(self, live: set[int]) -> list[int]:
+        """Lets go of the worlds removed from the batch since the last call; returns them.
+
+        A world is let go of once it is out of ``live`` and the batch has
+        handed over all it had (its steps received before the removal are
+        counted like any other). Its episode was cut: it is recorded truncated
+        and not counted as unfinished; its unanswered steps are forgotten (no
+        server answers them, and they are not sent again).
+        """
+        gone = [
+            w
+            for w in range(len(self.sent))
+            if w not in live and w not in self.removed and not self.batch.in_flight(w)
+        ]
+        for world in gone:
+            self.removed.add(world)
+            self.in_episode[world] = False
+            self.sent[world].clear()
+            if self.recording is not None:
+                self.recording.truncate(world)
+        return gone
 
     def take(self, result: BatchedTimeStep, progress: Any = None) -> None:
         """Counts (and records) every step of ``result``."""
@@ -268,13 +328,22 @@ class EpisodeTally:
             progress.update(len(result.env_ids))
 
     def finish(self, elapsed: float, *, interrupted: bool) -> None:
-        """Fills the run's totals: time, unfinished episodes, returns (by world), latencies."""
+        """Fills the run's totals: time, unfinished episodes, returns (by world), latencies,
+        restarts and worlds lost."""
         stats = self.stats
         stats.elapsed = elapsed
         stats.interrupted = interrupted
         stats.unfinished = sum(self.in_episode)
         stats.returns = [r for world_returns in self.returns for r in world_returns]
         stats.latencies = np.asarray(self.batch.latencies, dtype=np.float64)
+        failures = self.batch.failures
+        stats.restarts = [
+            f"world {self.first_world + f.index}: {f.address} -> {f.new_address} "
+            f"({type(f.cause).__name__})"
+            for f in failures
+            if f.outcome == "restarted"
+        ]
+        stats.worlds_lost = sum(f.outcome == "removed" for f in failures)
 
 
 def _steps_lost(batch: BatchedEnvironment, world: int) -> int:

@@ -11,11 +11,13 @@ import functools
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -297,6 +299,9 @@ def test_a_server_killed_mid_run_is_restarted_and_the_run_completes(clean_ray: N
         # Worlds 0 and 2 lived on the killed server, one in each shard.
         assert run.restarts == 2 == sum(s.restarts for s in run.shards)
         assert [s.restarts for s in run.shards] == [1, 1]
+        # The merged stats list them by their index in the whole run, not the shard's.
+        assert sorted(r.split(":")[0] for r in run.stats.restarts) == ["world 0", "world 2"]
+        assert run.stats.worlds_lost == 0
         assert wait_for(lambda: fleet.servers()[0].pid != victim.pid, timeout=60)
         assert fleet.restarts == 1 and [h.ok for h in fleet.health()] == [True, True]
 
@@ -520,3 +525,104 @@ def test_cli_run_on_ray_matches_a_local_run_and_records_every_shard(
     assert {e.world for e in dmr.iter_episodes(tmp_path / "r")} == {0, 1, 2, 3}
     refused = _cli("run", "--ray", "--num-envs", "2", "--num-shards", "3", "--steps", "10")
     assert refused.returncode == 2 and "--num-shards 3 is more than the 2 worlds" in refused.stderr
+
+
+def _ray_actors(root: int, name: str) -> list[int]:
+    """The processes below ``root`` that host a Ray actor of class ``name``."""
+    found = []
+    for pid in _descendants(root):
+        try:
+            title = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith(b"ray::" + name.encode()):
+            found.append(pid)
+    return sorted(found)
+
+
+def _summary_rows(table: str) -> dict[str, str]:
+    """The summary table's rows: label (16 columns) -> value."""
+    return {line[:16].rstrip(): line[16:] for line in table.splitlines() if line.strip()}
+
+
+def _run_on_ray_and_kill(
+    kill: Callable[[subprocess.Popen[bytes]], None], *extra: str, steps: int = 10000
+) -> tuple[int, dict[str, str]]:
+    """``run --ray local`` over 4 worlds in 2 shards; ``kill(process)`` is called once a
+    tenth of the steps came back (seconds of stepping are left). Returns the exit code and
+    the summary table's rows."""
+    command = [*CLI, "run", "--ray", "local", "--num-shards", "2", "--num-envs", "4", *extra]
+    process = subprocess.Popen(
+        [*command, "--steps", str(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    stderr, stdout = process.stderr, process.stdout
+    assert stderr is not None and stdout is not None
+    progress = bytearray()  # standard error: the progress bar
+
+    def drain() -> None:
+        while chunk := stderr.read1(65536):
+            progress.extend(chunk)
+
+    def received() -> int:
+        counts = re.findall(rb"(\d+)/%d" % steps, bytes(progress))
+        return int(counts[-1]) if counts else 0
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: received() >= steps // 10 or process.poll() is not None, 180)
+        assert process.poll() is None, progress.decode(errors="replace")[-3000:]
+        kill(process)
+        code = process.wait(timeout=240)  # a hang guard, not a speed check
+        table = stdout.read().decode()
+    finally:
+        if process.poll() is None:  # stop it as Ctrl-C does: it shuts its Ray down
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    reader.join(timeout=30)
+    assert code in (0, 3), (table, progress.decode(errors="replace")[-3000:])
+    return code, {line[:16].rstrip(): line[16:] for line in table.splitlines() if line.strip()}
+
+
+@pytest.mark.timeout(300)  # starts a Ray of its own, on a loaded machine
+def test_cli_run_on_ray_restarts_the_worlds_of_a_killed_server() -> None:
+    """``run --ray local``: a fleet server SIGKILLed mid-run; its worlds (one in each shard)
+    are made again, the run completes, and the summary lists both restarts."""
+
+    def kill_a_server(process: subprocess.Popen[bytes]) -> None:
+        servers = _ray_actors(process.pid, "_ServerHost")
+        assert len(servers) == 2, servers
+        os.kill(servers[0], signal.SIGKILL)
+
+    code, rows = _run_on_ray_and_kill(kill_a_server)
+    assert code == 0 and rows["worlds lost"] == "0"
+    assert 10000 - 2 * 8 <= int(rows["steps"]) <= 10000  # pipeline 8: lost with the server
+    count, listed = rows["restarts"].split(" ", 1)
+    restarted = re.findall(r"world (\d+): ", listed)
+    # Server k served worlds k and k + 2: world k in shard 0, world k + 2 in shard 1, which
+    # names it by its index in the whole run (not 0 or 1, its index in the shard).
+    assert int(count) == 2 and sorted(restarted) in (["0", "2"], ["1", "3"]), listed
+
+
+@pytest.mark.timeout(300)
+def test_cli_run_on_ray_exits_3_when_worlds_are_lost(
+    server_process: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worlds whose server is gone while the other refuses to make worlds are lost: the
+    other worlds run to the end, the summary counts the lost ones, and the exit code is 3."""
+    flag = tmp_path / "refuse"
+    monkeypatch.setenv("DMR_TEST_REFUSE_FLAG", str(flag))  # tests.faulty.refusing_catch reads it
+    servers = [server_process("tests.faulty:refusing_catch") for _ in range(2)]
+
+    def kill_a_server(_: subprocess.Popen[bytes]) -> None:
+        flag.touch()  # from now on both servers refuse CreateWorld
+        servers[1].kill()  # worlds 1 and 3: one in each shard
+
+    addresses = [s.address for s in servers]
+    code, rows = _run_on_ray_and_kill(kill_a_server, "--address", *addresses)
+    assert code == 3 and rows["worlds lost"] == "2" and rows["restarts"] == "0 (none)"
+    # Worlds 0 and 2 took their shares (2,500 steps each); 1 and 3 stopped at the kill.
+    assert 5000 < int(rows["steps"]) < 7500

@@ -8,6 +8,11 @@ go to a ``ServerFleet`` of embedded Catch servers, one per shard. ``local``
 starts a Ray of this machine with enough CPUs for the servers and shards
 (each reserves one); ``auto`` or an address joins a cluster. Ctrl-C stops every
 shard between steps; the summary then covers what they did.
+
+``--on-failure`` reaches every shard's ``BatchedEnvironment`` as a local run's
+does (``restart`` by default): the summary lists the restarts of every shard
+(worlds named by their index in the whole run) and the worlds lost, and the
+exit code is 3 when a world was lost.
 """
 
 from __future__ import annotations
@@ -112,6 +117,10 @@ def run_on_ray(
             connect_options={
                 "seed_setting": args.seed_setting or None,
                 "options": channel_kwargs["options"],
+                # As a local run: a world whose server dies or stalls is made again
+                # (or the run stops, with raise); a stall is --timeout without a step.
+                "on_world_failure": args.on_failure,
+                "step_timeout": args.timeout,
             },
             progress=advance,
             stop=stop,

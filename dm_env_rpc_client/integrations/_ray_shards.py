@@ -226,6 +226,7 @@ class _Shard:
             "recording": recording,
             "stop": self._stop,
             "progress": self,
+            "first_world": self._worlds[0],  # restarts name worlds by their index in the run
         }
         cpu = time.process_time()
         try:
