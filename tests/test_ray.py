@@ -85,8 +85,14 @@ def _all_free() -> bool:
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    """One local Ray for the module; at the end, none of its processes may be left."""
+    """One local Ray for the module; at the end, none of its processes may be left.
+
+    ``ray.init`` changes this process's environment (``RAY_AUTH_MODE``,
+    ``PYTHONBREAKPOINT``, ...) and ``ray.shutdown`` leaves it so: it is put back, so
+    that later tests' subprocesses do not inherit it.
+    """
     before = _descendants(os.getpid())
+    environment = dict(os.environ)
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # set by conftest: loopback
     assert rayi.init_ray("local", num_cpus=CPUS, log_to_driver=False)
     try:
@@ -94,6 +100,8 @@ def local_ray() -> Iterator[None]:
     finally:
         started = _descendants(os.getpid()) - before  # Ray's processes, found while they run
         ray.shutdown()
+        os.environ.clear()
+        os.environ.update(environment)
         assert started
         assert wait_for(lambda: not any(_alive(pid) for pid in started), timeout=30)
 
@@ -366,22 +374,6 @@ def test_without_ray_the_import_names_the_extra() -> None:
         [sys.executable, "-c", core], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]"
-
-
-def test_without_ray_initialized_the_fleet_says_so() -> None:
-    code = (
-        "from dm_env_rpc_client.integrations.ray import ServerFleet, run_sharded, FleetError\n"
-        "for call in (lambda: ServerFleet(print, 1), "
-        "lambda: run_sharded(['127.0.0.1:1'], num_worlds=1, num_shards=1, steps=1)):\n"
-        "    try:\n"
-        "        call()\n"
-        "    except FleetError as exc:\n"
-        "        print(exc)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.count("call ray.init() first") == 2
 
 
 class _EnvContext(dict):

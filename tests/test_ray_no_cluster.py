@@ -1,9 +1,15 @@
 """The Ray integration's pieces that run without a Ray: no cluster is started here.
 
-The shards' policy loop (``step_with_policy``) meets failures as the CLI's loop does. No Ray
-is needed: the loop steps a ``BatchedEnvironment`` in this process, against real
-servers in subprocesses. A world is removed from the batch by killing its server while
-the other server refuses to make worlds (``tests.faulty.refusing_catch``).
+- Without ``ray.init``, a fleet and a sharded run say so (``FleetError``). Tested in this
+  process, where Ray is imported already and not initialized (``test_ray.py``'s module
+  fixture shuts its Ray down by now). It used to run in a subprocess, which had to import
+  Ray from scratch (its 44 MB core library) within 60 s on a loaded machine, and which
+  inherited the environment ``ray.init`` had changed in this process (``RAY_AUTH_MODE``,
+  ``PYTHONBREAKPOINT``); it failed twice under load.
+- The shards' policy loop (``step_with_policy``) meets failures as the CLI's loop does.
+  It steps a ``BatchedEnvironment`` in this process, against real servers in
+  subprocesses; a world is removed from the batch by killing its server while the other
+  server refuses to make worlds (``tests.faulty.refusing_catch``).
 """
 
 from __future__ import annotations
@@ -18,8 +24,20 @@ import pytest
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client.integrations._ray_policy import step_with_policy
 
+ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
+rayi = pytest.importorskip("dm_env_rpc_client.integrations.ray")
+
 STEPS = 2000
 FIRST_WORLD = 10  # the shard's worlds are 10 to 13 of a larger run
+
+
+def test_without_ray_initialized_the_fleet_and_the_run_say_so() -> None:
+    assert not ray.is_initialized(), "an earlier test left Ray initialized"
+    with pytest.raises(rayi.FleetError, match=r"call ray.init\(\) first"):
+        rayi.ServerFleet(print, 1)
+    with pytest.raises(rayi.FleetError, match=r"call ray.init\(\) first"):
+        rayi.run_sharded(["127.0.0.1:1"], num_worlds=1, num_shards=1, steps=1)
+    assert not ray.is_initialized()  # neither started a Ray on its way to the error
 
 
 def towards_ball(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
