@@ -31,6 +31,7 @@ from dm_env_rpc_client import _restart, errors
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of
+from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.aio import AsyncConnection
 from dm_env_rpc_client.connection import ConnectionLike
 from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world, join_world
@@ -166,7 +167,9 @@ class BatchCore:
         if not self._busy[index]:
             self._progress[index] = sent
         self._busy[index] += 1
-        future = self._streams[index]._submit(data, expected)
+        # Steps are read from their wire bytes: a large payload is copied once (_wire_step).
+        decode = read_step if expected == "step" else None
+        future = self._streams[index]._submit(data, expected, None, decode)
         future.add_done_callback(functools.partial(self._landed, index, self._gen[index], sent))
 
     def _landed(self, index: int, gen: int, sent: float, future: asyncio.Future[Any]) -> None:

@@ -22,7 +22,7 @@ It never calls ``asyncio.run``: it works inside a running loop (Jupyter).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -172,6 +172,16 @@ class AsyncConnection:
           ConnectionClosedError: the stream ended or was closed.
           ProtocolError: the server broke the protocol.
         """
+        return await self._send(request, timeout, response_type, None)
+
+    async def _send(
+        self,
+        request: message.Message,
+        timeout: float | None,
+        response_type: type | None,
+        decode: Callable[[bytes], Any] | None,
+    ) -> Any:
+        """``send``; with ``decode``, the response is made by it (see ``_submit``)."""
         data, expected = messages.envelope(request)
         if self._closed_error is not None:
             raise self._closed_error
@@ -184,7 +194,7 @@ class AsyncConnection:
                 ) from None
         if self._closed_error is not None:
             raise self._closed_error
-        future = self._submit(data, expected, response_type)
+        future = self._submit(data, expected, response_type, decode)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
@@ -195,19 +205,25 @@ class AsyncConnection:
             ) from None
 
     def _submit(
-        self, data: bytes, expected: str, response_type: type | None = None
+        self,
+        data: bytes,
+        expected: str,
+        response_type: type | None = None,
+        decode: Callable[[bytes], Any] | None = None,
     ) -> asyncio.Future[Any]:
         """Queues envelope bytes (from ``messages.envelope``) without waiting; on the loop.
 
         No backpressure: the caller bounds what it has in flight. Returns the
-        response future, failed at once if the connection is closed.
+        response future, failed at once if the connection is closed. ``decode``
+        makes the result from the response bytes in place of the usual parsing
+        (as ``Connection._send_decoded``; the steppers pass ``read_step``).
         """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume)  # an abandoned (timed-out) request logs nothing
         if self._closed_error is not None:
             future.set_exception(self._closed_error)
             return future
-        self._pending.push(future, expected, response_type)
+        self._pending.push(future, expected, response_type, decode)
         self._writes.put_nowait(data)
         return future
 

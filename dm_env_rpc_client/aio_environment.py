@@ -38,6 +38,7 @@ from dm_env_rpc_client._adaptor_core import (
 )
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import StackedDecoder
+from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
 from dm_env_rpc_client.connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 
@@ -151,7 +152,8 @@ class AsyncDmEnvAdaptor(AdaptorCore):
 
     async def _step(self, action: Mapping[str, Any], timeout: float | None) -> dm_env.TimeStep:
         request = self.step_request(action)
-        return self.step_response(await self._connection.send(request, timeout))
+        # read_step: a large payload is copied once, as in the sync adaptor (_wire_step).
+        return self.step_response(await self._connection._send(request, timeout, None, read_step))
 
     async def step_iter(
         self,
@@ -189,7 +191,9 @@ class AsyncDmEnvAdaptor(AdaptorCore):
                 slots = self._connection._slots  # a max_in_flight of the connection's own
                 if slots is not None:
                     await asyncio.wait_for(slots.acquire(), self._timeout)
-                window.append(("StepRequest", self._connection._submit(data, expected)))
+                window.append(
+                    ("StepRequest", self._connection._submit(data, expected, None, read_step))
+                )
             while window:
                 for timestep in self._run_timesteps(await self._finished(window), decoder):
                     yield timestep

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import dm_env
 import numpy as np
 import pytest
+from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import errors, messages, tensors
+import dm_env_rpc_client as dmr
+from dm_env_rpc_client import _wire_step, errors, messages, tensors
 from dm_env_rpc_client._decode import ObservationPlan
 from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
 from dm_env_rpc_client._wire_step import LARGE, WireStep, WireTensor, read_step
@@ -121,3 +126,76 @@ def test_other_encodings_are_parsed_by_protobuf(case: str) -> None:
         np.full(SIZE, 1.5, np.float32) if case == "broadcast" else values[: specs[1].shape[0]]
     )
     np.testing.assert_array_equal(decoded["values"], expected)
+
+
+class _Ramp(dm_env.Environment):
+    """Observation ``values``: float32[SIZE], step ``k`` holds ``k + arange(SIZE) / SIZE``."""
+
+    def __init__(self, **_: object) -> None:
+        self._count = 0
+
+    def _values(self) -> np.ndarray:
+        return (self._count + np.arange(SIZE, dtype=np.float32) / SIZE).astype(np.float32)
+
+    def reset(self) -> dm_env.TimeStep:
+        self._count = 0
+        return dm_env.restart({"values": self._values()})
+
+    def step(self, action: object) -> dm_env.TimeStep:
+        self._count += 1
+        return dm_env.transition(0.5, {"values": self._values()})
+
+    def observation_spec(self) -> dict:
+        return {"values": dm_specs.Array((SIZE,), np.float32, name="values")}
+
+    def action_spec(self) -> dict:
+        return {}
+
+
+def _expected(count: int) -> np.ndarray:
+    return (count + np.arange(SIZE, dtype=np.float32) / SIZE).astype(np.float32)
+
+
+def test_every_stepper_walks_large_steps_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync and asyncio adaptors and the batch read large steps from their wire bytes
+    (one copy), and give exactly the server's arrays, writable and their own."""
+    walked = []
+    original = _wire_step._walk
+    monkeypatch.setattr(_wire_step, "_walk", lambda data: walked.append(1) or original(data))
+
+    def check(values: np.ndarray, count: int) -> None:
+        assert values.dtype == np.float32 and values.flags.writeable
+        assert np.array_equal(values, _expected(count))
+
+    with dmr.serve(_Ramp) as server:
+        env, _ = dmr.create_and_join_world(server.address, {}, {}, timeout=10)
+        env.reset()
+        check(env.step({}).observation["values"], 1)
+        for count, timestep in enumerate(env.step_iter([{}] * 4, in_flight=2), start=2):
+            check(timestep.observation["values"], count)
+        env.close()
+        assert len(walked) >= 6
+
+        async def main() -> None:
+            env, _ = await dmr.create_and_join_world_async(server.address, {}, {}, timeout=10)
+            await env.reset()
+            check((await env.step({})).observation["values"], 1)
+            count = 2
+            async for timestep in env.step_iter([{}] * 4, in_flight=2):
+                check(timestep.observation["values"], count)
+                count += 1
+            await env.aclose()
+
+        walked.clear()
+        asyncio.run(main())
+        assert len(walked) >= 6
+
+        walked.clear()
+        with dmr.BatchedEnvironment.connect(server.address, 2) as envs:
+            envs.reset()
+            for count in (1, 2, 3):
+                batch = envs.step({}, timeout=10)
+                assert batch.observation["values"].shape == (2, SIZE)
+                for row in batch.observation["values"]:
+                    check(row, count)
+        assert len(walked) >= 6
