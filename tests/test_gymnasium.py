@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import pathlib
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ import gymnasium
 import numpy as np
 import pytest
 from dm_env import specs as dm_specs
+from gymnasium import error as gym_error
 from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -666,26 +669,7 @@ def test_vector_over_zoo_adaptors_with_requested_observations(zoo_server: Server
             adaptor.close()
 
 
-def test_a_failed_world_raises_and_leaves_nothing_in_flight(server_process: Any) -> None:
-    servers = [server_process("catch"), server_process("catch")]
-    envs = GymnasiumVectorEnv(
-        addresses=[server.address for server in servers], num_envs=2, timeout=10
-    )
-    envs.reset(seed=0)
-    zeros = {"paddle": np.zeros(2, np.int8)}
-    envs.step(zeros)
-    servers[1].kill()
-    with pytest.raises(errors.WorldError) as info:
-        envs.step(zeros)
-    assert info.value.index == 1 and info.value.address == servers[1].address
-    assert envs.batch.pending() == 0  # world 0's step of that vector step was drained
-    with pytest.raises(errors.WorldError, match="World 1"):
-        envs.step(zeros)
-    assert envs.batch.pending() == 0
-    envs.close()
-
-
-def test_a_restarted_world_is_flagged_in_infos(server_process: Any) -> None:
+def test_a_restarted_world_is_truncated_then_autoreset(server_process: Any) -> None:
     servers = [server_process("catch"), server_process("catch")]
     envs = GymnasiumVectorEnv(
         addresses=[server.address for server in servers],
@@ -704,11 +688,24 @@ def test_a_restarted_world_is_flagged_in_infos(server_process: Any) -> None:
         if "restarted" in infos:
             break
     assert infos["restarted"].tolist() == [False, True] and infos["_restarted"].all()
-    assert rewards[1] == 0.0 and not terminations[1] and not truncations[1]
-    assert observations["board"][1, 0].max() == 1.0  # a new episode: the ball on top
+    # Its episode was cut short: truncated on this step, with the failure in infos.
+    assert truncations.tolist() == [False, True] and not terminations.any()
+    assert rewards[1] == 0.0 and infos["_failure"].tolist() == [False, True]
+    failure = infos["failure"][1]
+    assert failure.outcome == "restarted" and failure.address == servers[1].address
+    assert failure.new_address == servers[0].address
+    first = observations["board"][1].copy()
+    assert first[0].max() == 1.0  # the new episode's first observation: the ball on top
     assert envs.observation_space.contains(observations)
-    _, _, _, _, infos = envs.step(zeros)
-    assert "restarted" not in infos
+    # The next step is its autoreset step (NEXT_STEP): the same observation, reward 0, not
+    # truncated again, and the world was sent nothing (the ball did not fall).
+    observations, rewards, terminations, truncations, infos = envs.step(zeros)
+    assert "restarted" not in infos and not truncations.any() and not terminations.any()
+    assert rewards[1] == 0.0 and infos["_discount"].tolist() == [True, False]
+    np.testing.assert_array_equal(observations["board"][1], first)
+    observations, _, _, truncations, infos = envs.step(zeros)  # then it steps again
+    assert observations["board"][1, 1].max() == 1.0 and not truncations.any()
+    assert infos["_discount"].all()
     envs.close()
 
 
@@ -738,3 +735,113 @@ def test_vector_env_from_addresses_with_requested_observations(zoo_server: Serve
         pytest.raises(ValueError, match="pass it to BatchedEnvironment.connect"),
     ):
         GymnasiumVectorEnv(b, requested_observations=names)
+
+
+def test_a_failed_world_raises_and_the_healthy_steps_are_kept(server_process: Any) -> None:
+    servers = [server_process("catch"), server_process("catch")]
+    envs = GymnasiumVectorEnv(
+        addresses=[server.address for server in servers],
+        num_envs=2,
+        create_world_settings={"rows": 3},  # episodes of two steps
+        timeout=10,
+    )
+    envs.reset(seed=0)
+    zeros = {"paddle": np.zeros(2, np.int8)}
+    _, _, terminations, _, _ = envs.step(zeros)
+    assert not terminations.any()
+    servers[1].kill()
+    with pytest.raises(errors.WorldError, match=r"step_wait\(\) returns them") as info:
+        envs.step(zeros)
+    assert info.value.index == 1 and info.value.address == servers[1].address
+    with pytest.raises(gym_error.AlreadyPendingCallError, match=r"call step_wait\(\) again"):
+        envs.step(zeros)  # nothing is sent over the kept steps
+    observations, rewards, terminations, truncations, infos = envs.step_wait()
+    # World 0's step of that vector step reaches the user: the LAST step of its episode.
+    assert terminations.tolist() == [True, False] and abs(rewards[0]) == 1.0
+    assert infos["_discount"].tolist() == [True, False] and infos["discount"][0] == 0.0
+    # World 1 has a stand-in row: its episode is over for this env, the error says why.
+    assert truncations.tolist() == [False, True] and rewards[1] == 0.0
+    assert infos["_error"].tolist() == [False, True] and infos["error"][1].index == 1
+    assert isinstance(infos["error"][1].__cause__, errors.DmEnvRpcConnectionError)
+    assert envs.observation_space.contains(observations)
+    assert envs.batch.pending() == 0
+    with pytest.raises(errors.WorldError, match="World 1"):
+        envs.step(zeros)  # under "raise" a failed world takes no more steps
+    assert envs.batch.pending() == 0
+    envs.close()
+
+
+class _RefusesRight(Catch):
+    """Catch whose server refuses a move to the right, before anything moves."""
+
+    def step(self, action: Any) -> dm_env.TimeStep:
+        if int(action["paddle"]) == 1:
+            raise ValueError("this world does not move right")
+        return super().step(action)
+
+
+def test_a_refused_step_keeps_the_other_worlds_steps_and_the_world_goes_on() -> None:
+    with serve(lambda settings: _RefusesRight(**settings)) as server:
+        envs = GymnasiumVectorEnv(
+            addresses=[server.address],
+            num_envs=3,
+            create_world_settings={"rows": 3},
+            timeout=10,
+        )
+        envs.reset(seed=0)
+        zeros = np.zeros(3, np.int8)
+        envs.step({"paddle": zeros})
+        with pytest.raises(errors.WorldError, match="World 1 .*does not move right") as info:
+            envs.step({"paddle": np.array([0, 1, 0], np.int8)})
+        assert info.value.index == 1
+        observations, rewards, terminations, truncations, infos = envs.step_wait()
+        assert terminations.tolist() == [True, False, True]  # worlds 0 and 2 ended an episode
+        assert envs.observation_space.contains(observations)
+        assert not truncations.any()  # world 1 was refused a step; its episode goes on
+        assert infos["_error"].tolist() == [False, True, False]
+        assert isinstance(infos["error"][1].__cause__, errors.DmEnvRpcError)
+        _, rewards, terminations, truncations, infos = envs.step({"paddle": zeros})
+        # Worlds 0 and 2 start their next episodes; world 1 takes its second step now.
+        assert terminations.tolist() == [False, True, False] and "error" not in infos
+        assert rewards[[0, 2]].tolist() == [0.0, 0.0] and abs(rewards[1]) == 1.0
+        envs.close()
+
+
+def test_a_world_restarted_after_a_timeout_is_truncated_once(server_process: Any) -> None:
+    servers = [server_process("catch"), server_process("catch")]
+    envs = GymnasiumVectorEnv(
+        addresses=[server.address for server in servers],
+        num_envs=2,
+        create_world_settings={"rows": 20},
+        timeout=30,
+        connect_kwargs={
+            "on_world_failure": "restart",
+            "step_timeout": None,  # only step_wait's timeout finds the stopped server
+            "restart": dmr.RestartPolicy(connect_timeout=1.0, call_timeout=2.0),
+        },
+    )
+    try:
+        envs.reset(seed=0)
+        zeros = {"paddle": np.zeros(2, np.int8)}
+        envs.step(zeros)
+        os.kill(servers[1].process.pid, signal.SIGSTOP)  # accepts requests, never answers
+        envs.step_async(zeros)
+        with pytest.raises(errors.WorldTimeoutError) as info:
+            envs.step_wait(timeout=8)
+        assert info.value.index == 1
+        _, rewards, terminations, truncations, infos = envs.step_wait()
+        assert truncations.tolist() == [False, True]  # its episode was cut short
+        assert infos["_error"].tolist() == [False, True] and rewards[1] == 0.0
+        # The next vector step is world 1's autoreset step: the FIRST step of the world
+        # the batch made again elsewhere, which answers the step that timed out.
+        observations, rewards, terminations, truncations, infos = envs.step(zeros)
+        assert not truncations.any() and not terminations.any() and rewards[1] == 0.0
+        assert infos["restarted"].tolist() == [False, True]
+        assert infos["failure"][1].new_address == servers[0].address
+        assert observations["board"][1, 0].max() == 1.0  # the ball on top
+        observations, _, _, truncations, infos = envs.step(zeros)
+        assert not truncations.any() and "restarted" not in infos
+        assert observations["board"][1, 1].max() == 1.0  # it falls: world 1 steps again
+    finally:
+        os.kill(servers[1].process.pid, signal.SIGCONT)
+        envs.close()

@@ -12,19 +12,28 @@ truncated.
 Each world's ``terminated`` is its server state TERMINATED, ``truncated`` its
 state INTERRUPTED. ``infos`` follow gymnasium's vector format: ``discount``
 (masked by ``_discount``, False on a FIRST step) and ``env_id`` (the world's
-index in the batch) with its ``_env_id`` mask; when the batch restarted a failed
-world (``on_world_failure="restart"`` in ``connect_kwargs``), ``restarted`` (with
-``_restarted``) is True on that world's first step after the restart: its
-previous episode was cut short with no terminated or truncated step.
+index in the batch) with its ``_env_id`` mask.
 
-A world's failure (``on_world_failure="raise"``, the default) makes
-``step_wait`` raise ``WorldError``; the other worlds' steps of that vector step
-are received and dropped, so nothing stale answers a later step.
+No step a world answered is lost (``_gym_uneven``):
+
+- when the batch restarted a failed world (``on_world_failure="restart"`` in
+  ``connect_kwargs``), that world's step is ``truncated`` (its episode was cut
+  short), with ``restarted`` (mask ``_restarted``) True and its
+  ``WorldFailure`` in ``failure`` (mask ``_failure``); its observation is the
+  new episode's first, and the next vector step is its autoreset step, as
+  after any truncation (that step's action is not sent);
+- when a world has no step for a vector step (it failed under the default
+  ``on_world_failure="raise"``, was removed, missed the timeout, or the server
+  refused its step), ``step_wait`` raises that ``WorldError``, and the next
+  ``step_wait()`` returns the vector step of the other worlds, with a stand-in
+  row for that world, marked by its ``WorldError`` in ``error`` (mask
+  ``_error``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,9 +46,10 @@ from gymnasium.vector.utils import batch_space
 
 from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client._stacked import batch_of
+from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.integrations._gym_spaces import AnyText, SpaceAdapter, leaf
+from dm_env_rpc_client.integrations._gym_uneven import Uneven, world_error
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = 0  # dm_env.StepType.FIRST
@@ -61,11 +71,16 @@ _SEED_REFUSED = (
     "server, only gymnasium's np_random is. Pass seed_setting= with the name the server "
     "takes, or seed_setting=None to silence this."
 )
-_WORLD_FAILED = "World {index} at {address} failed: {error}"
-_REMOVED = (
-    "the batch removed it after it failed beyond its restart bounds (see batch.failures); "
-    "a VectorEnv keeps its num_envs: close this one and make a new one"
+_AGAIN = "step_async was called again before step_wait; call step_wait first."
+_AFTER_ERROR = (
+    "step_wait raised WorldError for world {index}; call step_wait() again to take the other "
+    "worlds' steps of that vector step (infos['error'] marks the worlds without one), or reset()."
 )
+_TAKE_THE_REST = (
+    " The other worlds' steps of this vector step are kept: step_wait() returns them "
+    "(infos['error'] marks the worlds without one)."
+)
+VectorStep = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
 
 def refused_setting(exc: errors.InvalidArgumentError, name: str | None) -> bool:
@@ -143,6 +158,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         self._timeout = timeout
         self._seed_setting = seed_setting
         self._waiting = False
+        self._partial: VectorStep | None = None  # the rest of a vector step that raised
+        self._partial_index = -1  # the world it raised for
         self.num_envs = len(batch)
         self._ids = list(range(self.num_envs))
         try:
@@ -171,17 +188,12 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             for name in self._actions.names
         ]
         self._infos_env_id = np.arange(self.num_envs, dtype=np.int64)
+        self._uneven = Uneven(batch, self.num_envs)
 
     @property
     def batch(self) -> BatchedEnvironment:
         """The underlying ``BatchedEnvironment``."""
         return self._batch
-
-    def _world_error(self, index: int, reason: object) -> errors.WorldError:
-        address = self._batch.addresses[index]
-        return errors.WorldError(
-            _WORLD_FAILED.format(index=index, address=address, error=reason), index, address
-        )
 
     def reset(
         self,
@@ -191,7 +203,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
     ) -> tuple[Any, dict[str, Any]]:
         """Starts a new sequence in every world.
 
-        A step sent by ``step_async`` and not yet waited for is received and dropped first.
+        A step sent by ``step_async`` and not yet waited for, or the rest of a
+        vector step whose ``step_wait`` raised, is received and dropped first.
 
         Args:
           seed: world ``i`` gets ``seed + i`` (as gymnasium's vector envs do), or
@@ -215,8 +228,10 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             seeds = list(seed)
         else:
             raise ValueError(_SEEDS.format(count=self.num_envs, seed=seed))
-        if self._waiting:
-            self._receive(self._timeout)
+        if self._waiting or self._batch.pending():
+            self._drop_in_flight(self._timeout)
+        self._waiting, self._partial = False, None
+        self._uneven.clear()
         extra = dict((options or {}).get("settings", {}))
         timesteps = []
         for index, env in enumerate(self._batch.envs):
@@ -236,7 +251,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                     self._seed_setting = None
                     timesteps.append(env.reset(self._timeout, settings=extra))
             except errors.DmEnvRpcClientError as exc:
-                raise self._world_error(index, exc) from exc
+                raise world_error(self._batch, index, exc) from exc
         observations = self._from_batch(batch_of(timesteps, self._ids).observation)
         return observations, {"env_id": self._infos_env_id.copy(), "_env_id": self._all()}
 
@@ -252,16 +267,19 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         """Sends every world its row of ``actions`` (one pipelined batch); returns at once.
 
         The whole batch is checked against ``action_space`` first, so a bad
-        action sends nothing.
+        action sends nothing. A world on its autoreset step after a restart is
+        sent nothing (its answer is known), as is a world whose answer to an
+        earlier step is still on its way (it answers this one).
 
         Raises:
-          gymnasium.error.AlreadyPendingCallError: the previous step was not waited for.
+          gymnasium.error.AlreadyPendingCallError: the previous step was not
+            waited for, or ``step_wait`` raised and holds the other worlds' steps.
           SpecValidationError: an action does not fit ``action_space`` (named).
           WorldError: a world's connection is closed.
         """
         if self._waiting:
             raise gym_error.AlreadyPendingCallError(
-                "step_async was called again before step_wait; call step_wait first.",
+                _AGAIN if self._partial is None else _AFTER_ERROR.format(index=self._partial_index),
                 "step",
             )
         sdk_actions = self._actions.to_sdk(actions)
@@ -283,16 +301,20 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                 raise errors.SpecValidationError(
                     _BAD_ACTION.format(name=name, space=space, count=self.num_envs, value=shown)
                 )
-        self._batch.send(sdk_actions, self._ids)
+        if not self._uneven.held and not self._batch.pending():
+            self._batch.send(sdk_actions, self._ids)
+        else:
+            ids = self._uneven.to_send()
+            if ids:
+                rows = split_actions(sdk_actions, self.num_envs, self._actions.names)
+                self._batch.send([rows[index] for index in ids], ids)
         self._waiting = True
 
-    def step_wait(
-        self, timeout: float | None = None
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step_wait(self, timeout: float | None = None) -> VectorStep:
         """Waits for the steps ``step_async`` sent.
 
         Args:
-          timeout: seconds to wait (default: the env's ``timeout``).
+          timeout: seconds to wait for every world (default: the env's ``timeout``).
 
         Returns:
           ``(observations, rewards, terminations, truncations, infos)``, batched.
@@ -301,49 +323,70 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
           gymnasium.error.NoAsyncCallError: no step was sent.
           WorldError: a world failed, refused the step, did not answer within
             ``timeout`` (``WorldTimeoutError``), or was removed from the batch.
-            The other worlds' steps of this vector step are received and
-            discarded, so the next ``step`` starts clean.
+            The other worlds' steps of this vector step are kept: the next
+            ``step_wait()`` returns them (see the module docs).
         """
         if not self._waiting:
             raise gym_error.NoAsyncCallError(
                 "step_wait was called without step_async; call step_async first.", "step"
             )
-        batch = self._receive(self._timeout if timeout is None else timeout)
-        states = batch.state
+        if self._partial is not None:
+            result, self._partial, self._waiting = self._partial, None, False
+            return result
+        self._waiting = False
+        wait = self._timeout if timeout is None else timeout
+        deadline = None if wait is None else time.monotonic() + wait
+        got, error = None, None
+        if not self._uneven.held:
+            try:
+                got = self._batch.recv(env_ids=self._ids, timeout=wait)
+            except errors.WorldError as exc:
+                error = exc
+            else:
+                flagged = got.truncated is not None and got.truncated.any()
+                if len(got.env_ids) == self.num_envs and not flagged:
+                    return self._vector_step(got)
+        return self._uneven_step(*self._uneven.collect(got, error, deadline), error)
+
+    def _vector_step(self, batch: BatchedTimeStep) -> VectorStep:
+        """The gymnasium tuple of one step of every world."""
+        states = np.asarray(batch.state)  # BatchedEnvironment always fills it
         not_first = batch.step_type != _FIRST
-        rewards = np.where(not_first, batch.reward, 0.0)
         infos = {
             "discount": batch.discount,
             "_discount": not_first,
             "env_id": batch.env_ids,
             "_env_id": self._all(),
         }
-        if batch.truncated is not None and batch.truncated.any():
-            infos["restarted"] = batch.truncated
-            infos["_restarted"] = self._all()
         return (
             self._from_batch(batch.observation),
-            rewards,
+            np.where(not_first, batch.reward, 0.0),
             states == State.TERMINATED,
             states == State.INTERRUPTED,
             infos,
         )
 
-    def _receive(self, timeout: float | None) -> Any:
-        """The step of every world sent by ``step_async``; on a failure, none is left behind."""
-        self._waiting = False
-        try:
-            batch = self._batch.recv(env_ids=self._ids, timeout=timeout)
-        except errors.WorldError:
-            self._drain(timeout)
-            raise
-        if len(batch.env_ids) != self.num_envs:  # the batch removed a world that failed
-            missing = sorted(set(self._ids) - set(batch.env_ids.tolist()))
-            raise self._world_error(missing[0], _REMOVED)
-        return batch
+    def _uneven_step(
+        self, rows: Any, failed: dict[int, errors.WorldError], first: errors.WorldError | None
+    ) -> VectorStep:
+        """A vector step world by world (``_gym_uneven``); raises if a world has none."""
+        out = self._uneven.assemble(rows, failed)
+        batch = batch_of(out.timesteps, self._ids)._replace(state=out.states)
+        observations, rewards, terminations, truncations, infos = self._vector_step(batch)
+        truncations |= out.cut
+        if out.restarted.any():
+            infos.update(restarted=out.restarted, _restarted=self._all())
+            infos.update(failure=out.failures, _failure=out.restarted.copy())
+        result = (observations, rewards, terminations, truncations, infos)
+        if not failed:
+            return result
+        infos.update(error=out.errors, _error=np.array([e is not None for e in out.errors]))
+        first = first if first is not None else failed[min(failed)]
+        self._partial, self._partial_index, self._waiting = result, first.index, True
+        raise type(first)(f"{first}{_TAKE_THE_REST}", first.index, first.address) from first
 
-    def _drain(self, timeout: float | None) -> None:
-        """Receives and drops what is still in flight (after a world's failure)."""
+    def _drop_in_flight(self, timeout: float | None) -> None:
+        """Receives and drops every step still in flight (before a reset)."""
         for _ in self._ids:
             pending = [index for index in self._ids if self._batch.in_flight(index) > 0]
             if not pending:
