@@ -18,8 +18,9 @@ not resolve, or a port that refuses connections, fails at once with a
 message saying so; a remote host needs ``--insecure`` or TLS flags.
 
 Exit codes: 0 success; 1 an error, printed as one paragraph (``--debug`` for
-the traceback and gRPC's own log lines); 2 bad arguments; 130 Ctrl-C (``run``
-prints its summary first; 143 when SIGTERM stops ``run``, likewise).
+the traceback and gRPC's own log lines); 2 bad arguments; 3 ``run`` lost a world
+(it could not be restored); 130 Ctrl-C (``run`` prints its summary first; 143
+when SIGTERM stops ``run``, likewise).
 """
 
 from __future__ import annotations
