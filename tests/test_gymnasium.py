@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import pathlib
 import re
-import signal
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -807,41 +806,51 @@ def test_a_refused_step_keeps_the_other_worlds_steps_and_the_world_goes_on() -> 
         envs.close()
 
 
-def test_a_world_restarted_after_a_timeout_is_truncated_once(server_process: Any) -> None:
-    servers = [server_process("catch"), server_process("catch")]
-    envs = GymnasiumVectorEnv(
-        addresses=[server.address for server in servers],
-        num_envs=2,
-        create_world_settings={"rows": 20},
-        timeout=30,
-        connect_kwargs={
-            "on_world_failure": "restart",
-            "step_timeout": None,  # only step_wait's timeout finds the stopped server
-            "restart": dmr.RestartPolicy(connect_timeout=1.0, call_timeout=2.0),
-        },
-    )
-    try:
-        envs.reset(seed=0)
-        zeros = {"paddle": np.zeros(2, np.int8)}
-        envs.step(zeros)
-        os.kill(servers[1].process.pid, signal.SIGSTOP)  # accepts requests, never answers
-        envs.step_async(zeros)
-        with pytest.raises(errors.WorldTimeoutError) as info:
-            envs.step_wait(timeout=8)
-        assert info.value.index == 1
-        _, rewards, terminations, truncations, infos = envs.step_wait()
-        assert truncations.tolist() == [False, True]  # its episode was cut short
-        assert infos["_error"].tolist() == [False, True] and rewards[1] == 0.0
-        # The next vector step is world 1's autoreset step: the FIRST step of the world
-        # the batch made again elsewhere, which answers the step that timed out.
-        observations, rewards, terminations, truncations, infos = envs.step(zeros)
-        assert not truncations.any() and not terminations.any() and rewards[1] == 0.0
-        assert infos["restarted"].tolist() == [False, True]
-        assert infos["failure"][1].new_address == servers[0].address
-        assert observations["board"][1, 0].max() == 1.0  # the ball on top
-        observations, _, _, truncations, infos = envs.step(zeros)
-        assert not truncations.any() and "restarted" not in infos
-        assert observations["board"][1, 1].max() == 1.0  # it falls: world 1 steps again
-    finally:
-        os.kill(servers[1].process.pid, signal.SIGCONT)
-        envs.close()
+class _Stalls(Catch):
+    """Catch whose step with the paddle moved left waits at a gate (its server stays alive)."""
+
+    gate = threading.Event()
+
+    def step(self, action: Any) -> dm_env.TimeStep:
+        if int(action["paddle"]) == -1:
+            _Stalls.gate.wait(60)
+        return super().step(action)
+
+
+def test_a_world_restarted_after_a_timeout_is_truncated_once() -> None:
+    _Stalls.gate.clear()
+    with (
+        serve(lambda settings: Catch(**settings)) as server,
+        serve(lambda settings: _Stalls(**settings)) as stalling,
+    ):
+        envs = GymnasiumVectorEnv(
+            addresses=[server.address, stalling.address],  # world 1 on the stalling server
+            num_envs=2,
+            create_world_settings={"rows": 20},
+            timeout=30,
+            connect_kwargs={"on_world_failure": "restart", "step_timeout": None},
+        )
+        try:
+            envs.reset(seed=0)
+            zeros = {"paddle": np.zeros(2, np.int8)}
+            envs.step(zeros)
+            envs.step_async({"paddle": np.array([0, -1], np.int8)})  # world 1 stalls
+            with pytest.raises(errors.WorldTimeoutError) as info:
+                envs.step_wait(timeout=15)
+            assert info.value.index == 1
+            _, rewards, terminations, truncations, infos = envs.step_wait()
+            assert truncations.tolist() == [False, True]  # its episode was cut short
+            assert infos["_error"].tolist() == [False, True] and rewards[1] == 0.0
+            # The next vector step is world 1's autoreset step: the FIRST step of the world
+            # the batch made again, which answers the step that timed out.
+            observations, rewards, terminations, truncations, infos = envs.step(zeros)
+            assert not truncations.any() and not terminations.any() and rewards[1] == 0.0
+            assert infos["restarted"].tolist() == [False, True]
+            assert isinstance(infos["failure"][1].cause, errors.RequestTimeoutError)
+            assert observations["board"][1, 0].max() == 1.0  # the ball on top
+            observations, _, _, truncations, infos = envs.step(zeros)
+            assert not truncations.any() and "restarted" not in infos
+            assert observations["board"][1, 1].max() == 1.0  # it falls: world 1 steps again
+        finally:
+            _Stalls.gate.set()
+            envs.close()

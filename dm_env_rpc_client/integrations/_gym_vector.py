@@ -77,7 +77,7 @@ _AFTER_ERROR = (
     "worlds' steps of that vector step (infos['error'] marks the worlds without one), or reset()."
 )
 _TAKE_THE_REST = (
-    " The other worlds' steps of this vector step are kept: step_wait() returns them "
+    "{error}. The other worlds' steps of this vector step are kept: step_wait() returns them "
     "(infos['error'] marks the worlds without one)."
 )
 VectorStep = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
@@ -383,7 +383,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         infos.update(error=out.errors, _error=np.array([e is not None for e in out.errors]))
         first = first if first is not None else failed[min(failed)]
         self._partial, self._partial_index, self._waiting = result, first.index, True
-        raise type(first)(f"{first}{_TAKE_THE_REST}", first.index, first.address) from first
+        message = _TAKE_THE_REST.format(error=str(first).rstrip("."))
+        raise type(first)(message, first.index, first.address) from first
 
     def _drop_in_flight(self, timeout: float | None) -> None:
         """Receives and drops every step still in flight (before a reset)."""
