@@ -147,11 +147,17 @@ def raw_multi_stream_floor(addresses: list[str], count: int) -> Any:
             for channel in channels:
                 await channel.close()
 
+        async def end_leftovers() -> None:
+            # gRPC's call-status tasks of the cancelled calls, ended from inside the loop
+            # (a gather made outside it may pick another loop).
+            current = asyncio.current_task()
+            leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+            for task in leftover:
+                task.cancel()
+            await asyncio.gather(*leftover, return_exceptions=True)
+
         loop.run_until_complete(shut())
-        leftover = [task for task in asyncio.all_tasks(loop) if not task.done()]
-        for task in leftover:  # gRPC's call-status tasks of the cancelled calls
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+        loop.run_until_complete(end_leftovers())
 
     return run, close
 
