@@ -75,8 +75,8 @@ def reference_loop(addresses: list[str], count: int) -> Any:
     return run, close
 
 
-def ours(addresses: list[str], count: int) -> Any:
-    batch = BatchedEnvironment.connect(addresses, count)
+def ours(addresses: list[str], count: int, **connect_kwargs: Any) -> Any:
+    batch = BatchedEnvironment.connect(addresses, count, **connect_kwargs)
     batch.reset()
     dtype = batch.action_spec()["paddle"].dtype
     rng = np.random.default_rng(0)

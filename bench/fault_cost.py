@@ -1,0 +1,70 @@
+"""What the fault handling costs on the happy path: the batch with and without it, one run.
+
+Run: ``python bench/fault_cost.py [--steps N] [--rounds R] [--worlds W]``. 16 Catch
+worlds (by default) on 2 of the SDK's server processes; nothing fails. The same
+send/recv loop as ``bench/batched.py`` (8 steps in flight per world), with the batch
+connected three ways, interleaved in rounds:
+
+- (a) ``on_world_failure="raise", step_timeout=None``: no watchdog, nothing to restart;
+- (b) ``on_world_failure="raise"`` with the default ``step_timeout`` (30 s): the library's
+  defaults, the watchdog running;
+- (c) ``on_world_failure="restart"`` with the default ``step_timeout``: what ``run`` uses.
+
+(b)/(a) and (c)/(a) are the happy-path cost of stall detection and of the restart policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_process_info
+from batched import ours
+
+VARIANTS = {
+    "(a) raise, no step_timeout": {"on_world_failure": "raise", "step_timeout": None},
+    "(b) raise, step_timeout 30 s (the defaults)": {"on_world_failure": "raise"},
+    "(c) restart, step_timeout 30 s (run's policy)": {"on_world_failure": "restart"},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6400)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--worlds", type=int, default=16)
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(server_process_info("catch")) for _ in range(2)]
+        addresses = [server.address for server in servers]
+        factories = {
+            name: (lambda kwargs=kwargs: ours(addresses, args.worlds, **kwargs))
+            for name, kwargs in VARIANTS.items()
+        }
+        results = measure_interleaved(
+            factories, args.steps, rounds=args.rounds, server_pid=[s.pid for s in servers]
+        )
+    base = next(iter(VARIANTS))
+    rows = [
+        (
+            name,
+            f"{results.median(name):,.1f}",
+            f"{results.median(name, 'cpu_us_per_step'):,.1f}",
+            f"{results.ratio(name, base):.2f}x",
+            f"{results.ratio(name, base, 'cpu_us_per_step'):.2f}x",
+        )
+        for name in VARIANTS
+    ]
+    print_table(
+        f"Happy-path cost of fault handling: {args.worlds} Catch worlds on 2 SDK servers",
+        ["batch", "steps/s", "client CPU µs/step", "steps/s vs (a)", "CPU vs (a)"],
+        rows,
+    )
+    print(
+        f"Medians over {results.rounds} interleaved rounds of {args.steps:,} steps; "
+        "ratios taken within each round."
+    )
+
+
+if __name__ == "__main__":
+    main()
