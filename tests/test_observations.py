@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import dm_env_rpc_client as dmr
-from dm_env_rpc_client import errors
+from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client._decode import ObservationPlan
 from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
 from dm_env_rpc_client.batched import BatchedEnvironment
 from tests.faulty import faulty_server, lifecycle
@@ -165,3 +166,29 @@ def test_observation_error_pickles() -> None:
     error = errors.ObservationError("bad board", "board", 2, 3)
     clone = pickle.loads(pickle.dumps(error))
     assert (str(clone), clone.name, clone.uid, clone.position) == ("bad board", "board", 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "data_type", "shape"),
+    [
+        (np.float32, pb.DataType.FLOAT, [2, 3]),
+        (np.float64, pb.DataType.DOUBLE, []),
+        (np.float32, pb.DataType.FLOAT, [0]),
+        (np.float32, pb.DataType.FLOAT, [300]),  # a two-byte length varint
+    ],
+)
+def test_stacked_columns_equal_each_tensor_unpacked(
+    dtype: type, data_type: int, shape: list
+) -> None:
+    rng = np.random.default_rng(5)
+    plan = ObservationPlan({1: pb.TensorSpec(name="x", shape=shape, dtype=data_type)}, [1])
+    responses = []
+    for _ in range(5):
+        step = pb.StepResponse(state=pb.RUNNING)
+        step.observations[1].CopyFrom(tensors.pack_tensor(rng.standard_normal(shape).astype(dtype)))
+        responses.append(step)
+    column = plan.columns(responses)["x"]
+    expected = np.stack([tensors.unpack_tensor(r.observations[1]) for r in responses])
+    assert isinstance(column, np.ndarray) and column.dtype == dtype
+    assert column.shape == (5, *shape) and np.array_equal(column, expected)
+    assert column.flags.writeable and column.flags.c_contiguous
