@@ -83,6 +83,22 @@ def lifecycle(
     return response
 
 
+def refusing_leave(specs: dm_env_rpc_pb2.ActionObservationSpecs, seen: list[str]) -> Answer:
+    """An ``answer`` that refuses every LeaveWorldRequest (INTERNAL, "cannot leave"),
+    answers the rest as ``lifecycle`` does, and appends each request's kind to ``seen``."""
+
+    def answer(request: dm_env_rpc_pb2.EnvironmentRequest) -> Any:
+        kind = request.WhichOneof("payload")
+        seen.append(kind)
+        if kind == "leave_world":
+            error = dm_env_rpc_pb2.EnvironmentResponse()
+            error.error.code, error.error.message = 13, "cannot leave"
+            return error
+        return lifecycle(request, specs)
+
+    return answer
+
+
 def refusing_catch(settings: dict[str, Any]) -> dm_env.Environment:
     """Catch, until the file named by ``$DMR_TEST_REFUSE_FLAG`` exists (``serve --env``)."""
     from dm_env_rpc_client.server.catch import Catch

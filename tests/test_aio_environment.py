@@ -15,12 +15,11 @@ import dm_env
 import numpy as np
 import pytest
 from conftest import sigstop
-from faulty import faulty_server, float_specs, lifecycle
+from faulty import faulty_server, float_specs, refusing_leave
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._adaptor_core import AdaptorCore
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.server import Server
 from dm_env_rpc_client.server.catch import Catch
 
@@ -219,16 +218,7 @@ def test_a_stopped_server_ends_waiting_steps_and_aclose_gives_up_quietly(server_
 def test_aclose_destroys_the_world_when_leave_is_refused() -> None:
     """As the sync close: a refused LeaveWorld still sends DestroyWorld, then raises."""
     seen: list[str] = []
-    specs = float_specs()
-
-    def answer(request: Any) -> Any:
-        kind = request.WhichOneof("payload")
-        seen.append(kind)
-        if kind == "leave_world":
-            error = dm_env_rpc_pb2.EnvironmentResponse()
-            error.error.code, error.error.message = 13, "cannot leave"
-            return error
-        return lifecycle(request, specs)
+    answer = refusing_leave(float_specs(), seen)
 
     async def main(address: str) -> None:
         env, _ = await dmr.create_and_join_world_async(address, {}, {}, timeout=5)

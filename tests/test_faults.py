@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import sigstop, wait_for
-from faulty import Counter, faulty_server, float_specs, lifecycle
+from faulty import Counter, faulty_server, float_specs, lifecycle, refusing_leave
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
@@ -301,16 +301,7 @@ def test_adaptors_time_out_by_default(catch_server) -> None:
 
 def test_close_destroys_the_world_when_leave_is_refused() -> None:
     seen: list[str] = []
-    specs = float_specs()
-
-    def answer(request: Any) -> Any:
-        kind = request.WhichOneof("payload")
-        seen.append(kind)
-        if kind == "leave_world":
-            error = dm_env_rpc_pb2.EnvironmentResponse()
-            error.error.code, error.error.message = 13, "cannot leave"
-            return error
-        return lifecycle(request, specs)
+    answer = refusing_leave(float_specs(), seen)
 
     with faulty_server(answer) as address, connect(address, timeout=10) as conn:
         env, _ = create_and_join_world(conn, {}, {}, timeout=5)
