@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -230,13 +231,20 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             collections.deque()
         )
         run = max(1, in_flight // 2)
-        for action in actions:
-            if len(window) >= in_flight:
+        try:
+            for action in actions:
+                if len(window) >= in_flight:
+                    yield from self._finished_steps(window, decoder, run)
+                request = self.step_request(action)
+                window.append((request, self._send_step(request)))
+            while window:
                 yield from self._finished_steps(window, decoder, run)
-            request = self.step_request(action)
-            window.append((request, self._send_step(request)))
-        while window:
-            yield from self._finished_steps(window, decoder, run)
+        finally:
+            # Stopped early or by an error: the answers of the steps still in the window
+            # move the state machine on as they come (in request order), so the next step
+            # gets its right type.
+            for _, late in window:
+                late.add_done_callback(self._advance_late)
 
     def _finished_steps(
         self,
@@ -249,16 +257,17 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         Responses come in request order, so waiting for the ``run``-th oldest
         waits for all of them: the caller's thread wakes once per ``run`` steps,
         not once per step, while the server still has the rest of the window to
-        work on.
+        work on. Only the oldest step's error is raised here; a later one's is
+        raised once the steps before it have been yielded (none is dropped).
         """
-        try:
-            request, future = window[min(run, len(window)) - 1]
-            wait_response(future, self._timeout, request)
-        except errors.RequestTimeoutError:
-            for _, late in window:  # in request order: late answers still move the state on
-                late.add_done_callback(self._advance_late)
-            raise
-        request, future = window.popleft()
+        request, future = window[0]
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        wait_response(future, self._timeout, request)  # raises the oldest step's own error
+        last = window[min(run, len(window)) - 1][1]
+        concurrent.futures.wait(
+            [last], None if deadline is None else max(0.0, deadline - time.monotonic())
+        )
+        window.popleft()
         responses = [future.result()]
         while window and window[0][1].done() and window[0][1].exception() is None:
             responses.append(window.popleft()[1].result())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -132,3 +133,29 @@ class Counter(dm_env.Environment):
 
     def action_spec(self) -> Any:
         return {"a": dm_specs.BoundedArray((), np.int8, 0, 1, name="a")}
+
+
+def counting_server(refuse: int | None, delay: float) -> Any:
+    """A faulty server whose step ``count`` observes ``x = [count, 0]`` (the reset's first step
+    is count 1): count 9 ends an episode (TERMINATED), count ``refuse`` is refused
+    (INVALID_ARGUMENT), and each step is answered after ``delay`` seconds."""
+    specs = float_specs()
+    count = [0]
+
+    def answer(request: Any) -> Any:
+        done = lifecycle(request, specs)
+        if done is not None:
+            return done
+        count[0] += 1
+        time.sleep(delay)  # the server's own pace, so that steps stay in flight
+        if count[0] == refuse:
+            refused = dm_env_rpc_pb2.EnvironmentResponse()
+            refused.error.code, refused.error.message = 3, "refused step"
+            return refused
+        tensor = dm_env_rpc_pb2.Tensor(shape=[2])
+        tensor.floats.array.extend([float(count[0]), 0.0])
+        state = dm_env_rpc_pb2.TERMINATED if count[0] == 9 else dm_env_rpc_pb2.RUNNING
+        step = dm_env_rpc_pb2.StepResponse(state=state, observations={1: tensor})
+        return dm_env_rpc_pb2.EnvironmentResponse(step=step)
+
+    return faulty_server(answer)

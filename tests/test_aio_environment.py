@@ -15,7 +15,7 @@ import dm_env
 import numpy as np
 import pytest
 from conftest import sigstop
-from faulty import faulty_server, float_specs, refusing_leave
+from faulty import counting_server, faulty_server, float_specs, refusing_leave
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
@@ -276,3 +276,23 @@ def test_the_sync_helpers_point_asyncio_users_to_the_async_ones(catch_server: Se
                 dmr.create_and_join_world(conn, {}, {})  # type: ignore[arg-type]
 
     asyncio.run(main())
+
+
+def test_a_refused_step_in_the_window_loses_none_before_it() -> None:
+    """As the sync step_iter: the steps answered before a refused one are yielded first, and
+    the later ones still move the state machine on (count 9 ends the episode)."""
+
+    async def main(address: str) -> None:
+        env, _ = await dmr.create_and_join_world_async(address, {}, {}, timeout=10)
+        await env.reset()
+        got = []
+        with pytest.raises(errors.InvalidArgumentError, match="refused step"):
+            async for timestep in env.step_iter([{}] * 8, in_flight=8):
+                got.append(float(timestep.observation["x"][0]))
+        assert got == [2.0, 3.0, 4.0]
+        after = await env.step({})
+        assert after.observation["x"][0] == 10.0 and after.first()
+        await env.aclose()
+
+    with counting_server(refuse=5, delay=0.0) as address:
+        asyncio.run(main(address))

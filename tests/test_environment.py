@@ -16,6 +16,7 @@ import pytest
 from conftest import sigstop
 from dm_env import specs as dm_specs
 from dm_env import test_utils
+from faulty import counting_server
 
 from dm_env_rpc_client import errors, tensors
 from dm_env_rpc_client._decode import ObservationPlan
@@ -401,3 +402,33 @@ def test_step_async_futures_carry_the_adaptors_own_errors_as_they_are(conn: Conn
     with pytest.raises(KeyError, match="no reward today"):
         future.result(timeout=10)
     env.close()
+
+
+def test_a_refused_step_in_the_window_loses_none_before_it() -> None:
+    """step_iter yields every step answered before a refused one, then raises its error;
+    the steps after it still move the state machine on (count 9 ends the episode)."""
+    with counting_server(refuse=5, delay=0.0) as address:
+        env, _ = create_and_join_world(address, {}, {}, timeout=10)
+        env.reset()
+        got = []
+        with pytest.raises(errors.InvalidArgumentError, match="refused step"):
+            for timestep in env.step_iter([{}] * 8, in_flight=8):
+                got.append(float(timestep.observation["x"][0]))
+        assert got == [2.0, 3.0, 4.0]
+        after = env.step({})
+        assert after.observation["x"][0] == 10.0  # the answer to this request, not a late one
+        assert after.first()  # count 9 was LAST, though it was never yielded
+        env.close()
+
+
+def test_stopping_step_iter_early_keeps_the_state_machine_in_step() -> None:
+    with counting_server(refuse=None, delay=0.02) as address:
+        env, _ = create_and_join_world(address, {}, {}, timeout=10)
+        env.reset()
+        for timestep in env.step_iter([{}] * 8, in_flight=8):
+            assert timestep.observation["x"][0] == 2.0
+            break  # steps 3 to 9 are still in flight or unread
+        after = env.step({})
+        assert after.observation["x"][0] == 10.0
+        assert after.first()  # count 9 was LAST
+        env.close()
