@@ -133,15 +133,20 @@ def random_action(action_spec: Any, rng: np.random.Generator | int) -> Any:
       SpecError: for a spec with no random values (object/proto dtypes).
     """
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    return _walk(action_spec, generator, None)
+
+
+def _walk(action_spec: Any, generator: np.random.Generator, count: int | None) -> Any:
+    """``_draw`` for every spec of a nested dict/list of specs, keeping its structure."""
     if isinstance(action_spec, Mapping):
-        return {key: random_action(value, generator) for key, value in action_spec.items()}
+        return {key: _walk(value, generator, count) for key, value in action_spec.items()}
     if isinstance(action_spec, (list, tuple)):
-        return type(action_spec)(random_action(value, generator) for value in action_spec)
+        return type(action_spec)(_walk(value, generator, count) for value in action_spec)
     if not isinstance(action_spec, dm_specs.Array):
         raise errors.SpecError(
             f"Cannot draw a random action for {type(action_spec).__name__}; pass dm_env specs."
         )
-    return _draw(action_spec, generator, None)
+    return _draw(action_spec, generator, count)
 
 
 def _draw(spec: dm_specs.Array, generator: np.random.Generator, count: int | None) -> Any:
@@ -197,12 +202,4 @@ def random_batch(action_spec: Any, num_envs: int, rng: np.random.Generator | int
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, not {num_envs}.")
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    if isinstance(action_spec, Mapping):
-        return {key: random_batch(value, num_envs, generator) for key, value in action_spec.items()}
-    if isinstance(action_spec, (list, tuple)):
-        return type(action_spec)(random_batch(value, num_envs, generator) for value in action_spec)
-    if not isinstance(action_spec, dm_specs.Array):
-        raise errors.SpecError(
-            f"Cannot draw a random action for {type(action_spec).__name__}; pass dm_env specs."
-        )
-    return _draw(action_spec, generator, num_envs)
+    return _walk(action_spec, generator, num_envs)
