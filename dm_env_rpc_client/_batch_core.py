@@ -139,8 +139,12 @@ class BatchCore:
         kind = errors.WorldTimeoutError if isinstance(exc, TimeoutError) else errors.WorldError
         return kind(_WORLD_FAILED.format(index=index, address=address, error=exc), index, address)
 
+    def _latest_failure(self, index: int) -> WorldFailure | None:
+        """World ``index``'s latest entry in ``failures``, if it has one."""
+        return next((f for f in reversed(self.failures) if f.index == index), None)
+
     def _refusal(self, index: int) -> errors.WorldError:
-        failure = next((f for f in reversed(self.failures) if f.index == index), None)
+        failure = self._latest_failure(index)
         cause: Any = failure.cause if failure is not None else "unknown"
         if self._state[index] == _REMOVED_STATE and failure is not None:
             reason = _REMOVED.format(

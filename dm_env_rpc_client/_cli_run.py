@@ -348,7 +348,7 @@ class EpisodeTally:
 
 def _steps_lost(batch: BatchedEnvironment, world: int) -> int:
     """How many steps the latest restart of ``world`` answered with its FIRST step."""
-    failure = next((f for f in reversed(batch.failures) if f.index == world), None)
+    failure = batch._latest_failure(world)
     return max(1, failure.steps_lost) if failure is not None else 1
 
 

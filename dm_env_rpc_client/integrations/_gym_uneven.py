@@ -37,7 +37,6 @@ from dm_env_rpc_client._stacked import BatchedTimeStep
 from dm_env_rpc_client.batched import BatchedEnvironment
 
 State = dm_env_rpc_pb2.EnvironmentStateType
-_WORLD_FAILED = "World {index} at {address} failed: {error}"
 _REMOVED = (
     "the batch removed it after it failed beyond its restart bounds (see batch.failures); "
     "a VectorEnv keeps its num_envs: close this one and make a new one"
@@ -45,14 +44,6 @@ _REMOVED = (
 _NO_STEP = "it has no step in flight to answer this vector step"
 
 Row = tuple[dm_env.TimeStep, int, bool]  # a world's step, its server state, restart flag
-
-
-def world_error(batch: BatchedEnvironment, index: int, reason: object) -> errors.WorldError:
-    """A ``WorldError`` naming world ``index`` of ``batch`` and its address."""
-    address = batch.addresses[index]
-    return errors.WorldError(
-        _WORLD_FAILED.format(index=index, address=address, error=reason), index, address
-    )
 
 
 class Assembled(NamedTuple):
@@ -119,9 +110,8 @@ class Uneven:
                     waiting.append(index)
                 else:
                     removed = index not in self._batch.live_ids
-                    failed[index] = world_error(
-                        self._batch, index, _REMOVED if removed else _NO_STEP
-                    )
+                    reason = errors.DmEnvRpcClientError(_REMOVED if removed else _NO_STEP)
+                    failed[index] = self._batch._wrap(index, reason)
             if not waiting:
                 break
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -148,7 +138,7 @@ class Uneven:
                 out.states[index] = state
                 if flagged:
                     out.restarted[index] = True
-                    out.failures[index] = self._last_failure(index)
+                    out.failures[index] = self._batch._latest_failure(index)
                     if index in self.cut:  # its truncation was reported: this is its autoreset step
                         self.cut.discard(index)
                     else:
@@ -169,9 +159,6 @@ class Uneven:
                     self.cut.discard(index)
             out.timesteps.append(timestep)
         return out
-
-    def _last_failure(self, index: int) -> Any:
-        return next((f for f in reversed(self._batch.failures) if f.index == index), None)
 
     def _stand_in_step(self) -> dm_env.TimeStep:
         """A FIRST step (reward 0, no discount) with every observation's ``generate_value()``."""

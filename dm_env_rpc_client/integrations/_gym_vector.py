@@ -49,7 +49,7 @@ from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.integrations._gym_spaces import AnyText, SpaceAdapter, leaf
-from dm_env_rpc_client.integrations._gym_uneven import Uneven, world_error
+from dm_env_rpc_client.integrations._gym_uneven import Uneven
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = 0  # dm_env.StepType.FIRST
@@ -251,7 +251,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                     self._seed_setting = None
                     timesteps.append(env.reset(self._timeout, settings=extra))
             except errors.DmEnvRpcClientError as exc:
-                raise world_error(self._batch, index, exc) from exc
+                raise self._batch._wrap(index, exc) from exc
         observations = self._from_batch(batch_of(timesteps, self._ids).observation)
         return observations, {"env_id": self._infos_env_id.copy(), "_env_id": self._all()}
 
