@@ -28,6 +28,7 @@ from dm_env_rpc_client._cli_run import (
     recv_until_stopped,
     send_unless_removed,
 )
+from dm_env_rpc_client._stacked import unstack
 from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
 from dm_env_rpc_client.recording import Recording
 
@@ -83,8 +84,8 @@ def step_with_policy(
                 ids = [int(ready.env_ids[p]) for p in positions]
                 if not send_unless_removed(batch, actions, ids):
                     continue  # a world was removed meanwhile: choose again without it
-                for position, world in enumerate(ids):
-                    tally.sent[world].append(_index(actions, position))
+                for world, action in zip(ids, unstack(actions, len(ids)), strict=True):
+                    tally.sent[world].append(action)
                 requested += len(ids)
         if not batch.pending():
             break  # every step sent and answered, or lost with a removed world
@@ -107,9 +108,3 @@ def _take(actions: Any, positions: Sequence[int]) -> Any:
     if isinstance(actions, Mapping):
         return {key: _take(value, positions) for key, value in actions.items()}
     return np.asarray(actions)[list(positions)]
-
-
-def _index(actions: Any, position: int) -> Any:
-    if isinstance(actions, Mapping):
-        return {key: _index(value, position) for key, value in actions.items()}
-    return np.asarray(actions)[position]
