@@ -139,6 +139,8 @@ class AdaptorCore:
       world_name: the joined world's name.
     """
 
+    _timeout: float | None = None  # each response's wait; the I/O adaptors set their own
+
     def __init__(
         self,
         specs: dm_env_rpc_pb2.ActionObservationSpecs,
@@ -299,8 +301,7 @@ class AdaptorCore:
         """What ``close`` waits for each response: ``timeout``, else the adaptor's, at most 10 s."""
         if timeout is not None:
             return timeout
-        adaptor = getattr(self, "_timeout", None)
-        return CLOSE_TIMEOUT if adaptor is None else min(adaptor, CLOSE_TIMEOUT)
+        return CLOSE_TIMEOUT if self._timeout is None else min(self._timeout, CLOSE_TIMEOUT)
 
     def _check_open(self) -> None:
         if self._closed:
