@@ -9,7 +9,11 @@ one line and exit with code 2.
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from typing import Any
+
+import grpc
 
 _BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
 
@@ -88,3 +92,22 @@ def read_pem(path: str | None, flag: str) -> bytes | None:
             return file.read()
     except OSError as exc:
         raise UsageError(_BAD_FILE.format(flag=flag, error=exc)) from exc
+
+
+def tls_credentials(args: argparse.Namespace) -> Callable[[], grpc.ChannelCredentials] | None:
+    """The TLS flags (``--tls``, ``--root-certificates``, ``--certificate``, ``--private-key``)
+    as a function that makes the channel credentials; None without them.
+
+    A function, not the credentials, so that it pickles (a Ray shard calls it).
+
+    Raises:
+      UsageError: a PEM file cannot be read; names the flag.
+    """
+    if not (args.tls or args.root_certificates or args.certificate or args.private_key):
+        return None
+    return functools.partial(
+        grpc.ssl_channel_credentials,
+        root_certificates=read_pem(args.root_certificates, "--root-certificates"),
+        private_key=read_pem(args.private_key, "--private-key"),
+        certificate_chain=read_pem(args.certificate, "--certificate"),
+    )

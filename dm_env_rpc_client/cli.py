@@ -38,8 +38,6 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import grpc
-
 from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._args import (
     SETTING_HELP,
@@ -47,7 +45,7 @@ from dm_env_rpc_client._args import (
     parse_setting,
     positive_float,
     positive_int,
-    read_pem,
+    tls_credentials,
 )
 from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
@@ -113,13 +111,8 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if (args.certificate is None) != (args.private_key is None):
         raise UsageError(_KEY_PAIR)
     options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
-    credentials = None
-    if tls:
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=read_pem(args.root_certificates, "--root-certificates"),
-            private_key=read_pem(args.private_key, "--private-key"),
-            certificate_chain=read_pem(args.certificate, "--certificate"),
-        )
+    make_credentials = tls_credentials(args)
+    credentials = None if make_credentials is None else make_credentials()
     return {"credentials": credentials, "insecure": args.insecure, "options": options or None}
 
 

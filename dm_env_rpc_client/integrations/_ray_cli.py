@@ -18,16 +18,13 @@ exit code is 3 when a world was lost.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
-import grpc
 import ray
 
-from dm_env_rpc_client._args import UsageError, read_pem
+from dm_env_rpc_client._args import UsageError, tls_credentials
 from dm_env_rpc_client._cli_run import RunStats
 from dm_env_rpc_client.integrations._ray_fleet import ServerFleet
 from dm_env_rpc_client.integrations._ray_shards import run_sharded
@@ -43,18 +40,6 @@ _TOO_MANY_SHARDS = "--num-shards {shards} is more than the {worlds} worlds; give
 
 def _make_catch(settings: dict[str, Any]) -> Catch:
     return Catch(**settings)
-
-
-def _credentials(args: argparse.Namespace) -> Callable[[], grpc.ChannelCredentials] | None:
-    """The TLS flags as a function the shards call (credential objects do not pickle)."""
-    if not (args.tls or args.root_certificates or args.certificate or args.private_key):
-        return None
-    return functools.partial(
-        grpc.ssl_channel_credentials,
-        root_certificates=read_pem(args.root_certificates, "--root-certificates"),
-        private_key=read_pem(args.private_key, "--private-key"),
-        certificate_chain=read_pem(args.certificate, "--certificate"),
-    )
 
 
 def run_on_ray(
@@ -112,7 +97,7 @@ def run_on_ray(
             create_world_settings=unflatten(dict(args.create_setting or ())),
             join_world_settings=unflatten(dict(args.join_setting or ())),
             timeout=args.timeout,
-            credentials=_credentials(args),
+            credentials=tls_credentials(args),  # credential objects do not pickle
             insecure=bool(channel_kwargs["insecure"]) or fleet is not None,
             connect_options={
                 "seed_setting": args.seed_setting or None,
