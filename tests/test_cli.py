@@ -450,3 +450,27 @@ def test_run_with_on_failure_raise_stops(tmp_path: pathlib.Path) -> None:
             first, second, tmp_path / "rec", "--steps", "1000000", "--on-failure", "raise"
         )
     assert code == 1 and f"at {second.address} failed" in stderr
+
+
+def test_tls_flags_make_a_credentials_factory_that_pickles(tmp_path: pathlib.Path) -> None:
+    """What run --ray hands its shards: a function of the PEM bytes, since credentials
+    do not pickle; None without TLS flags, and an unreadable file names its flag."""
+    import argparse
+    import pickle
+
+    import grpc
+
+    from dm_env_rpc_client._args import UsageError, tls_credentials
+
+    def flags(**given: Any) -> argparse.Namespace:
+        names = ("tls", "root_certificates", "certificate", "private_key")
+        return argparse.Namespace(**{name: given.get(name) for name in names})
+
+    assert tls_credentials(flags()) is None
+    authority = trustme.CA()
+    root = tmp_path / "root.pem"
+    authority.cert_pem.write_to_path(str(root))
+    make = pickle.loads(pickle.dumps(tls_credentials(flags(root_certificates=str(root)))))
+    assert isinstance(make(), grpc.ChannelCredentials)
+    with pytest.raises(UsageError, match="--private-key"):
+        tls_credentials(flags(certificate=str(root), private_key=str(tmp_path / "missing.pem")))
