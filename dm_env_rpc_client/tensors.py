@@ -367,14 +367,16 @@ def stack_tensors(
     dtype = DATA_TYPE_TO_NUMPY[data_type]
     parts: list[bytes | memoryview] = []
     fixed = data_type in _FIXED
+    each = math.prod(dims) * dtype.itemsize  # every payload's size: a sum could hide two wrong
     for tensor in items:
         if tensor.WhichOneof("payload") != field or tuple(tensor.shape) != dims:
             return None
         payload = getattr(tensor, field)
-        parts.append(_payload_body(payload.SerializeToString()) if fixed else payload.array)
+        part = _payload_body(payload.SerializeToString()) if fixed else payload.array
+        if len(part) != each:
+            return None
+        parts.append(part)
     data = b"".join(parts)
-    if len(data) != len(items) * math.prod(dims) * dtype.itemsize:
-        return None
     wire = _FIXED[data_type] if fixed else dtype
     return np.frombuffer(data, dtype=wire).astype(dtype).reshape((len(items), *dims))
 

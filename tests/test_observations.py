@@ -192,3 +192,35 @@ def test_stacked_columns_equal_each_tensor_unpacked(
     assert isinstance(column, np.ndarray) and column.dtype == dtype
     assert column.shape == (5, *shape) and np.array_equal(column, expected)
     assert column.flags.writeable and column.flags.c_contiguous
+
+
+def test_wrong_element_counts_that_add_up_are_still_refused() -> None:
+    """Two worlds' boards of 5 and 7 floats (the spec says 6): joined, they have the size of
+    two good ones. The stacked decode must check each, not the sum, or a step is wrong."""
+    specs = _specs()
+
+    def answer(request: pb.EnvironmentRequest) -> pb.EnvironmentResponse:
+        ordinary = lifecycle(request, specs)
+        if ordinary is not None:
+            return ordinary
+        action = request.step.actions.get(PADDLE)
+        paddle = int(np.frombuffer(action.int8s.array, np.int8)[0]) if action else 1
+        response = _good(paddle)
+        if paddle != 1:  # 0: 5 floats, -1: 7 floats
+            response.observations[BOARD].floats.array[:] = [0.0] * (5 if paddle == 0 else 7)
+        return pb.EnvironmentResponse(step=response)
+
+    with (
+        faulty_server(answer) as address,
+        BatchedEnvironment.connect([address, address], timeout=10) as envs,
+    ):
+        envs.reset()
+        with pytest.raises(errors.WorldError) as caught:
+            envs.step({"paddle": np.array([0, -1], np.int8)})
+    assert caught.value.index == 0
+    _check(caught.value.__cause__, "'board' (UID 2), which cannot be decoded")  # type: ignore[arg-type]
+    board = pb.TensorSpec(name="board", shape=[2, 3], dtype=pb.DataType.FLOAT)
+    tensors_ = [pb.Tensor(shape=[2, 3]) for _ in range(2)]
+    tensors_[0].floats.array[:] = [0.0] * 5
+    tensors_[1].floats.array[:] = [0.0] * 7
+    assert tensors.stack_tensors(tensors_, board.dtype, board.shape) is None
