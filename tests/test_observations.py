@@ -84,9 +84,9 @@ FAULTS: dict[str, tuple[Callable[[pb.StepResponse], None], str]] = {
 }
 
 
-@pytest.fixture(params=list(FAULTS))
-def fault(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
-    breaks, message = FAULTS[request.param]
+def _serving(modify: Callable[[int, pb.StepResponse], None]) -> Any:
+    """A faulty server answering each step with ``_good(paddle)``, changed by ``modify``
+    (``paddle`` is the step's action, 0 for the reset's first step)."""
     specs = _specs()
 
     def answer(request: pb.EnvironmentRequest) -> pb.EnvironmentResponse:
@@ -96,11 +96,21 @@ def fault(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
         action = request.step.actions.get(PADDLE)
         paddle = int(np.frombuffer(action.int8s.array, np.int8)[0]) if action else 0
         response = _good(paddle)
-        if paddle == -1:
-            breaks(response)
+        modify(paddle, response)
         return pb.EnvironmentResponse(step=response)
 
-    with faulty_server(answer) as address:
+    return faulty_server(answer)
+
+
+@pytest.fixture(params=list(FAULTS))
+def fault(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    breaks, message = FAULTS[request.param]
+
+    def modify(paddle: int, response: pb.StepResponse) -> None:
+        if paddle == -1:
+            breaks(response)
+
+    with _serving(modify) as address:
         yield address, message
 
 
@@ -197,26 +207,18 @@ def test_stacked_columns_equal_each_tensor_unpacked(
 def test_wrong_element_counts_that_add_up_are_still_refused() -> None:
     """Two worlds' boards of 5 and 7 floats (the spec says 6): joined, they have the size of
     two good ones. The stacked decode must check each, not the sum, or a step is wrong."""
-    specs = _specs()
 
-    def answer(request: pb.EnvironmentRequest) -> pb.EnvironmentResponse:
-        ordinary = lifecycle(request, specs)
-        if ordinary is not None:
-            return ordinary
-        action = request.step.actions.get(PADDLE)
-        paddle = int(np.frombuffer(action.int8s.array, np.int8)[0]) if action else 1
-        response = _good(paddle)
-        if paddle != 1:  # 0: 5 floats, -1: 7 floats
-            response.observations[BOARD].floats.array[:] = [0.0] * (5 if paddle == 0 else 7)
-        return pb.EnvironmentResponse(step=response)
+    def modify(paddle: int, response: pb.StepResponse) -> None:
+        if paddle in (2, -1):  # 2: 5 floats, -1: 7 floats
+            response.observations[BOARD].floats.array[:] = [0.0] * (5 if paddle == 2 else 7)
 
     with (
-        faulty_server(answer) as address,
+        _serving(modify) as address,
         BatchedEnvironment.connect([address, address], timeout=10) as envs,
     ):
         envs.reset()
         with pytest.raises(errors.WorldError) as caught:
-            envs.step({"paddle": np.array([0, -1], np.int8)})
+            envs.step({"paddle": np.array([2, -1], np.int8)})
     assert caught.value.index == 0
     _check(caught.value.__cause__, "'board' (UID 2), which cannot be decoded")  # type: ignore[arg-type]
     board = pb.TensorSpec(name="board", shape=[2, 3], dtype=pb.DataType.FLOAT)
