@@ -1,7 +1,9 @@
 """16 Catch worlds on 2 server processes, one of them killed and restarted every 10 s.
 
-Run: ``python bench/chaos.py [--seconds S] [--every E]`` (bounded: two phases of
-``S`` seconds each, default 25, plus start-up; about 60 s in all).
+Run: ``python bench/chaos.py [--seconds S] [--every E] [--servers ...]`` (bounded:
+two phases of ``S`` seconds each, default 25, plus start-up; about 60 s per kind
+of server). It runs on the SDK's own server processes, then on foreign ones
+written on the reference package (``_foreign_server.py``), one table each.
 
 The batch connects with ``on_world_failure="restart"`` and keeps 8 steps in
 flight per world (send/recv, EnvPool-style). Phase 1 runs undisturbed. Phase 2
@@ -18,20 +20,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import signal
 import statistics
 import threading
 import time
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import print_table
+from _common import SERVERS, any_server_process_info, print_table
 
 # isort: split
 import numpy as np
 
 from dm_env_rpc_client._restart import RestartPolicy
 from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.server._subprocess import ChildServer, server_subprocess
 
 WORLDS = 16
 WINDOW = 8
@@ -67,9 +70,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=25.0, help="length of each phase")
     parser.add_argument("--every", type=float, default=10.0, help="seconds between kills")
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
     args = parser.parse_args()
+    for server_key in args.servers:
+        _run(server_key, args)
+
+
+def _run(server_key: str, args: argparse.Namespace) -> None:
+    """Both phases on 2 server processes of one kind (``SERVERS``)."""
+    label = SERVERS[server_key]
     with contextlib.ExitStack() as stack:
-        servers: list[ChildServer] = [stack.enter_context(server_subprocess()) for _ in range(2)]
+        servers = [
+            stack.enter_context(any_server_process_info(server_key, "catch")) for _ in range(2)
+        ]
         addresses = [server.address for server in servers]
         port = addresses[1].rsplit(":", 1)[1]
         policy = RestartPolicy(attempts=10, total=30.0, backoff=0.2, max_backoff=1.0)
@@ -90,10 +103,10 @@ def main() -> None:
 
         def chaos() -> None:
             while not stop.wait(args.every):
-                servers[1].kill()
+                os.kill(servers[1].pid, signal.SIGKILL)
                 kills.append(time.monotonic())
                 servers[1] = stack.enter_context(
-                    server_subprocess(extra_args=("--port", port), timeout=30)
+                    any_server_process_info(server_key, "catch", "--port", port)
                 )
 
         killer = threading.Thread(target=chaos, name="chaos", daemon=True)
@@ -122,7 +135,8 @@ def main() -> None:
              f"{stormy_rate / calm_rate:.2f}x"],
         ]  # fmt: skip
         print_table(
-            f"{WORLDS} Catch worlds on 2 servers, {WINDOW} in flight/world, restart policy",
+            f"{WORLDS} Catch worlds on 2 {label} processes, {WINDOW} in flight/world, "
+            "restart policy",
             ["phase", "seconds", "healthy steps/s", "all steps/s", "healthy vs undisturbed"],
             rows,
         )

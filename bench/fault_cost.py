@@ -1,7 +1,8 @@
 """What the fault handling costs on the happy path: the batch with and without it, one run.
 
-Run: ``python bench/fault_cost.py [--steps N] [--rounds R] [--worlds W]``. 16 Catch
-worlds (by default) on 2 of the SDK's server processes; nothing fails. The same
+Run: ``python bench/fault_cost.py [--steps N] [--rounds R] [--worlds W] [--servers ...]``.
+16 Catch worlds (by default) on 2 server processes, first the SDK's, then a foreign
+one written on the reference package (``_foreign_server.py``); nothing fails. The same
 send/recv loop as ``bench/batched.py`` (8 steps in flight per world), with the batch
 connected three ways, interleaved in rounds:
 
@@ -18,7 +19,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_process_info
+from _common import (
+    DEFAULT_ROUNDS,
+    SERVERS,
+    any_server_process_info,
+    measure_interleaved,
+    print_table,
+)
 from batched import ours
 
 VARIANTS = {
@@ -33,36 +40,42 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6400)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--worlds", type=int, default=16)
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
     args = parser.parse_args()
-    with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(server_process_info("catch")) for _ in range(2)]
-        addresses = [server.address for server in servers]
-        factories = {
-            name: (lambda kwargs=kwargs: ours(addresses, args.worlds, **kwargs))
-            for name, kwargs in VARIANTS.items()
-        }
-        results = measure_interleaved(
-            factories, args.steps, rounds=args.rounds, server_pid=[s.pid for s in servers]
-        )
     base = next(iter(VARIANTS))
-    rows = [
-        (
-            name,
-            f"{results.median(name):,.1f}",
-            f"{results.median(name, 'cpu_us_per_step'):,.1f}",
-            f"{results.ratio(name, base):.2f}x",
-            f"{results.ratio(name, base, 'cpu_us_per_step'):.2f}x",
-        )
-        for name in VARIANTS
-    ]
+    rows = []
+    for server_key in args.servers:
+        with contextlib.ExitStack() as stack:
+            servers = [
+                stack.enter_context(any_server_process_info(server_key, "catch")) for _ in range(2)
+            ]
+            addresses = [server.address for server in servers]
+            factories = {
+                name: (lambda kwargs=kwargs, at=addresses: ours(at, args.worlds, **kwargs))
+                for name, kwargs in VARIANTS.items()
+            }
+            results = measure_interleaved(
+                factories, args.steps, rounds=args.rounds, server_pid=[s.pid for s in servers]
+            )
+        rows += [
+            (
+                SERVERS[server_key],
+                name,
+                f"{results.median(name):,.1f}",
+                f"{results.median(name, 'cpu_us_per_step'):,.1f}",
+                f"{results.ratio(name, base):.2f}x",
+                f"{results.ratio(name, base, 'cpu_us_per_step'):.2f}x",
+            )
+            for name in VARIANTS
+        ]
     print_table(
-        f"Happy-path cost of fault handling: {args.worlds} Catch worlds on 2 SDK servers",
-        ["batch", "steps/s", "client CPU µs/step", "steps/s vs (a)", "CPU vs (a)"],
+        f"Happy-path cost of fault handling: {args.worlds} Catch worlds on 2 server processes",
+        ["servers", "batch", "steps/s", "client CPU µs/step", "steps/s vs (a)", "CPU vs (a)"],
         rows,
     )
     print(
-        f"Medians over {results.rounds} interleaved rounds of {args.steps:,} steps; "
-        "ratios taken within each round."
+        f"\nMedians over {args.rounds} interleaved rounds of {args.steps:,} steps; "
+        "ratios taken within each round, against (a) on the same servers."
     )
 
 

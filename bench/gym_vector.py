@@ -1,7 +1,9 @@
 """Vector-env steps per second over 16 Catch worlds on 2 servers: four ways to drive them.
 
-Run: ``python bench/gym_vector.py [--steps N] [--rounds R] [--worlds W]``. Two
-server processes hold the worlds (round-robin). Every variant steps all the
+Run: ``python bench/gym_vector.py [--steps N] [--rounds R] [--worlds W] [--servers ...]``.
+Two server processes hold the worlds (round-robin): first two of the SDK's
+event-loop server, then two of a foreign one written on the reference package
+(``_foreign_server.py``), one table each, in one run. Every variant steps all the
 worlds in lockstep with the same random actions, one vector step at a time:
 
 - (a) gymnasium's ``SyncVectorEnv`` of ``GymnasiumEnv``s (one stream each, one
@@ -25,7 +27,13 @@ import multiprocessing
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_process_info
+from _common import (
+    DEFAULT_ROUNDS,
+    SERVERS,
+    any_server_process_info,
+    measure_interleaved,
+    print_table,
+)
 
 # isort: split
 import gymnasium
@@ -116,14 +124,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3200, help="world steps per timed run")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--worlds", type=int, default=16)
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
     args = parser.parse_args()
     count = args.worlds
     # AsyncVectorEnv's workers fork from a server that imported the SDK but opened nothing.
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         ["dm_env_rpc_client.integrations.gymnasium"]
     )
+    for server_key in args.servers:
+        _measure(server_key, count, args)
+
+
+def _measure(server_key: str, count: int, args: argparse.Namespace) -> None:
+    """Every variant over 2 server processes of one kind (``SERVERS``), then gymnasium's own."""
+    label = SERVERS[server_key]
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(server_process_info("catch")) for _ in range(2)]
+        servers = [
+            stack.enter_context(any_server_process_info(server_key, "catch")) for _ in range(2)
+        ]
         addresses = [server.address for server in servers]
         variants = {
             SYNC: lambda: _stepping(sync_vector(addresses, count), count),
@@ -148,7 +166,7 @@ def main() -> None:
             for name in variants
         ]
         print_table(
-            f"World steps/s, {count} Catch worlds on 2 server processes, lockstep vector steps",
+            f"World steps/s, {count} Catch worlds on 2 {label} processes, lockstep vector steps",
             ["variant", "steps/s", "client CPU µs/step", "server CPU µs/step", "(c) vs this"],
             rows,
         )
@@ -157,14 +175,16 @@ def main() -> None:
             "variant; client CPU is the benchmark process only (not (b)'s worker processes)."
         )
         print(
-            f"Targets: (c)/(a) >= 3x: {results.ratio(OURS, SYNC):.2f}x; "
+            f"Targets ({label}): (c)/(a) >= 3x: {results.ratio(OURS, SYNC):.2f}x; "
             f"(c)/(b) >= 1.5x: {results.ratio(OURS, ASYNC):.2f}x; "
             f"(c)/(d) >= 0.9x: {results.ratio(OURS, FLOOR):.2f}x."
         )
         extra = _gymnasium_benchmark(addresses, count)
         if extra:
             print_table(
-                "gymnasium benchmark_vector_step (world steps/s)", ["variant", "steps/s"], extra
+                f"gymnasium benchmark_vector_step (world steps/s), {label}",
+                ["variant", "steps/s"],
+                extra,
             )
 
 

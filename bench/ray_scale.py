@@ -2,7 +2,10 @@
 
 Run: ``python bench/ray_scale.py [--steps N] [--rounds R]``. It starts a local
 Ray (``num_cpus=2``, no dashboard) and a ``ServerFleet`` of 2 embedded Catch
-servers (Ray actors), then, interleaved in rounds in a seeded shuffled order:
+servers (Ray actors), then, interleaved in rounds in a seeded shuffled order
+(and again over 2 foreign servers written on the reference package,
+``_foreign_server.py``, given to the shards as addresses: a fleet serves only
+the SDK's server):
 
 - **local process**: one ``BatchedEnvironment`` over the 16 worlds in a plain
   child process (no Ray started there), stepped by the same loop the shards
@@ -23,6 +26,7 @@ one shard's client CPU per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -32,7 +36,12 @@ import sys
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import DEFAULT_ROUNDS, print_table, process_cpu_seconds
+from _common import (
+    DEFAULT_ROUNDS,
+    foreign_server_process_info,
+    print_table,
+    process_cpu_seconds,
+)
 
 # isort: split
 # A local Ray on loopback only, reporting nothing (read when Ray is imported).
@@ -86,9 +95,9 @@ def local_child(steps: int, addresses: list[str]) -> None:
     )
 
 
-def sharded(fleet: ServerFleet, shards: int, steps: int) -> tuple[float, float]:
+def sharded(source: ServerFleet | list[str], shards: int, steps: int) -> tuple[float, float]:
     run = run_sharded(
-        fleet,
+        source,
         num_worlds=WORLDS,
         num_shards=shards,
         steps=steps,
@@ -97,6 +106,47 @@ def sharded(fleet: ServerFleet, shards: int, steps: int) -> tuple[float, float]:
         num_cpus=FRACTION,
     )
     return run.steps_per_second, run.cpu_us_per_step
+
+
+Samples = dict[str, list[tuple[float, float, float]]]
+
+
+def measure(source: ServerFleet | list[str], pids: list[int], args: argparse.Namespace) -> Samples:
+    """Every client once per round, in a seeded shuffled order, over the servers of ``source``."""
+    addresses = source.addresses if isinstance(source, ServerFleet) else source
+    names = [LOCAL, *SHARDS]
+    samples: Samples = {name: [] for name in names}
+    order = list(names)
+    rng = random.Random(0)
+    for _ in range(args.rounds):
+        rng.shuffle(order)
+        for name in order:
+            before = sum(process_cpu_seconds(pid) for pid in pids)
+            if name == LOCAL:
+                rate, cpu = local(addresses, args.steps)
+            else:
+                rate, cpu = sharded(source, SHARDS[name], args.steps)
+            server = (sum(process_cpu_seconds(pid) for pid in pids) - before) / args.steps
+            samples[name].append((rate, cpu, server * 1e6))
+    return samples
+
+
+def report(title: str, samples: Samples) -> None:
+    def median(name: str, field: int) -> float:
+        return statistics.median(sample[field] for sample in samples[name])
+
+    def ratio(name: str) -> str:
+        ratios = [a[0] / b[0] for a, b in zip(samples[name], samples[LOCAL], strict=True)]
+        return f"{statistics.median(ratios):.2f}x"
+
+    print_table(
+        title,
+        ["client", "steps/s", "client CPU µs/step", "server CPU µs/step", "vs local process"],
+        [
+            [name, median(name, 0), median(name, 1), median(name, 2), ratio(name)]
+            for name in samples
+        ],
+    )
 
 
 def main() -> None:
@@ -109,39 +159,26 @@ def main() -> None:
         local_child(args.local_child, addresses)
         return
     started = init_ray("local", num_cpus=2, log_to_driver=False)
-    names = [LOCAL, *SHARDS]
-    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
     try:
         with ServerFleet(make_catch, 2, num_cpus=FRACTION) as fleet:
-            addresses = fleet.addresses
             pids = [server.pid for server in fleet.servers()]
-            order = list(names)
-            rng = random.Random(0)
-            for _ in range(args.rounds):
-                rng.shuffle(order)
-                for name in order:
-                    before = sum(process_cpu_seconds(pid) for pid in pids)
-                    if name == LOCAL:
-                        rate, cpu = local(addresses, args.steps)
-                    else:
-                        rate, cpu = sharded(fleet, SHARDS[name], args.steps)
-                    server = (sum(process_cpu_seconds(pid) for pid in pids) - before) / args.steps
-                    samples[name].append((rate, cpu, server * 1e6))
+            ours = measure(fleet, pids, args)
+        with contextlib.ExitStack() as stack:
+            foreign = [stack.enter_context(foreign_server_process_info("catch")) for _ in range(2)]
+            theirs = measure(
+                [server.address for server in foreign], [server.pid for server in foreign], args
+            )
     finally:
         if started:
             ray.shutdown()
-
-    def median(name: str, field: int) -> float:
-        return statistics.median(sample[field] for sample in samples[name])
-
-    def ratio(name: str) -> str:
-        ratios = [a[0] / b[0] for a, b in zip(samples[name], samples[LOCAL], strict=True)]
-        return f"{statistics.median(ratios):.2f}x"
-
-    print_table(
-        f"{WORLDS} Catch worlds on a fleet of 2 servers, {PIPELINE} steps in flight per world",
-        ["client", "steps/s", "client CPU µs/step", "server CPU µs/step", "vs local process"],
-        [[name, median(name, 0), median(name, 1), median(name, 2), ratio(name)] for name in names],
+    report(
+        f"{WORLDS} Catch worlds on a fleet of 2 SDK servers, {PIPELINE} steps in flight per world",
+        ours,
+    )
+    report(
+        f"{WORLDS} Catch worlds on 2 reference-package server processes (their addresses, "
+        f"no fleet), {PIPELINE} steps in flight per world",
+        theirs,
     )
     print(
         f"\nMedians over {args.rounds} interleaved rounds of {args.steps:,} steps per client; "
