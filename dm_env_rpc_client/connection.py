@@ -168,10 +168,13 @@ def wait_response(
     except concurrent.futures.TimeoutError:
         if future.done():  # the request's own error, a TimeoutError subclass: keep it
             raise
-        name = type(request).__name__
-        raise errors.RequestTimeoutError(
-            _REQUEST_TIMEOUT.format(expected=name, timeout=timeout)
-        ) from None
+        raise request_timeout(request, timeout) from None
+
+
+def request_timeout(request: message.Message, timeout: float | None) -> errors.RequestTimeoutError:
+    """The error for ``request`` getting no response within ``timeout`` seconds."""
+    name = type(request).__name__
+    return errors.RequestTimeoutError(_REQUEST_TIMEOUT.format(expected=name, timeout=timeout))
 
 
 def _fail(future: concurrent.futures.Future[Any], exc: BaseException) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -54,6 +53,7 @@ from dm_env_rpc_client.connection import (
     Connection,
     ConnectionLike,
     connect,
+    request_timeout,
     wait_response,
 )
 from dm_env_rpc_client.properties import PropertiesExtension
@@ -261,14 +261,12 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         raised once the steps before it have been yielded (none is dropped).
         """
         request, future = window[0]
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        wait_response(future, self._timeout, request)  # raises the oldest step's own error
         last = window[min(run, len(window)) - 1][1]
-        concurrent.futures.wait(
-            [last], None if deadline is None else max(0.0, deadline - time.monotonic())
-        )
+        concurrent.futures.wait([last], self._timeout)  # one wake-up: answers come in order
+        if not future.done():  # not even the oldest answered in time
+            raise request_timeout(request, self._timeout)
+        responses = [future.result()]  # raises the oldest step's own error (none before it)
         window.popleft()
-        responses = [future.result()]
         while window and window[0][1].done() and window[0][1].exception() is None:
             responses.append(window.popleft()[1].result())
         yield from self._run_timesteps(responses, decoder)
