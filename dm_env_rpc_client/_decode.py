@@ -23,7 +23,10 @@ shape comparison.
 responses' observations stacked as ``[N, ...]`` arrays, decoding each
 fixed-width observation of all of them with one NumPy call
 (``tensors.stack_tensors``), which is what makes ``step_iter`` and the batch
-cheaper per step than stepping one at a time.
+cheaper per step than stepping one at a time. Once a run has been checked this
+way, the plan learns its byte layout (``_layout``): later runs whose responses
+serialize to the same bytes outside the payloads skip the per-tensor checks,
+which they would pass by construction (8 Catch responses: 45 µs to 11 µs).
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client import _layout, errors, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._wire_step import WireTensor
 
 _TENSOR_FIELDS = dm_env_rpc_pb2.Tensor.DESCRIPTOR.fields_by_name
+_StepResponse = dm_env_rpc_pb2.StepResponse
+_LAYOUTS = 16  # how many times a plan learns a response layout (see _learn)
 _FIELD_OF_TYPE = {
     field.number: field.name
     for field in dm_env_rpc_pb2.Tensor.DESCRIPTOR.oneofs_by_name["payload"].fields
@@ -136,6 +141,8 @@ class ObservationPlan:
             for spec in [self._specs[uid]]
         ]
         self._uids = {column.uid for column in self.columns_spec}
+        self._layout: _layout.Layout | None = None  # see columns and _layout
+        self._layouts_left = _LAYOUTS
 
     # --- checks -----------------------------------------------------------------------------
 
@@ -250,6 +257,14 @@ class ObservationPlan:
         Raises:
           ObservationError: as ``decode``, naming the offending response's position.
         """
+        parts = None
+        layouts = self._layout is not None or self._layouts_left > 0
+        if layouts and all(type(r) is _StepResponse for r in responses):
+            parts = [response.SerializeToString() for response in responses]
+            if self._layout is not None:
+                fast = self._layout.columns(parts)
+                if fast is not None:
+                    return fast
         found = [
             self._tensors(response.observations, position)
             for position, response in enumerate(responses)
@@ -268,7 +283,29 @@ class ObservationPlan:
                 ]
             else:
                 flat[column.name] = stacked
+        if parts is not None and self._layouts_left > 0:
+            self._learn(parts[0], {name: column[0] for name, column in flat.items()})
         return flat
+
+    def _learn(self, data: bytes, checked: dict[str, Any]) -> None:
+        """Learns the layout of a response whose observations were just checked and decoded.
+
+        Kept only if decoding ``data`` by it gives exactly the ``checked`` values
+        (dtype, shape and bytes).
+        A plan relearns after a run that did not fit, at most ``_LAYOUTS`` times
+        (a server whose layout keeps changing costs a bounded number of walks).
+        """
+        self._layouts_left -= 1
+        layout = _layout.learn(data, self.columns_spec)
+        fast = layout.columns([data]) if layout is not None else None
+        if fast is not None and all(
+            _same(fast[name][0], np.asarray(value)) for name, value in checked.items()
+        ):
+            self._layout = layout
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def _fixed(spec: dm_env_rpc_pb2.TensorSpec) -> tuple[np.dtype, np.dtype, int, int] | None:

@@ -226,3 +226,78 @@ def test_wrong_element_counts_that_add_up_are_still_refused() -> None:
     tensors_[0].floats.array[:] = [0.0] * 5
     tensors_[1].floats.array[:] = [0.0] * 7
     assert tensors.stack_tensors(tensors_, board.dtype, board.shape) is None
+
+
+def test_batch_refuses_bad_steps_after_it_learned_the_layout(fault: tuple[str, str]) -> None:
+    """The batch decodes runs of same-shaped responses by their byte layout (``_layout``) once
+    it has checked one; a bad response after that is refused exactly as before."""
+    address, message = fault
+    with BatchedEnvironment.connect([address, address], timeout=10) as envs:
+        envs.reset()
+        for paddle in (1, 0, 1):
+            board = envs.step({"paddle": np.full(2, paddle, np.int8)}).observation["board"]
+            assert board.tolist() == [[[float(paddle)] * 3] * 2] * 2
+        assert envs._decoder is not None and envs._decoder._plan._layout is not None
+        with pytest.raises(errors.WorldError) as caught:
+            envs.step({"paddle": np.array([1, -1], np.int8)})
+    assert caught.value.index == 1
+    _check(caught.value.__cause__, message)  # type: ignore[arg-type]
+
+
+def _random_response(rng: np.random.Generator, specs: dict[int, pb.TensorSpec]) -> pb.StepResponse:
+    step = pb.StepResponse(state=int(rng.choice([pb.RUNNING, pb.TERMINATED, pb.INTERRUPTED])))
+    for uid, spec in specs.items():
+        dtype = tensors.DATA_TYPE_TO_NUMPY[spec.dtype]
+        if dtype.kind == "f":
+            value = rng.standard_normal(list(spec.shape)).astype(dtype)
+            value.flat[:1] = np.nan  # NaN payloads decode bit for bit
+        else:
+            value = rng.integers(0, 2 if dtype.kind == "b" else 100, list(spec.shape)).astype(dtype)
+        step.observations[uid].CopyFrom(tensors.pack_tensor(value))
+    return step
+
+
+def test_runs_decoded_by_layout_equal_each_tensor_unpacked() -> None:
+    rng = np.random.default_rng(7)
+    specs = {
+        1: pb.TensorSpec(name="board", shape=[10, 5], dtype=pb.DataType.FLOAT),
+        2: pb.TensorSpec(name="reward", shape=[], dtype=pb.DataType.DOUBLE),
+        3: pb.TensorSpec(name="pixels", shape=[4, 40], dtype=pb.DataType.UINT8),  # 2-byte length
+        4: pb.TensorSpec(name="signed", shape=[3], dtype=pb.DataType.INT8),
+        5: pb.TensorSpec(name="flags", shape=[2], dtype=pb.DataType.BOOL),
+        6: pb.TensorSpec(name="empty", shape=[0], dtype=pb.DataType.FLOAT),
+    }
+    plan = ObservationPlan(specs, sorted(specs))
+    for run in range(4):
+        responses = [_random_response(rng, specs) for _ in range(1 + run * 3)]
+        columns = plan.columns(responses)
+        assert plan._layout is not None  # learned from the first run, used by the rest
+        # (the first run is decoded tensor by tensor: its bools come as a list)
+        for uid, spec in specs.items():
+            expected = np.stack([tensors.unpack_tensor(r.observations[uid]) for r in responses])
+            column = columns[spec.name] if run else np.asarray(columns[spec.name])
+            assert isinstance(column, np.ndarray) and column.dtype == expected.dtype
+            assert column.shape == expected.shape and column.tobytes() == expected.tobytes()
+            assert column.flags.writeable and column.flags.c_contiguous
+
+
+def test_a_run_that_does_not_fit_the_layout_is_decoded_and_checked_as_before() -> None:
+    specs = {1: pb.TensorSpec(name="board", shape=[2, 3], dtype=pb.DataType.FLOAT)}
+    plan = ObservationPlan(specs, [1])
+    rng = np.random.default_rng(8)
+    plan.columns([_random_response(rng, specs) for _ in range(2)])
+    layout = plan._layout
+    assert layout is not None
+    # Another layout that is still right (an unrequested known UID would be, too): a board
+    # sent as one broadcast element. Same total length as nothing else: decoded tensor by tensor.
+    broadcast = _random_response(rng, specs)
+    broadcast.observations[1].floats.array[:] = [2.5]
+    column = plan.columns([_random_response(rng, specs), broadcast])["board"]
+    assert np.array_equal(np.asarray(column[1]), np.full((2, 3), 2.5, np.float32))
+    # A wrong shape whose bytes have the layout's length: refused, naming the position.
+    wrong = _random_response(rng, specs)
+    wrong.observations[1].shape[:] = [3, 2]
+    assert len(wrong.SerializeToString()) == layout.length
+    with pytest.raises(errors.ObservationError) as caught:
+        plan.columns([_random_response(rng, specs), wrong])
+    assert caught.value.position == 1 and "with shape [3, 2]" in str(caught.value)

@@ -1,0 +1,163 @@
+"""Decoding a run of same-shaped step responses from their bytes, with a few NumPy calls.
+
+A server of a fixed-shape environment sends step responses that serialize to
+the same bytes except inside the payloads: the state, the map keys, the
+tensors' tags, lengths and shapes are the same on every step; only the numbers
+differ. ``Layout`` is learned from one response that ``ObservationPlan`` has
+fully checked and decoded: the offsets of each requested observation's payload
+body in its serialization (``SerializeToString``, canonical for a parsed
+message) and every other byte ("structure"). A run of N responses is then one
+join into an ``[N, length]`` byte array, one comparison of all their structure
+bytes with the learned ones, and one slice, copy and view per observation.
+
+It is exact by construction: protobuf parses bytes deterministically, so N
+responses whose structure bytes equal those of a checked response parse into
+messages of the same fields, tensors and shapes, differing only in the payload
+values that are sliced out. The state's one byte is not structure (a run mixes
+RUNNING and TERMINATED steps; the adaptor checks each state). Anything the
+layout does not cover (another length, any other structure byte, a payload of
+variable width such as int32 varints, strings) returns None and the caller
+decodes as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dm_env_rpc_client._dtypes import DATA_TYPE_TO_NUMPY
+from dm_env_rpc_client._wire import _read_varint
+
+_STATE_TAG = 1 << 3  # StepResponse.state, varint
+_OBSERVATION_TAG = 2 << 3 | 2  # StepResponse.observations map entry
+_KEY_TAG = 1 << 3  # map entry key (varint)
+_VALUE_TAG = 2 << 3 | 2  # map entry value (Tensor)
+_ARRAY_TAG = 1 << 3 | 2  # XxxArray.array (packed or bytes)
+
+# Tensor payload field number -> the dtype of its body bytes, for payloads whose body is a
+# fixed number of bytes per element. Bools are varints, but a serialized bool is 0 or 1, one byte.
+_BODY_DTYPES: dict[int, np.dtype] = {
+    1: np.dtype("<f4"),  # floats
+    2: np.dtype("<f8"),  # doubles
+    3: np.dtype(np.int8),  # int8s
+    6: np.dtype(np.uint8),  # uint8s
+    9: np.dtype(np.bool_),  # bools
+}
+
+
+class _Unfit(Exception):
+    """The response is not in a layout this module reads."""
+
+
+class _Slot(NamedTuple):
+    name: str
+    start: int
+    stop: int
+    wire: np.dtype
+    native: np.dtype
+    shape: tuple[int, ...]
+
+
+class Layout:
+    """The byte layout of one checked response (see the module docs); made by ``learn``."""
+
+    def __init__(
+        self, length: int, structure: np.ndarray, expected: np.ndarray, slots: list[_Slot]
+    ):
+        self.length = length
+        self._structure = structure  # indices of the structure bytes
+        self._expected = expected  # their values
+        self._slots = slots
+
+    def columns(self, parts: Sequence[bytes]) -> dict[str, np.ndarray] | None:
+        """``{name: [N, *shape] array}`` from N serialized responses, or None if one does not fit."""
+        length = self.length
+        for part in parts:
+            if len(part) != length:
+                return None
+        rows = np.frombuffer(b"".join(parts), np.uint8).reshape(len(parts), length)
+        if not (rows[:, self._structure] == self._expected).all():
+            return None
+        out = {}
+        for slot in self._slots:
+            body = rows[:, slot.start : slot.stop].copy().view(slot.wire)
+            out[slot.name] = body.astype(slot.native, copy=False).reshape((len(parts), *slot.shape))
+        return out
+
+
+def learn(data: bytes, columns: Sequence[Any]) -> Layout | None:
+    """The layout of ``data`` (a serialized StepResponse whose observations ``columns`` decoded).
+
+    ``columns`` are ``_decode._Column``s (name, uid, spec dtype and shape). None when a requested observation's payload is not of fixed
+    width, or the bytes are in an order or form this module does not read.
+    """
+    try:
+        bodies, state_at = _walk(data)
+    except (_Unfit, IndexError):
+        return None
+    structure = np.ones(len(data), bool)
+    slots = []
+    for column in columns:
+        found = bodies.get(column.uid)
+        if found is None:
+            return None
+        field, start, stop = found
+        wire = _BODY_DTYPES.get(field)
+        count = math.prod(column.shape)
+        if wire is None or column.variable or (stop - start) != count * wire.itemsize:
+            return None
+        native = DATA_TYPE_TO_NUMPY[column.data_type]
+        slots.append(_Slot(column.name, start, stop, wire, native, column.shape))
+        structure[start:stop] = False
+    if state_at is not None:
+        structure[state_at] = False
+    indices = np.flatnonzero(structure)
+    expected = np.frombuffer(data, np.uint8)[indices].copy()
+    return Layout(len(data), indices, expected, slots)
+
+
+def _walk(data: bytes) -> tuple[dict[int, tuple[int, int, int]], int | None]:
+    """``{uid: (payload field, body start, body stop)}`` and the state byte's offset."""
+    pos, end = 0, len(data)
+    state_at = None
+    if end and data[0] == _STATE_TAG:
+        if data[1] >= 0x80:
+            raise _Unfit
+        state_at, pos = 1, 2
+    bodies: dict[int, tuple[int, int, int]] = {}
+    while pos < end:
+        if data[pos] != _OBSERVATION_TAG:
+            raise _Unfit
+        length, pos = _read_varint(data, pos + 1)
+        entry_end = pos + length
+        if data[pos] != _KEY_TAG:
+            raise _Unfit
+        uid, pos = _read_varint(data, pos + 1)
+        if data[pos] != _VALUE_TAG or uid in bodies:
+            raise _Unfit
+        length, pos = _read_varint(data, pos + 1)
+        if pos + length != entry_end or pos >= entry_end:
+            raise _Unfit
+        tag = data[pos]
+        if tag & 7 != 2 or tag >> 3 not in _BODY_DTYPES:
+            raise _Unfit
+        length, pos = _read_varint(data, pos + 1)
+        payload_end = pos + length
+        start = stop = pos  # an empty array has no field 1 at all
+        if pos < payload_end:
+            if data[pos] != _ARRAY_TAG:
+                raise _Unfit
+            length, start = _read_varint(data, pos + 1)
+            stop = start + length
+            if stop != payload_end:
+                raise _Unfit
+        if payload_end > entry_end:
+            raise _Unfit
+        bodies[uid] = (tag >> 3, start, stop)
+        pos = entry_end  # the shape (if any) is structure
+    if pos != end:
+        raise _Unfit
+    return bodies, state_at
