@@ -218,7 +218,7 @@ class AdaptorCore:
     def _timestep(
         self, step_type: dm_env.StepType, response: dm_env_rpc_pb2.StepResponse
     ) -> dm_env.TimeStep:
-        observations = self._plan.decode(response.observations)
+        observations = self._plan.decode_response(response)
         return self._timestep_of(step_type, response.state, observations)
 
     def _timestep_of(

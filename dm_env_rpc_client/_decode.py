@@ -248,6 +248,19 @@ class ObservationPlan:
             )
         }
 
+    def decode_response(self, response: Any) -> dict[str, Any]:
+        """``decode(response.observations)``, by the learned layout when the response fits it."""
+        if type(response) is not _StepResponse:
+            return self.decode(response.observations)
+        if self._layout is not None:
+            fast = self._layout.one(response.SerializeToString())
+            if fast is not None:
+                return fast
+        decoded = self.decode(response.observations)
+        if self._layouts_left > 0:
+            self._learn(response.SerializeToString(), decoded)
+        return decoded
+
     def columns(self, responses: Sequence[dm_env_rpc_pb2.StepResponse]) -> dict[str, Any]:
         """Each requested observation of all the responses, by name, checked.
 

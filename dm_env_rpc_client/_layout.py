@@ -59,18 +59,37 @@ class _Slot(NamedTuple):
     wire: np.dtype
     native: np.dtype
     shape: tuple[int, ...]
+    elements: int
 
 
 class Layout:
     """The byte layout of one checked response (see the module docs); made by ``learn``."""
 
-    def __init__(
-        self, length: int, structure: np.ndarray, expected: np.ndarray, slots: list[_Slot]
-    ):
-        self.length = length
+    def __init__(self, data: bytes, structure: np.ndarray, slots: list[_Slot]) -> None:
+        self.length = len(data)
         self._structure = structure  # indices of the structure bytes
-        self._expected = expected  # their values
+        self._expected = np.frombuffer(data, np.uint8)[structure].copy()  # their values
+        # The structure as runs of bytes, to check one response without NumPy.
+        breaks = np.flatnonzero(np.diff(structure) != 1) + 1
+        self._runs = [
+            (int(run[0]), int(run[-1]) + 1, data[int(run[0]) : int(run[-1]) + 1])
+            for run in np.split(structure, breaks)
+            if len(run)
+        ]
         self._slots = slots
+
+    def one(self, data: bytes) -> dict[str, Any] | None:
+        """The observations of one serialized response (as ``ObservationPlan.decode``), or None."""
+        if len(data) != self.length:
+            return None
+        for start, stop, expected in self._runs:
+            if data[start:stop] != expected:
+                return None
+        out: dict[str, Any] = {}
+        for slot in self._slots:
+            flat = np.frombuffer(data, slot.wire, slot.elements, slot.start).astype(slot.native)
+            out[slot.name] = flat.reshape(slot.shape) if slot.shape else flat[0]
+        return out
 
     def columns(self, parts: Sequence[bytes]) -> dict[str, np.ndarray] | None:
         """``{name: [N, *shape] array}`` from N serialized responses, or None if one does not fit."""
@@ -110,13 +129,11 @@ def learn(data: bytes, columns: Sequence[Any]) -> Layout | None:
         if wire is None or column.variable or (stop - start) != count * wire.itemsize:
             return None
         native = DATA_TYPE_TO_NUMPY[column.data_type]
-        slots.append(_Slot(column.name, start, stop, wire, native, column.shape))
+        slots.append(_Slot(column.name, start, stop, wire, native, column.shape, count))
         structure[start:stop] = False
     if state_at is not None:
         structure[state_at] = False
-    indices = np.flatnonzero(structure)
-    expected = np.frombuffer(data, np.uint8)[indices].copy()
-    return Layout(len(data), indices, expected, slots)
+    return Layout(data, np.flatnonzero(structure), slots)
 
 
 def _walk(data: bytes) -> tuple[dict[int, tuple[int, int, int]], int | None]:

@@ -301,3 +301,36 @@ def test_a_run_that_does_not_fit_the_layout_is_decoded_and_checked_as_before() -
     with pytest.raises(errors.ObservationError) as caught:
         plan.columns([_random_response(rng, specs), wrong])
     assert caught.value.position == 1 and "with shape [3, 2]" in str(caught.value)
+
+
+def test_single_responses_decoded_by_layout_equal_the_checked_decode() -> None:
+    """Lockstep ``step`` and ``step_async`` decode one response at a time by the layout too:
+    the same values, types (NumPy scalars for scalar specs) and writable arrays."""
+    rng = np.random.default_rng(9)
+    specs = {
+        1: pb.TensorSpec(name="board", shape=[10, 5], dtype=pb.DataType.FLOAT),
+        2: pb.TensorSpec(name="reward", shape=[], dtype=pb.DataType.FLOAT),
+        3: pb.TensorSpec(name="flag", shape=[], dtype=pb.DataType.BOOL),
+        4: pb.TensorSpec(name="byte", shape=[], dtype=pb.DataType.INT8),
+        5: pb.TensorSpec(name="pixels", shape=[3, 50], dtype=pb.DataType.UINT8),
+        6: pb.TensorSpec(name="empty", shape=[0], dtype=pb.DataType.DOUBLE),
+    }
+    plan = ObservationPlan(specs, sorted(specs))
+    checked = ObservationPlan(specs, sorted(specs))  # never given whole responses: no layout
+    for index in range(6):
+        response = _random_response(rng, specs)
+        fast = plan.decode_response(response)
+        assert plan._layout is not None  # learned from the first response
+        slow = checked.decode(response.observations)
+        assert fast.keys() == slow.keys()
+        for name, value in slow.items():
+            assert type(fast[name]) is type(value), name
+            assert np.asarray(fast[name]).tobytes() == np.asarray(value).tobytes(), name
+            if isinstance(value, np.ndarray):
+                assert fast[name].shape == value.shape
+                # (byte payloads decode to read-only views when checked one by one)
+                assert fast[name].flags.writeable or not value.flags.writeable
+    wrong = _random_response(rng, specs)
+    wrong.observations[1].shape[:] = [5, 10]
+    with pytest.raises(errors.ObservationError, match=r"with shape \[5, 10\]"):
+        plan.decode_response(wrong)
