@@ -317,7 +317,7 @@ def test_single_responses_decoded_by_layout_equal_the_checked_decode() -> None:
     }
     plan = ObservationPlan(specs, sorted(specs))
     checked = ObservationPlan(specs, sorted(specs))  # never given whole responses: no layout
-    for index in range(6):
+    for _ in range(6):
         response = _random_response(rng, specs)
         fast = plan.decode_response(response)
         assert plan._layout is not None  # learned from the first response
