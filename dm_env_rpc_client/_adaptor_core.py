@@ -137,6 +137,8 @@ class AdaptorCore:
       nested_tensors: give and take nested dicts for dotted names.
       validate: check actions against their specs before sending.
       world_name: the joined world's name.
+      copy_observations: False gives large observations as read-only views of
+        the response bytes, without a copy (see ``DmEnvAdaptor``).
     """
 
     _timeout: float | None = None  # each response's wait; the I/O adaptors set their own
@@ -149,9 +151,11 @@ class AdaptorCore:
         *,
         validate: bool = True,
         world_name: str | None = None,
+        copy_observations: bool = True,
     ) -> None:
         self._nested = nested_tensors
         self._validate = validate
+        self._copy_observations = copy_observations
         self._requested_names = (
             None if requested_observations is None else list(requested_observations)
         )
@@ -182,7 +186,7 @@ class AdaptorCore:
             name for name in (REWARD, DISCOUNT) if name in names and name not in visible
         ]
         self._uids = [self._observations.name_to_uid(name) for name in visible + self._hidden]
-        self._plan = ObservationPlan(wire_specs.observations, self._uids)
+        self._plan = ObservationPlan(wire_specs.observations, self._uids, self._copy_observations)
 
     # --- the TimeStep state machine ------------------------------------------------------
 

@@ -27,6 +27,11 @@ cheaper per step than stepping one at a time. Once a run has been checked this
 way, the plan learns its byte layout (``_layout``): later runs whose responses
 serialize to the same bytes outside the payloads skip the per-tensor checks,
 which they would pass by construction (8 Catch responses: 45 µs to 11 µs).
+
+A plan made with ``copy=False`` gives each large walked payload
+(``_wire_step.WireTensor``) as a read-only view of its response's bytes where
+it can (``WireTensor.array``), and ``columns`` leaves such an observation as
+the list of the N views rather than stacking it (which would copy).
 """
 
 from __future__ import annotations
@@ -121,10 +126,17 @@ class ObservationPlan:
     Args:
       specs: the observation specs, ``{uid: TensorSpec}``.
       uids: the requested observations' UIDs, in the order to return them.
+      copy: False gives large walked payloads as read-only views (see the module docs).
     """
 
-    def __init__(self, specs: Mapping[int, dm_env_rpc_pb2.TensorSpec], uids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        specs: Mapping[int, dm_env_rpc_pb2.TensorSpec],
+        uids: Sequence[int],
+        copy: bool = True,
+    ) -> None:
         self._specs = dict(specs)
+        self._copy = copy
         self.columns_spec = [
             _Column(
                 spec.name,
@@ -205,7 +217,7 @@ class ObservationPlan:
             if len(array.array) == 1:
                 return column.scalar(array.array[0])
         if isinstance(tensor, WireTensor):  # exact shape and count, by construction
-            return tensor.array()
+            return tensor.array(self._copy)
         if exact and column.fixed is not None:
             # The packed array's bytes follow a tag and a length: read them at their offset.
             wire, native, count, size = column.fixed
@@ -265,7 +277,8 @@ class ObservationPlan:
         """Each requested observation of all the responses, by name, checked.
 
         A column is a ``[N, ...]`` array where every tensor has the spec's exact
-        shape and a fixed-width dtype, else the list of the N decoded values.
+        shape and a fixed-width dtype, else the list of the N decoded values
+        (always, for the views of a plan made with ``copy=False``).
 
         Raises:
           ObservationError: as ``decode``, naming the offending response's position.
@@ -288,7 +301,7 @@ class ObservationPlan:
             exact = True
             for position, tensor in enumerate(items):
                 exact = self._check(column, tensor, position) and exact
-            stacked = _stack(items, column) if exact else None
+            stacked = _stack(items, column, self._copy) if exact else None
             if stacked is None:
                 flat[column.name] = [
                     self._unpack(column, tensor, position, exact=False)
@@ -334,15 +347,19 @@ def _fixed(spec: dm_env_rpc_pb2.TensorSpec) -> tuple[np.dtype, np.dtype, int, in
     return wire, tensors.DATA_TYPE_TO_NUMPY[spec.dtype], count, 1 + length + body
 
 
-def _stack(items: Sequence[Any], column: _Column) -> np.ndarray | None:
-    """``[N, *shape]`` from tensors of the spec's exact shape, or None (then one by one)."""
-    if isinstance(items[0], WireTensor) and all(isinstance(item, WireTensor) for item in items):
+def _stack(items: Sequence[Any], column: _Column, copy: bool = True) -> np.ndarray | None:
+    """``[N, *shape]`` from tensors of the spec's exact shape, or None (then one by one).
+
+    Walked payloads are left one by one unless ``copy`` (each then a view), or
+    when mixed with parsed ones.
+    """
+    if any(isinstance(item, WireTensor) for item in items):
+        if not copy or not all(isinstance(item, WireTensor) for item in items):
+            return None
         out = np.empty((len(items), *column.shape), tensors.DATA_TYPE_TO_NUMPY[column.data_type])
         for row, item in zip(out.reshape(len(items), -1), items, strict=True):
             row[...] = item.view()  # the one copy of each payload
         return out
-    if any(isinstance(item, WireTensor) for item in items):
-        return None
     if column.fixed is not None and column.fixed[2] > 0:
         # Checked already (_check: the field and the declared shape), so a payload with the
         # spec's element count serializes to exactly ``size`` bytes: a tag, the body's length,

@@ -8,6 +8,10 @@ the response's bytes: each large fixed-width (float, double) or byte (int8,
 uint8) payload becomes a ``WireTensor`` that points into ``data``, and is
 copied once, by NumPy, into the array the user gets (aligned and writable).
 Every other tensor of the response is parsed as usual, from its own bytes.
+With ``copy_observations=False`` on the adaptor, ``WireTensor.array(copy=False)``
+skips even that copy: the array is a read-only view of ``data`` (which it keeps
+alive), wherever the view is aligned for its dtype and the wire dtype is the
+host's (little-endian); elsewhere it is the usual copy.
 
 Responses under ``LARGE`` bytes, and any response in an encoding the walk does
 not expect (an error, another payload, unknown or repeated fields, unpacked
@@ -54,7 +58,7 @@ class WireTensor:
     """A fixed-width or byte Tensor payload still in the response's bytes.
 
     Answers what ``ObservationPlan`` asks of a Tensor (``WhichOneof`` and
-    ``shape``); ``array()`` copies the payload out once. Only made for an exact,
+    ``shape``); ``array()`` copies the payload out once (or views it). Only made for an exact,
     fully known shape whose element count matches the payload.
     """
 
@@ -79,8 +83,16 @@ class WireTensor:
         """A read-only view of the payload in the response's bytes (no copy)."""
         return np.frombuffer(self._data, self._wire, self.count, self._offset)
 
-    def array(self) -> np.ndarray:
-        """The payload as a fresh, aligned, writable array of the tensor's shape (one copy)."""
+    def array(self, copy: bool = True) -> np.ndarray:
+        """The payload as an array of the tensor's shape: fresh, aligned and writable (one copy).
+
+        Unless ``copy``: a read-only view of the response's bytes (no copy) if it
+        is aligned and of the native dtype, else that one copy.
+        """
+        if not copy and self._wire == self._native:
+            view = self.view()
+            if view.flags.aligned:
+                return view.reshape(self.shape)
         flat = np.empty(self.count, self._native)
         flat[...] = self.view()
         return flat.reshape(self.shape)

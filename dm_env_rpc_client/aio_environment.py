@@ -86,6 +86,9 @@ class AsyncDmEnvAdaptor(AdaptorCore):
         ``DmEnvAdaptor``); None waits until the response or the stream's end
         (a stopped or unreachable server ends it within
         ``KEEPALIVE_DETECTION_S``, 15 s).
+      copy_observations: False gives large observations as read-only views of
+        the response's bytes, without a copy, where they are aligned (as
+        ``DmEnvAdaptor``, in ``step``, ``step_iter`` and ``reset``).
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class AsyncDmEnvAdaptor(AdaptorCore):
         world_name: str | None = None,
         destroy_on_close: bool = False,
         timeout: float | None = DEFAULT_TIMEOUT,
+        copy_observations: bool = True,
     ) -> None:
         self._connection = _async_connection(connection, "AsyncDmEnvAdaptor")
         self._timeout = timeout
@@ -110,6 +114,7 @@ class AsyncDmEnvAdaptor(AdaptorCore):
             nested_tensors,
             validate=validate,
             world_name=world_name,
+            copy_observations=copy_observations,
         )
 
     @property
@@ -152,7 +157,7 @@ class AsyncDmEnvAdaptor(AdaptorCore):
 
     async def _step(self, action: Mapping[str, Any], timeout: float | None) -> dm_env.TimeStep:
         request = self.step_request(action)
-        # read_step: a large payload is copied once, as in the sync adaptor (_wire_step).
+        # read_step: a large payload is copied at most once, as in the sync adaptor (_wire_step).
         return self.step_response(await self._connection._send(request, timeout, None, read_step))
 
     async def step_iter(

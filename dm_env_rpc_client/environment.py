@@ -79,6 +79,16 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         response or the stream's end. A step that times out raises
         ``RequestTimeoutError``; its late response, when it comes, still moves
         the step-type state machine on, so later steps keep their right types.
+      copy_observations: True (the default) gives every observation as a
+        writable array of its own. False gives each large float, double, int8
+        or uint8 observation (a response from 64 KiB on, a tensor from 4 KiB)
+        as a read-only view of the response's bytes, without copying it, in
+        ``step``, ``step_async``, ``step_iter`` and ``reset``: writing to it
+        raises NumPy's ``ValueError``; call ``.copy()`` for an array to write
+        to. The view keeps the response's bytes alive. Where the payload is not
+        aligned for its dtype in the response (it depends on how the server
+        lays out the message), on a big-endian host, and over a connection
+        other than this SDK's ``Connection``, the observation is copied as usual.
     """
 
     def __init__(
@@ -92,6 +102,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         world_name: str | None = None,
         destroy_on_close: bool = False,
         timeout: float | None = DEFAULT_TIMEOUT,
+        copy_observations: bool = True,
     ) -> None:
         self._connection = as_connection(connection, "DmEnvAdaptor")
         self._timeout = timeout
@@ -104,6 +115,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             nested_tensors,
             validate=validate,
             world_name=world_name,
+            copy_observations=copy_observations,
         )
 
     # --- dm_env.Environment ---------------------------------------------------------------
@@ -161,7 +173,8 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         """Sends a step; the Future's result goes to ``step_response`` (or ``_timestep``).
 
         Over a ``Connection`` the reader hands over the response bytes to
-        ``read_step``, so a large payload is copied once (``_wire_step``);
+        ``read_step``, so a large payload is copied once, or not at all with
+        ``copy_observations=False`` (``_wire_step``);
         over any other connection it is the parsed StepResponse.
         """
         if isinstance(self._connection, Connection):
@@ -456,7 +469,7 @@ def create_and_join_world(
       create_world_settings: the CreateWorldRequest settings (nested dicts).
       join_world_settings: the JoinWorldRequest settings (nested dicts).
       **adaptor_kwargs: keywords of ``DmEnvAdaptor`` (``requested_observations``,
-        ``timeout``, ...).
+        ``timeout``, ``copy_observations``, ...).
 
     Returns:
       ``(env, world_name)``.

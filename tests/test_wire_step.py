@@ -156,28 +156,51 @@ def _expected(count: int) -> np.ndarray:
     return (count + np.arange(SIZE, dtype=np.float32) / SIZE).astype(np.float32)
 
 
-def test_every_stepper_walks_large_steps_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sync and asyncio adaptors and the batch read large steps from their wire bytes
-    (one copy), and give exactly the server's arrays, writable and their own."""
+def _viewed_bytes(values: np.ndarray) -> bytes | None:
+    """The response bytes ``values`` is a view of; None for an array with memory of its own."""
+    base = values.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base if isinstance(base, bytes) else None
+
+
+@pytest.mark.parametrize("copy_observations", [None, False])
+def test_every_stepper_walks_large_steps_once(
+    monkeypatch: pytest.MonkeyPatch, copy_observations: bool | None
+) -> None:
+    """The sync and asyncio adaptors and the batch read large steps from their wire bytes,
+    and give exactly the server's arrays: writable and their own (one copy) by default,
+    read-only views of the response bytes (no copy) with copy_observations=False."""
     walked = []
     original = _wire_step._walk
     monkeypatch.setattr(_wire_step, "_walk", lambda data: walked.append(1) or original(data))
+    kwargs = {} if copy_observations is None else {"copy_observations": copy_observations}
 
-    def check(values: np.ndarray, count: int) -> None:
-        assert values.dtype == np.float32 and values.flags.writeable
+    def check(values: np.ndarray, count: int, views: bool = copy_observations is False) -> None:
+        assert values.dtype == np.float32 and values.shape == (SIZE,)
         assert np.array_equal(values, _expected(count))
+        assert values.flags.writeable != views and values.flags.aligned
+        data = _viewed_bytes(values)
+        assert (data is not None) == views
+        if views:
+            assert np.shares_memory(values, np.frombuffer(data, np.uint8))
+            with pytest.raises(ValueError, match="read-only"):
+                values[0] = 0.0
 
     with dmr.serve(_Ramp) as server:
-        env, _ = dmr.create_and_join_world(server.address, {}, {}, timeout=10)
+        env, _ = dmr.create_and_join_world(server.address, {}, {}, timeout=10, **kwargs)
         env.reset()
         check(env.step({}).observation["values"], 1)
-        for count, timestep in enumerate(env.step_iter([{}] * 4, in_flight=2), start=2):
+        check(env.step_async({}).result(10).observation["values"], 2)
+        for count, timestep in enumerate(env.step_iter([{}] * 4, in_flight=4), start=3):
             check(timestep.observation["values"], count)
         env.close()
-        assert len(walked) >= 6
+        assert len(walked) >= 7
 
         async def main() -> None:
-            env, _ = await dmr.create_and_join_world_async(server.address, {}, {}, timeout=10)
+            env, _ = await dmr.create_and_join_world_async(
+                server.address, {}, {}, timeout=10, **kwargs
+            )
             await env.reset()
             check((await env.step({})).observation["values"], 1)
             count = 2
@@ -197,5 +220,71 @@ def test_every_stepper_walks_large_steps_once(monkeypatch: pytest.MonkeyPatch) -
                 batch = envs.step({}, timeout=10)
                 assert batch.observation["values"].shape == (2, SIZE)
                 for row in batch.observation["values"]:
-                    check(row, count)
+                    check(row, count, views=False)  # the batch stacks: one copy
         assert len(walked) >= 6
+
+
+def _laid_out(values: np.ndarray, aligned: bool) -> tuple[bytes, int]:
+    """A step response with ``values`` at a UID that puts its payload on (or off) its
+    dtype's boundary in memory: the UID's varint length moves the payload."""
+    for uid in (1, 200, 20_000, 2_000_000, 200_000_000):
+        step = pb.StepResponse(state=pb.EnvironmentStateType.RUNNING)
+        step.observations[uid].CopyFrom(tensors.pack_tensor(values))
+        data = pb.EnvironmentResponse(step=step).SerializeToString()
+        address = np.frombuffer(data, np.uint8).ctypes.data + data.index(values.tobytes())
+        if (address % values.itemsize == 0) == aligned:
+            return data, uid
+    raise AssertionError(f"no UID puts {values.dtype} {'on' if aligned else 'off'} its boundary")
+
+
+def _decoded_without_copy(data: bytes, uid: int, data_type: int) -> list[np.ndarray]:
+    """``values`` as a plan with copy=False decodes it: one step, then each of a run of two."""
+    spec = pb.TensorSpec(name="values", shape=[SIZE // 4, 4], dtype=data_type)
+    plan = ObservationPlan({uid: spec}, [uid], copy=False)
+    run = plan.columns([read_step(data), read_step(data)])["values"]
+    assert isinstance(run, list)  # not stacked into one [2, ...] array (that would copy)
+    return [plan.decode(read_step(data).observations)["values"], *run]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "data_type"),
+    [
+        (np.float32, pb.DataType.FLOAT),
+        (np.float64, pb.DataType.DOUBLE),
+        (np.uint8, pb.DataType.UINT8),
+        (np.int8, pb.DataType.INT8),
+    ],
+)
+def test_aligned_payloads_are_read_only_views(dtype: type, data_type: int) -> None:
+    values = (np.arange(SIZE) % 100).astype(dtype).reshape(SIZE // 4, 4)
+    data, uid = _laid_out(values, aligned=True)
+    for decoded in _decoded_without_copy(data, uid, data_type):
+        np.testing.assert_array_equal(decoded, values)
+        assert not decoded.flags.writeable and _viewed_bytes(decoded) is data
+
+
+@pytest.mark.parametrize(
+    ("dtype", "data_type"), [(np.float32, pb.DataType.FLOAT), (np.float64, pb.DataType.DOUBLE)]
+)
+def test_unaligned_payloads_are_copied_even_without_copy_observations(
+    dtype: type, data_type: int
+) -> None:
+    """Where the server's layout puts a payload off its dtype's boundary, a view would be
+    unaligned: copy_observations=False still gives an aligned, writable copy."""
+    values = np.arange(SIZE, dtype=dtype).reshape(SIZE // 4, 4)
+    data, uid = _laid_out(values, aligned=False)
+    for decoded in _decoded_without_copy(data, uid, data_type):
+        np.testing.assert_array_equal(decoded, values)
+        assert decoded.flags.aligned and decoded.flags.writeable
+        assert _viewed_bytes(decoded) is None
+
+
+def test_a_wire_dtype_other_than_the_native_one_is_copied() -> None:
+    """A big-endian host's float32 is not the wire's little-endian one: a copy, converted."""
+    values = np.arange(SIZE, dtype="<f4")
+    data = bytes(4) + values.tobytes()
+    tensor = WireTensor(data, "floats", np.dtype("<f4"), np.dtype(">f4"), 4, SIZE)
+    tensor.shape = [SIZE]
+    out = tensor.array(copy=False)
+    assert out.dtype == np.dtype(">f4") and out.flags.writeable
+    np.testing.assert_array_equal(out, values)
