@@ -13,7 +13,9 @@ rounds (in lockstep, wall minus client and server CPU is the time in transport:
 the kernel, the loopback and the wake-ups; pipelined, the three overlap); the ratio against
 the reference adaptor, and, for the pipelined rows, against the raw gRPC floor
 at the same window (steps/s and client CPU per step), each the median of the
-per-round ratios, so drift between rounds cancels.
+per-round ratios, so drift between rounds cancels. The float32[100,000] table also
+has ``step_async`` and ``step_iter`` at 16 in flight with ``copy_observations=False``
+(read-only views of the response bytes where the payload is aligned, else a copy).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import re
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
@@ -66,10 +69,14 @@ def reference(address: str, action: dict[str, Any]) -> Variant:
 
 
 def ours(
-    address: str, action: dict[str, Any], in_flight: int | None, use_async: bool = False
+    address: str,
+    action: dict[str, Any],
+    in_flight: int | None,
+    use_async: bool = False,
+    copy_observations: bool = True,
 ) -> Variant:
     conn = dmr.connect(address, timeout=30)
-    env, _ = dmr.create_and_join_world(conn, {}, {})
+    env, _ = dmr.create_and_join_world(conn, {}, {}, copy_observations=copy_observations)
     env.reset()
 
     def run(steps: int) -> None:
@@ -105,7 +112,9 @@ def bench(
     steps: int,
     rounds: int,
     windows: tuple[int, ...],
+    views: bool = False,
 ) -> list[list[Any]]:
+    """The table's rows for one server; ``views`` adds the copy_observations=False rows."""
     address = server.address
     variants: dict[str, VariantFactory] = {
         REFERENCE: functools.partial(reference, address, action),
@@ -119,6 +128,11 @@ def bench(
         variants[f"SDK step_iter, {window} in flight"] = functools.partial(
             ours, address, action, window
         )
+    if views:
+        for use_async, kind in ((True, "step_async"), (False, "step_iter")):
+            variants[f"SDK {kind}, {ASYNC_WINDOW} in flight, copy_observations=False"] = (
+                functools.partial(ours, address, action, ASYNC_WINDOW, use_async, False)
+            )
     for window in sorted(floors):
         variants[f"raw gRPC floor, {window} in flight"] = functools.partial(
             raw_floor, address, window
@@ -128,8 +142,8 @@ def bench(
     )
     rows = []
     for name in results.names:
-        window = name.rsplit(", ", 1)[-1].split(" ")[0]
-        floor = f"raw gRPC floor, {window} in flight" if window.isdigit() else None
+        window = re.search(r"(\d+) in flight", name)
+        floor = f"raw gRPC floor, {window[1]} in flight" if window else None
         rows.append(
             [
                 name,
@@ -165,14 +179,15 @@ def main() -> None:
     ]
     large_steps = max(100, args.steps // 10)
     windows = tuple(args.windows)
-    for title, env, extra, action, steps in (
-        ("Catch", "catch", (), {"paddle": np.int8(1)}, args.steps),
+    for title, env, extra, action, steps, views in (
+        ("Catch", "catch", (), {"paddle": np.int8(1)}, args.steps, False),
         (
             "float32[100,000] observation",
             "large",
             ("--size", "100000"),
             {"delta": np.float32(0.5)},
             large_steps,
+            True,
         ),
     ):
         rows = []
@@ -180,7 +195,7 @@ def main() -> None:
             with any_server_process_info(name, env, *extra) as server:
                 rows += [
                     [SERVERS[name], *row]
-                    for row in bench(server, action, steps, args.rounds, windows)
+                    for row in bench(server, action, steps, args.rounds, windows, views)
                 ]
         print_table(title, header, rows)
     print(
