@@ -30,8 +30,9 @@ which they would pass by construction (8 Catch responses: 45 µs to 11 µs).
 
 A plan made with ``copy=False`` gives each large walked payload
 (``_wire_step.WireTensor``) as a read-only view of its response's bytes where
-it can (``WireTensor.array``), and ``columns`` leaves such an observation as
-the list of the N views rather than stacking it (which would copy).
+it can (``WireTensor.viewable``), and ``columns`` leaves such an observation
+as the list of the N views rather than stacking it (which would copy); where
+it cannot, the usual copy, stacked.
 """
 
 from __future__ import annotations
@@ -350,12 +351,14 @@ def _fixed(spec: dm_env_rpc_pb2.TensorSpec) -> tuple[np.dtype, np.dtype, int, in
 def _stack(items: Sequence[Any], column: _Column, copy: bool = True) -> np.ndarray | None:
     """``[N, *shape]`` from tensors of the spec's exact shape, or None (then one by one).
 
-    Walked payloads are left one by one unless ``copy`` (each then a view), or
-    when mixed with parsed ones.
+    Walked payloads mixed with parsed ones are left one by one, and so are
+    those that can all be views, unless ``copy``.
     """
     if any(isinstance(item, WireTensor) for item in items):
-        if not copy or not all(isinstance(item, WireTensor) for item in items):
+        if not all(isinstance(item, WireTensor) for item in items):
             return None
+        if not copy and all(item.viewable() for item in items):
+            return None  # one view per step: stacking would copy
         out = np.empty((len(items), *column.shape), tensors.DATA_TYPE_TO_NUMPY[column.data_type])
         for row, item in zip(out.reshape(len(items), -1), items, strict=True):
             row[...] = item.view()  # the one copy of each payload

@@ -83,16 +83,18 @@ class WireTensor:
         """A read-only view of the payload in the response's bytes (no copy)."""
         return np.frombuffer(self._data, self._wire, self.count, self._offset)
 
+    def viewable(self) -> bool:
+        """Whether the view is the array: of the host's dtype, and aligned for it."""
+        return self._wire == self._native and self.view().flags.aligned
+
     def array(self, copy: bool = True) -> np.ndarray:
         """The payload as an array of the tensor's shape: fresh, aligned and writable (one copy).
 
-        Unless ``copy``: a read-only view of the response's bytes (no copy) if it
-        is aligned and of the native dtype, else that one copy.
+        Unless ``copy``: a read-only view of the response's bytes (no copy) if
+        ``viewable()``, else that one copy.
         """
-        if not copy and self._wire == self._native:
-            view = self.view()
-            if view.flags.aligned:
-                return view.reshape(self.shape)
+        if not copy and self.viewable():
+            return self.view().reshape(self.shape)
         flat = np.empty(self.count, self._native)
         flat[...] = self.view()
         return flat.reshape(self.shape)

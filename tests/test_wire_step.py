@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import dm_env
 import numpy as np
@@ -237,13 +238,12 @@ def _laid_out(values: np.ndarray, aligned: bool) -> tuple[bytes, int]:
     raise AssertionError(f"no UID puts {values.dtype} {'on' if aligned else 'off'} its boundary")
 
 
-def _decoded_without_copy(data: bytes, uid: int, data_type: int) -> list[np.ndarray]:
-    """``values`` as a plan with copy=False decodes it: one step, then each of a run of two."""
+def _decoded_without_copy(data: bytes, uid: int, data_type: int) -> tuple[np.ndarray, Any]:
+    """``values`` as a plan with copy=False decodes it: one step, and a run of two."""
     spec = pb.TensorSpec(name="values", shape=[SIZE // 4, 4], dtype=data_type)
     plan = ObservationPlan({uid: spec}, [uid], copy=False)
     run = plan.columns([read_step(data), read_step(data)])["values"]
-    assert isinstance(run, list)  # not stacked into one [2, ...] array (that would copy)
-    return [plan.decode(read_step(data).observations)["values"], *run]
+    return plan.decode(read_step(data).observations)["values"], run
 
 
 @pytest.mark.parametrize(
@@ -258,7 +258,9 @@ def _decoded_without_copy(data: bytes, uid: int, data_type: int) -> list[np.ndar
 def test_aligned_payloads_are_read_only_views(dtype: type, data_type: int) -> None:
     values = (np.arange(SIZE) % 100).astype(dtype).reshape(SIZE // 4, 4)
     data, uid = _laid_out(values, aligned=True)
-    for decoded in _decoded_without_copy(data, uid, data_type):
+    one, run = _decoded_without_copy(data, uid, data_type)
+    assert isinstance(run, list)  # not stacked into one [2, ...] array (that would copy)
+    for decoded in (one, *run):
         np.testing.assert_array_equal(decoded, values)
         assert not decoded.flags.writeable and _viewed_bytes(decoded) is data
 
@@ -270,10 +272,13 @@ def test_unaligned_payloads_are_copied_even_without_copy_observations(
     dtype: type, data_type: int
 ) -> None:
     """Where the server's layout puts a payload off its dtype's boundary, a view would be
-    unaligned: copy_observations=False still gives an aligned, writable copy."""
+    unaligned: copy_observations=False still gives an aligned, writable copy (a run of
+    steps stacked, as by default)."""
     values = np.arange(SIZE, dtype=dtype).reshape(SIZE // 4, 4)
     data, uid = _laid_out(values, aligned=False)
-    for decoded in _decoded_without_copy(data, uid, data_type):
+    one, run = _decoded_without_copy(data, uid, data_type)
+    assert isinstance(run, np.ndarray) and run.shape == (2, *values.shape)
+    for decoded in (one, *run):
         np.testing.assert_array_equal(decoded, values)
         assert decoded.flags.aligned and decoded.flags.writeable
         assert _viewed_bytes(decoded) is None
