@@ -17,6 +17,13 @@ from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
 from dm_env_rpc_client._wire_step import LARGE, WireStep, WireTensor, read_step
 
 SIZE = 100_000
+# The payloads _wire_step walks: (NumPy dtype, DataType).
+WALKED = [
+    (np.float32, pb.DataType.FLOAT),
+    (np.float64, pb.DataType.DOUBLE),
+    (np.uint8, pb.DataType.UINT8),
+    (np.int8, pb.DataType.INT8),
+]
 
 
 def _specs(dtype: int, shape: list[int]) -> dict[int, pb.TensorSpec]:
@@ -44,15 +51,7 @@ def _both(data: bytes, specs: dict[int, pb.TensorSpec]) -> tuple[object, dict, d
     return walked, plan.decode(walked.observations), plan.decode(parsed.observations)
 
 
-@pytest.mark.parametrize(
-    ("dtype", "data_type"),
-    [
-        (np.float32, pb.DataType.FLOAT),
-        (np.float64, pb.DataType.DOUBLE),
-        (np.uint8, pb.DataType.UINT8),
-        (np.int8, pb.DataType.INT8),
-    ],
-)
+@pytest.mark.parametrize(("dtype", "data_type"), WALKED)
 def test_large_payloads_are_walked_and_equal(dtype: type, data_type: int) -> None:
     rng = np.random.default_rng(0)
     values = (rng.random((SIZE // 4, 4)) * 100).astype(dtype)
@@ -246,15 +245,7 @@ def _decoded_without_copy(data: bytes, uid: int, data_type: int) -> tuple[np.nda
     return plan.decode(read_step(data).observations)["values"], run
 
 
-@pytest.mark.parametrize(
-    ("dtype", "data_type"),
-    [
-        (np.float32, pb.DataType.FLOAT),
-        (np.float64, pb.DataType.DOUBLE),
-        (np.uint8, pb.DataType.UINT8),
-        (np.int8, pb.DataType.INT8),
-    ],
-)
+@pytest.mark.parametrize(("dtype", "data_type"), WALKED)
 def test_aligned_payloads_are_read_only_views(dtype: type, data_type: int) -> None:
     values = (np.arange(SIZE) % 100).astype(dtype).reshape(SIZE // 4, 4)
     data, uid = _laid_out(values, aligned=True)
@@ -265,9 +256,7 @@ def test_aligned_payloads_are_read_only_views(dtype: type, data_type: int) -> No
         assert not decoded.flags.writeable and _viewed_bytes(decoded) is data
 
 
-@pytest.mark.parametrize(
-    ("dtype", "data_type"), [(np.float32, pb.DataType.FLOAT), (np.float64, pb.DataType.DOUBLE)]
-)
+@pytest.mark.parametrize(("dtype", "data_type"), WALKED[:2])  # float and double: wider than a byte
 def test_unaligned_payloads_are_copied_even_without_copy_observations(
     dtype: type, data_type: int
 ) -> None:
