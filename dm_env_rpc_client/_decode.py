@@ -278,8 +278,8 @@ class ObservationPlan:
         """Each requested observation of all the responses, by name, checked.
 
         A column is a ``[N, ...]`` array where every tensor has the spec's exact
-        shape and a fixed-width dtype, else the list of the N decoded values
-        (always, for the views of a plan made with ``copy=False``).
+        shape and a fixed-width dtype, else the list of the N decoded values (for
+        a plan made with ``copy=False``, also where all N can be views).
 
         Raises:
           ObservationError: as ``decode``, naming the offending response's position.

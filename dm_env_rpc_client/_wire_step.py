@@ -58,8 +58,8 @@ class WireTensor:
     """A fixed-width or byte Tensor payload still in the response's bytes.
 
     Answers what ``ObservationPlan`` asks of a Tensor (``WhichOneof`` and
-    ``shape``); ``array()`` copies the payload out once (or views it). Only made for an exact,
-    fully known shape whose element count matches the payload.
+    ``shape``); ``array()`` copies the payload out once, or views it. Only made
+    for an exact, fully known shape whose element count matches the payload.
     """
 
     __slots__ = ("_data", "_native", "_offset", "_wire", "count", "field", "shape")
