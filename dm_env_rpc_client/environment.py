@@ -79,16 +79,12 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         response or the stream's end. A step that times out raises
         ``RequestTimeoutError``; its late response, when it comes, still moves
         the step-type state machine on, so later steps keep their right types.
-      copy_observations: True (the default) gives every observation as a
-        writable array of its own. False gives each large float, double, int8
-        or uint8 observation (a response from 64 KiB on, a tensor from 4 KiB)
-        as a read-only view of the response's bytes, without copying it, in
-        ``step``, ``step_async``, ``step_iter`` and ``reset``: writing to it
-        raises NumPy's ``ValueError``; call ``.copy()`` for an array to write
-        to. The view keeps the response's bytes alive. Where the payload is not
-        aligned for its dtype in the response (it depends on how the server
-        lays out the message), on a big-endian host, and over a connection
-        other than this SDK's ``Connection``, the observation is copied as usual.
+      copy_observations: True (the default) gives writable arrays of their own.
+        False gives each large float, double, int8 or uint8 observation as a
+        read-only view of the response's bytes, no copy (writing raises
+        ``ValueError``: ``.copy()`` it first), where it is aligned for its dtype
+        over a ``Connection``; else the usual copy ("Zero-copy observations" in
+        the environment guide).
     """
 
     def __init__(
