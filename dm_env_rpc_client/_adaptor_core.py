@@ -324,6 +324,10 @@ class AdaptorCore:
           ConnectionClosedError: the environment is closed.
         """
         self._check_open()
+        return self._step_request(action)
+
+    def _step_request(self, action: Mapping[str, Any] | None) -> dm_env_rpc_pb2.StepRequest:
+        """``step_request`` without the check that the environment is open."""
         if action is not None and not isinstance(action, Mapping):
             raise not_a_dict_error(action, self._actions.names())
         packed = self._actions.pack(action) if action else {}

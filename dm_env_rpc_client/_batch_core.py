@@ -31,6 +31,7 @@ from dm_env_rpc_client import _restart, errors
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of
+from dm_env_rpc_client._step_encoder import StepEncoder
 from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.aio import AsyncConnection
 from dm_env_rpc_client.connection import ConnectionLike
@@ -97,6 +98,9 @@ class BatchCore:
         # specs it was made for (a world whose specs change on reset is decoded alone).
         self._decoder: StackedDecoder | None = None
         self._joined_specs: list[Any] = []
+        # With a runner and the same specs everywhere: the step requests' encoder (send's
+        # fast path, for the worlds whose specs are still those they joined with).
+        self._encoder: StepEncoder | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._closed = False
         # Finished steps, per world in request order: (outcome, latency). The outcome is the

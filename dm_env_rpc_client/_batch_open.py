@@ -25,6 +25,7 @@ from dm_env_rpc_client._batch_core import (
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._restart import RestartPolicy
 from dm_env_rpc_client._stacked import StackedDecoder
+from dm_env_rpc_client._step_encoder import StepEncoder
 from dm_env_rpc_client.connection import create_channel
 
 Batch = TypeVar("Batch", bound=BatchCore)
@@ -112,6 +113,7 @@ def open_batch(
     batch._joined_specs = [env._wire_specs for env in envs]
     if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
         batch._decoder = StackedDecoder(envs[0])
+        batch._encoder = StepEncoder(envs[0])
     batch._policy = on_world_failure
     batch._restart_policy = restart or RestartPolicy()
     batch._step_timeout = step_timeout

@@ -88,6 +88,7 @@ from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.random_actions import random_batch
 
+_STEP = "step"  # the EnvironmentRequest field of a step (what messages.envelope names)
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
 _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {wanted} of it."
 _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} did)."
@@ -327,6 +328,45 @@ class BatchedEnvironment(BatchCore):
             state = self._state[index]
             if state in (_FAILED, _REMOVED_STATE):
                 raise self._refusal(index)
+        wire = self._encoded(actions, ids)
+        if wire is None:  # the per-world path: it raises each world's own errors
+            packed = self._step_requests(actions, ids)
+            if self._runner is None:  # adaptors over connections of their own
+                sent = time.perf_counter()
+                for index, request in zip(ids, packed, strict=True):
+                    future = self.envs[index].connection.send_async(request)
+                    self._in_flight[index] += 1
+                    callback = functools.partial(self._finished, index, self._gen[index], sent)
+                    future.add_done_callback(callback)
+                return
+            wire = [messages.envelope(request)[0] for request in packed]
+        # On the batch's loop: requests are packed here, then written by one loop call.
+        sent = time.perf_counter()
+        batch = [(index, data, _STEP) for index, data in zip(ids, wire, strict=True)]
+        in_flight = self._in_flight
+        for index in ids:
+            in_flight[index] += 1
+        assert self._runner is not None
+        self._runner.call(self._write_steps, batch, sent)
+
+    def _encoded(self, actions: Any, ids: list[int]) -> list[bytes] | None:
+        """Every world's request bytes by the fast path (``_step_encoder``), or None.
+
+        It applies to stacked actions for worlds whose specs are those the batch
+        was opened with (all alike) and whose adaptors are open.
+        """
+        encoder = self._encoder
+        if encoder is None or not isinstance(actions, Mapping):
+            return None
+        envs, joined = self.envs, self._joined_specs
+        for index in ids:
+            env = envs[index]
+            if env._closed or env._wire_specs is not joined[index]:
+                return None
+        return encoder.encode(actions, len(ids))
+
+    def _step_requests(self, actions: Any, ids: list[int]) -> list[Any]:
+        """One StepRequest per world of ``ids``; raises ``WorldError`` naming a world whose action is refused."""
         per_world = split_actions(actions, len(ids), self.envs[0].action_manager.names())
         packed = []
         for index, action in zip(ids, per_world, strict=True):
@@ -334,21 +374,7 @@ class BatchedEnvironment(BatchCore):
                 packed.append(self.envs[index].step_request(action))
             except errors.DmEnvRpcClientError as exc:
                 raise self._wrap(index, exc) from exc
-        sent = time.perf_counter()
-        if self._runner is None:  # adaptors over connections of their own
-            for index, request in zip(ids, packed, strict=True):
-                future = self.envs[index].connection.send_async(request)
-                self._in_flight[index] += 1
-                callback = functools.partial(self._finished, index, self._gen[index], sent)
-                future.add_done_callback(callback)
-            return
-        # On the batch's loop: requests are packed here, then written by one loop call.
-        batch: list[tuple[int, bytes, str]] = []
-        for index, request in zip(ids, packed, strict=True):
-            data, expected = messages.envelope(request)
-            batch.append((index, data, expected))
-            self._in_flight[index] += 1
-        self._runner.call(self._write_steps, batch, sent)
+        return packed
 
     def pending(self) -> int:
         """The number of steps sent and not yet received."""

@@ -250,25 +250,35 @@ class SpecManager:
         scalar = compiled.scalar_limits
         if scalar is not None and array.ndim == 0 and scalar[0] <= array.item() <= scalar[1]:
             pass  # in bounds (NaN fails the comparison and takes the general check below)
-        elif compiled.bounds is not None and array.size:
-            low, high = compiled.bounds
-            bad = (array < low) | (array > high)
-            if bad.any():
-                index = tuple(int(i) for i in np.argwhere(bad)[0])
-                low_at = np.broadcast_to(low, array.shape)[index]
-                high_at = np.broadcast_to(high, array.shape)[index]
-                where = f" at index {index}" if index else ""
-                raise errors.SpecValidationError(
-                    _OUT_OF_BOUNDS.format(
-                        kind=self._kind,
-                        name=name,
-                        low=low_at,
-                        high=high_at,
-                        value=f"{array[index]}{where}",
-                    )
-                )
+        else:
+            self._check_bounds(compiled, array)
         # A numeric array of the spec's dtype takes pack_tensor's fast path (dtype=None).
         return tensors.pack_tensor(array, None if array.dtype == dtype else dtype)
+
+    def _check_bounds(self, compiled: _Compiled, array: np.ndarray) -> None:
+        """Raises ``SpecValidationError`` for the first element outside the spec's bounds.
+
+        ``array`` is of the spec's shape, or (``_step_encoder``) of several worlds'
+        actions stacked along a leading axis; NaN lies in bounds.
+        """
+        if compiled.bounds is None or not array.size:
+            return
+        low, high = compiled.bounds
+        bad = (array < low) | (array > high)
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            low_at = np.broadcast_to(low, array.shape)[index]
+            high_at = np.broadcast_to(high, array.shape)[index]
+            where = f" at index {index}" if index else ""
+            raise errors.SpecValidationError(
+                _OUT_OF_BOUNDS.format(
+                    kind=self._kind,
+                    name=compiled.spec.name,
+                    low=low_at,
+                    high=high_at,
+                    value=f"{array[index]}{where}",
+                )
+            )
 
     def _numeric(self, compiled: _Compiled, value: Any) -> np.ndarray:
         dtype, name = compiled.dtype, compiled.spec.name
