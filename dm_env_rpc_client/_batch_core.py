@@ -129,7 +129,7 @@ class BatchCore:
         # is the first after a restart that answered nothing.
         self._busy = [0] * count
         self._progress = [0.0] * count
-        self._held: list[list[tuple[bytes, str, float]]] = [[] for _ in range(count)]
+        self._held: list[list[tuple[bytes, float]]] = [[] for _ in range(count)]
         self._truncate_next = [False] * count
         self._recipes: list[_restart.WorldRecipe] = []
         self._open_stream: Callable[[str, float], Any] | None = None
@@ -160,38 +160,40 @@ class BatchCore:
         error.__cause__ = cause if isinstance(cause, BaseException) else None
         return error
 
-    def _write_steps(self, batch: list[tuple[int, bytes, str]], sent: float) -> None:
-        # Queue each world's request; _landed files its response.
-        for index, data, expected in batch:
+    def _write_steps(self, ids: list[int], wire: list[bytes], sent: float) -> None:
+        # Queue each world's step request (EnvironmentRequest bytes); _landed files its response.
+        for index, data in zip(ids, wire, strict=True):
             state = self._state[index]
             if state == _LIVE:
-                self._write(index, data, expected, sent)
+                self._write(index, data, sent)
             elif state == _RESTARTING:
-                self._held[index].append((data, expected, sent))
+                self._held[index].append((data, sent))
             else:  # failed or removed while this was on its way: it answers as a failure
                 self._file(index, self._gen[index], sent, _Failure(self._refusal(index), 1))
 
-    def _write(self, index: int, data: bytes, expected: str, sent: float) -> None:
+    def _write(self, index: int, data: bytes, sent: float) -> None:
         if not self._busy[index]:
             self._progress[index] = sent
         self._busy[index] += 1
         # Steps are read from their wire bytes: a large payload is copied once (_wire_step).
-        decode = read_step if expected == "step" else None
-        future = self._streams[index]._submit(data, expected, None, decode)
-        future.add_done_callback(functools.partial(self._landed, index, self._gen[index], sent))
+        landed = functools.partial(self._landed, index, self._gen[index], sent)
+        self._streams[index]._submit_callback(data, read_step, landed)
 
-    def _landed(self, index: int, gen: int, sent: float, future: asyncio.Future[Any]) -> None:
+    def _landed(
+        self, index: int, gen: int, sent: float, response: Any, error: BaseException | None
+    ) -> None:
         # Only the state machine moves here (in request order); recv decodes the observations.
         if gen != self._gen[index]:
             return  # an answer to a step dropped by a failure
-        try:
-            response = future.result()
-            outcome: Any = (self.envs[index]._advance(response.state), response)
-        except errors.DmEnvRpcConnectionError as exc:
-            self._fail(index, exc)  # this step is one of those it drops
+        if isinstance(error, errors.DmEnvRpcConnectionError):
+            self._fail(index, error)  # this step is one of those it drops
             return
-        except BaseException as exc:
-            outcome = exc
+        outcome: Any = error
+        if error is None:
+            try:
+                outcome = (self.envs[index]._advance(response.state), response)
+            except Exception as exc:
+                outcome = exc
         self._busy[index] -= 1
         self._progress[index] = time.perf_counter()
         if self._truncate_next[index]:
@@ -312,8 +314,8 @@ class BatchCore:
         else:
             self._truncate_next[index] = True
         held, self._held[index] = self._held[index], []
-        for data, expected, sent in held:
-            self._write(index, data, expected, sent)
+        for data, sent in held:
+            self._write(index, data, sent)
 
     def _finished(
         self, index: int, gen: int, sent: float, future: concurrent.futures.Future[Any]

@@ -41,7 +41,7 @@ from dm_env_rpc_client.connection import (
 )
 
 
-def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+def _fail(future: asyncio.Future[Any] | _Callback, exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
 
@@ -51,9 +51,41 @@ def _consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+def _resolve(future: asyncio.Future[Any] | _Callback, result: Any) -> None:
     if not future.done():
         future.set_result(result)
+
+
+class _Callback:
+    """A pending request's receiver that calls ``callback(result, error)`` at once.
+
+    It stands in for the request's Future where the loop itself consumes the
+    response (``_submit_callback``): no Future, no done callbacks, and no loop
+    turn between reading a response and handling it. An exception of the
+    callback goes to the loop's exception handler, never into the reader.
+    """
+
+    __slots__ = ("_callback",)
+
+    def __init__(self, callback: Callable[[Any, BaseException | None], None]) -> None:
+        self._callback = callback
+
+    def done(self) -> bool:
+        return False  # each pending request is completed once
+
+    def set_result(self, result: Any) -> None:
+        self._call(result, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._call(None, error)
+
+    def _call(self, result: Any, error: BaseException | None) -> None:
+        try:
+            self._callback(result, error)
+        except Exception as exc:
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "dm_env_rpc_client: a response callback failed", "exception": exc}
+            )
 
 
 class AsyncConnection:
@@ -95,7 +127,7 @@ class AsyncConnection:
     _channel: grpc.aio.Channel | None
     _owns_channel: bool
     address: str | None
-    _pending: messages.PendingQueue[asyncio.Future[Any]]
+    _pending: messages.PendingQueue[asyncio.Future[Any] | _Callback]
     _closed_error: errors.ConnectionClosedError | None
     _close_called: bool
     _limit: int | None
@@ -226,6 +258,26 @@ class AsyncConnection:
         self._pending.push(future, expected, response_type, decode)
         self._writes.put_nowait(data)
         return future
+
+    def _submit_callback(
+        self,
+        data: bytes,
+        decode: Callable[[bytes], Any],
+        callback: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        """Queues envelope bytes; ``callback(result, error)`` takes the response; on the loop.
+
+        As ``_submit`` with ``decode``, without a Future: the reader calls
+        ``callback`` as it reads the response (with the result of
+        ``decode(data)``, or the error), or as the connection ends (with the
+        error). If the connection is closed already, it is called with the error
+        on the loop's next turn, never from within this call.
+        """
+        if self._closed_error is not None:
+            asyncio.get_running_loop().call_soon(callback, None, self._closed_error)
+            return
+        self._pending.push(_Callback(callback), "", None, decode)
+        self._writes.put_nowait(data)
 
     async def aclose(self) -> None:
         """Closes the stream and fails pending requests (idempotent)."""

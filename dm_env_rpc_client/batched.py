@@ -88,7 +88,6 @@ from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.random_actions import random_batch
 
-_STEP = "step"  # the EnvironmentRequest field of a step (what messages.envelope names)
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
 _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {wanted} of it."
 _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} did)."
@@ -342,12 +341,11 @@ class BatchedEnvironment(BatchCore):
             wire = [messages.envelope(request)[0] for request in packed]
         # On the batch's loop: requests are packed here, then written by one loop call.
         sent = time.perf_counter()
-        batch = [(index, data, _STEP) for index, data in zip(ids, wire, strict=True)]
         in_flight = self._in_flight
         for index in ids:
             in_flight[index] += 1
         assert self._runner is not None
-        self._runner.call(self._write_steps, batch, sent)
+        self._runner.call(self._write_steps, ids, wire, sent)
 
     def _encoded(self, actions: Any, ids: list[int]) -> list[bytes] | None:
         """Every world's request bytes by the fast path (``_step_encoder``), or None.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import socket
@@ -14,8 +15,9 @@ import grpc
 import pytest
 from conftest import sigstop, wait_for
 
-from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client import errors, messages, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
 from dm_env_rpc_client.server import Server
 
@@ -162,5 +164,45 @@ def test_works_inside_a_running_loop_with_sync_calls_too(catch_server: Server) -
                 request = dm_env_rpc_pb2.JoinWorldRequest(world_name=world)
                 specs = (await conn.send(request, timeout=10)).specs
                 assert len(specs.actions) == 1
+
+    asyncio.run(main())
+
+
+def test_submit_callback_takes_responses_in_order_and_survives_a_failing_callback(
+    catch_server: Server,
+) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        reported: list[Any] = []
+        loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
+        async with await connect_async(catch_server.address, timeout=10) as conn:
+            await _join(conn, rows=4)
+            data = messages.envelope(dm_env_rpc_pb2.StepRequest())[0]
+            got: list[tuple[int, Any, BaseException | None]] = []
+            done = asyncio.Event()
+
+            def callback(k: int, result: Any, error: BaseException | None) -> None:
+                got.append((k, result, error))
+                if k == 4:
+                    done.set()
+                if k == 1:
+                    raise RuntimeError("a callback's own bug")
+
+            for k in range(5):
+                conn._submit_callback(data, read_step, functools.partial(callback, k))
+            await asyncio.wait_for(done.wait(), 10)
+            assert [k for k, _, _ in got] == [0, 1, 2, 3, 4]  # the reader went on after 1
+            # Catch of 4 rows: the ball lands on the third step of a sequence.
+            states = [State.RUNNING] * 3 + [State.TERMINATED, State.RUNNING]
+            assert [(result.state, error) for _, result, error in got] == [
+                (state, None) for state in states
+            ]
+            assert [str(exc) for exc in reported] == ["a callback's own bug"]
+            assert (await conn.send(dm_env_rpc_pb2.StepRequest(), timeout=10)).state
+        closed: list[BaseException | None] = []
+        conn._submit_callback(data, read_step, lambda _, error: closed.append(error))
+        assert closed == []  # never from within the call
+        await asyncio.sleep(0)
+        assert len(closed) == 1 and isinstance(closed[0], errors.ConnectionClosedError)
 
     asyncio.run(main())
