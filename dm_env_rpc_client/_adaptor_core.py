@@ -19,10 +19,11 @@ reference package passes a server's discount through on FIRST). Override
 
 from __future__ import annotations
 
+import concurrent.futures
 import difflib
 import inspect
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dm_env
@@ -381,3 +382,48 @@ class AdaptorCore:
     def observation_manager(self) -> specs.SpecManager:
         """The SpecManager of the observations."""
         return self._observations
+
+
+class StepFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+    """The Future of ``step_async``: its TimeStep is made on the first ``result()``.
+
+    The reader thread files each response as ``(step type, response)``, moving
+    the state machine on in request order, and leaves the observations to
+    ``make(step_type, response)``, which runs once, in the thread that first asks
+    for the result (or the exception). Decoding on the reader held the GIL on
+    the path every response takes: at 16 steps in flight against a sync server
+    that cost about 25 µs of client CPU per step and a fifth of the steps/s.
+    A response that contradicts the specs fails the Future with its
+    ``ObservationError`` all the same (``result()`` raises it, ``exception()``
+    returns it).
+    """
+
+    def __init__(self, make: Callable[[Any, Any], dm_env.TimeStep]) -> None:
+        super().__init__()
+        self._make = make
+        self._made_lock = threading.Lock()
+        self._made: tuple[bool, Any] | None = None  # (made, TimeStep or the exception)
+
+    def _timestep(self) -> tuple[bool, Any]:
+        with self._made_lock:
+            if self._made is None:
+                step_type, response = super().result()
+                try:
+                    self._made = (True, self._make(step_type, response))
+                except Exception as exc:
+                    self._made = (False, exc)
+            return self._made
+
+    def result(self, timeout: float | None = None) -> Any:
+        super().result(timeout)  # the request's own error, or a timeout
+        made, value = self._timestep()
+        if not made:
+            raise value
+        return value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        error = super().exception(timeout)
+        if error is not None:
+            return error
+        made, value = self._timestep()
+        return None if made else value

@@ -292,15 +292,19 @@ class Connection:
         return self._submit(request, response_type, timeout, None)
 
     def _send_decoded(
-        self, request: message.Message, decode: Callable[[bytes], Any]
+        self,
+        request: message.Message,
+        decode: Callable[[bytes], Any],
+        future: concurrent.futures.Future[Any] | None = None,
     ) -> concurrent.futures.Future[Any]:
         """``send_async``, with the Future's result made by ``decode(response bytes)``.
 
         ``decode`` runs on the reader thread, in response order, in place of the
         usual parsing (see ``messages.PendingQueue.push``): the adaptor reads its
-        step responses this way, with one Future per step.
+        step responses this way, with one Future per step (``future``, if given:
+        the adaptor's own kind).
         """
-        return self._submit(request, None, None, decode)
+        return self._submit(request, None, None, decode, future)
 
     def _submit(
         self,
@@ -308,9 +312,11 @@ class Connection:
         response_type: type | None,
         timeout: float | None,
         decode: Callable[[bytes], Any] | None,
+        future: concurrent.futures.Future[Any] | None = None,
     ) -> concurrent.futures.Future[Any]:
         data, expected = messages.envelope(request)
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if future is None:
+            future = concurrent.futures.Future()
         if self._slots is not None and not self._slots.acquire(timeout=timeout):
             raise errors.RequestTimeoutError(
                 _IN_FLIGHT_TIMEOUT.format(timeout=timeout, limit=self._limit)

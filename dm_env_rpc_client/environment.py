@@ -40,6 +40,7 @@ from dm_env_rpc_client._adaptor_core import (
     REWARD,
     AdaptorCore,
     State,
+    StepFuture,
     check_adaptor_kwargs,
     pack_settings,
 )
@@ -177,17 +178,17 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             return self._connection._send_decoded(request, read_step)
         return self._connection.send_async(request)
 
-    def _step_from_bytes(self, data: bytes) -> dm_env.TimeStep:
-        return self.step_response(read_step(data))
+    def _filed_step(self, data: bytes) -> tuple[dm_env.StepType, Any]:
+        # On the reader thread, in response order: the state machine only (see StepFuture).
+        response = read_step(data)
+        return self._advance(response.state), response
 
     def step_async(self, action: Mapping[str, Any]) -> concurrent.futures.Future[dm_env.TimeStep]:
         """Sends a step at once and returns a Future of its TimeStep.
 
-        Steps may be pipelined; TimeSteps are computed in request order, across
-        sequence boundaries. Use one thread per environment.
-
-        Over a ``Connection``, the reader thread makes each TimeStep from the
-        response bytes as they arrive, with one Future per step.
+        Steps may be pipelined; step types follow request order, across sequence
+        boundaries. Use one thread per environment. Over a ``Connection``, each
+        TimeStep is made on its Future's first ``result()`` (``StepFuture``).
 
         Raises:
           UnknownNameError: for an action name not in the specs.
@@ -200,7 +201,8 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         """
         request = self.step_request(action)
         if isinstance(self._connection, Connection):
-            return self._connection._send_decoded(request, self._step_from_bytes)
+            future = StepFuture(self._timestep)
+            return self._connection._send_decoded(request, self._filed_step, future)
         result: concurrent.futures.Future[dm_env.TimeStep] = concurrent.futures.Future()
         sent = self._connection.send_async(request)
 

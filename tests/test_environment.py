@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import threading
 import time
 import unittest
 from collections.abc import Iterator
@@ -187,6 +188,32 @@ def test_pipelined_stepping_across_sequence_boundaries(conn: Connection) -> None
     ] * 2
     with pytest.raises(ValueError, match="in_flight"):
         list(env.step_iter([{}], in_flight=0))
+
+
+def test_step_async_makes_each_timestep_in_the_thread_that_asks(conn: Connection) -> None:
+    """The reader thread only files responses (in order); the TimeStep is made on the first
+    ``result()`` or ``exception()``, once, in the caller's thread, whatever order they come in."""
+    env, _ = create_and_join_world(conn, {"rows": 3, "seed": 5}, {})
+    made = []
+    timestep_of = env._timestep
+
+    def recording(step_type: Any, response: Any) -> Any:
+        made.append(threading.current_thread())
+        return timestep_of(step_type, response)
+
+    env._timestep = recording  # type: ignore[method-assign]
+    futures = [env.step_async({"paddle": 1}) for _ in range(7)]
+    assert futures[-1].exception(timeout=10) is None
+    results = [future.result(timeout=10) for future in reversed(futures)][::-1]
+    assert [t.step_type for t in results] == [StepType.FIRST, StepType.MID, StepType.LAST] * 2 + [
+        StepType.FIRST
+    ]
+    assert made == [threading.current_thread()] * 7  # once each, here
+    assert futures[0].result() is results[0]  # made once
+    seen = []
+    env.step_async({"paddle": 1}).add_done_callback(lambda f: seen.append(f.result().step_type))
+    assert env.step({"paddle": 0}).step_type == StepType.LAST
+    assert seen == [StepType.MID]
 
 
 def _same(a: Any, b: Any) -> None:

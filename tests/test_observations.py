@@ -146,6 +146,11 @@ def test_step_async(env: Any, fault: tuple[str, str]) -> None:
     with pytest.raises(errors.ObservationError) as caught:
         bad.result(timeout=10)
     _check(caught.value, fault[1])
+    assert bad.exception() is caught.value  # the Future failed, whichever is asked first
+    later = env.step_async(BAD)
+    _check(later.exception(timeout=10), fault[1])  # type: ignore[arg-type]
+    with pytest.raises(errors.ObservationError):
+        later.result()
 
 
 @pytest.mark.parametrize("in_flight", [1, 4])
