@@ -233,7 +233,7 @@ def test_keepalive_finds_a_stopped_server_without_any_timeout(server_process) ->
         assert sorted(failed) == [1, 3]
         error = pending.exception(timeout=60)
         assert isinstance(error, errors.ConnectionClosedError), error
-        assert "ping timeout" in str(error)
+        assert "ping timeout" in str(error) or "keepalive timeout" in str(error)
         # The documented bound, with room for a loaded machine.
         assert time.monotonic() - stopped < KEEPALIVE_DETECTION_S + 15
         envs.send({"paddle": np.zeros(2, np.int8)}, [0, 2])  # the healthy worlds go on
