@@ -199,7 +199,9 @@ def test_a_stopped_server_ends_waiting_steps_and_aclose_gives_up_quietly(server_
         try:
             stopped = time.monotonic()
             for env in (unbounded, default):
-                with pytest.raises(errors.ConnectionClosedError, match="ping timeout|keepalive timeout"):
+                with pytest.raises(
+                    errors.ConnectionClosedError, match="ping timeout|keepalive timeout"
+                ):
                     async for _ in env.step_iter([{"paddle": 0}] * 4):
                         pass
             with pytest.raises(errors.ConnectionClosedError):
