@@ -114,8 +114,14 @@ def _gone(pid: int) -> bool:
 @pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
 def test_the_child_server_dies_with_run(stop: int) -> None:
+    # Ctrl-C as in a terminal: a process started in the background by a shell (`cmd &`, as a
+    # CI script may run pytest) inherits SIGINT ignored, and Python then leaves it ignored.
+    interruptible = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv[0] = 'dm_env_rpc_client'; runpy.run_module('dm_env_rpc_client', run_name='__main__')"
+    )
     process = subprocess.Popen(
-        [*CLI, "run", "--steps", "100000000", "--quiet"],
+        [sys.executable, "-c", interruptible, "run", "--steps", "100000000", "--quiet"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
