@@ -29,27 +29,22 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dm_env_rpc_client._dtypes import DATA_TYPE_TO_NUMPY
-from dm_env_rpc_client._wire import _read_varint
-
-_STATE_TAG = 1 << 3  # StepResponse.state, varint
-_OBSERVATION_TAG = 2 << 3 | 2  # StepResponse.observations map entry
-_KEY_TAG = 1 << 3  # map entry key (varint)
-_VALUE_TAG = 2 << 3 | 2  # map entry value (Tensor)
-_ARRAY_TAG = 1 << 3 | 2  # XxxArray.array (packed or bytes)
+from dm_env_rpc_client._wire_step import (
+    _OBSERVATION_TAG,
+    _STATE_TAG,
+    _WALKED,
+    _Unexpected,
+    entry,
+    payload_body,
+)
 
 # Tensor payload field number -> the dtype of its body bytes, for payloads whose body is a
-# fixed number of bytes per element. Bools are varints, but a serialized bool is 0 or 1, one byte.
+# fixed number of bytes per element: those _wire_step walks, and bools (varints, but a
+# serialized bool is 0 or 1, one byte).
 _BODY_DTYPES: dict[int, np.dtype] = {
-    1: np.dtype("<f4"),  # floats
-    2: np.dtype("<f8"),  # doubles
-    3: np.dtype(np.int8),  # int8s
-    6: np.dtype(np.uint8),  # uint8s
-    9: np.dtype(np.bool_),  # bools
+    **{number: wire for number, (_, wire, _) in _WALKED.items()},
+    9: np.dtype(np.bool_),
 }
-
-
-class _Unfit(Exception):
-    """The response is not in a layout this module reads."""
 
 
 class _Slot(NamedTuple):
@@ -110,12 +105,13 @@ class Layout:
 def learn(data: bytes, columns: Sequence[Any]) -> Layout | None:
     """The layout of ``data`` (a serialized StepResponse whose observations ``columns`` decoded).
 
-    ``columns`` are ``_decode._Column``s (name, uid, spec dtype and shape). None when a requested observation's payload is not of fixed
-    width, or the bytes are in an order or form this module does not read.
+    ``columns`` are ``_decode._Column``s (name, uid, spec dtype and shape). None
+    when a requested observation's payload is not of fixed width, or the bytes
+    are in an order or form this module does not read.
     """
     try:
         bodies, state_at = _walk(data)
-    except (_Unfit, IndexError):
+    except (_Unexpected, IndexError):
         return None
     structure = np.ones(len(data), bool)
     slots = []
@@ -142,39 +138,16 @@ def _walk(data: bytes) -> tuple[dict[int, tuple[int, int, int]], int | None]:
     state_at = None
     if end and data[0] == _STATE_TAG:
         if data[1] >= 0x80:
-            raise _Unfit
+            raise _Unexpected
         state_at, pos = 1, 2
     bodies: dict[int, tuple[int, int, int]] = {}
     while pos < end:
         if data[pos] != _OBSERVATION_TAG:
-            raise _Unfit
-        length, pos = _read_varint(data, pos + 1)
-        entry_end = pos + length
-        if data[pos] != _KEY_TAG:
-            raise _Unfit
-        uid, pos = _read_varint(data, pos + 1)
-        if data[pos] != _VALUE_TAG or uid in bodies:
-            raise _Unfit
-        length, pos = _read_varint(data, pos + 1)
-        if pos + length != entry_end or pos >= entry_end:
-            raise _Unfit
-        tag = data[pos]
-        if tag & 7 != 2 or tag >> 3 not in _BODY_DTYPES:
-            raise _Unfit
-        length, pos = _read_varint(data, pos + 1)
-        payload_end = pos + length
-        start = stop = pos  # an empty array has no field 1 at all
-        if pos < payload_end:
-            if data[pos] != _ARRAY_TAG:
-                raise _Unfit
-            length, start = _read_varint(data, pos + 1)
-            stop = start + length
-            if stop != payload_end:
-                raise _Unfit
-        if payload_end > entry_end:
-            raise _Unfit
-        bodies[uid] = (tag >> 3, start, stop)
-        pos = entry_end  # the shape (if any) is structure
+            raise _Unexpected
+        uid, start, pos = entry(data, pos + 1, bodies)
+        if start >= pos or data[start] >> 3 not in _BODY_DTYPES:
+            raise _Unexpected
+        bodies[uid] = (data[start] >> 3, *payload_body(data, start, pos))  # the shape: structure
     if pos != end:
-        raise _Unfit
+        raise _Unexpected
     return bodies, state_at

@@ -136,18 +136,8 @@ def _walk(data: bytes) -> WireStep:
         if tag == _STATE_TAG:
             state, pos = _varint(data, pos + 1)
         elif tag == _OBSERVATION_TAG:
-            length, pos = _varint(data, pos + 1)
-            entry_end = pos + length
-            if data[pos] != _KEY_TAG:
-                raise _Unexpected
-            uid, pos = _varint(data, pos + 1)
-            if data[pos] != _VALUE_TAG or uid in observations:
-                raise _Unexpected
-            length, pos = _varint(data, pos + 1)
-            if pos + length != entry_end:
-                raise _Unexpected
-            observations[uid] = _tensor(data, pos, entry_end)
-            pos = entry_end
+            uid, start, pos = entry(data, pos + 1, observations)
+            observations[uid] = _tensor(data, start, pos)
         else:
             raise _Unexpected
     if pos != end:
@@ -155,24 +145,60 @@ def _walk(data: bytes) -> WireStep:
     return WireStep(state, observations)
 
 
+def entry(data: bytes, pos: int, seen: Any) -> tuple[int, int, int]:
+    """The StepResponse.observations map entry whose length is at ``pos`` (just past its tag).
+
+    Returns its UID, where its Tensor starts, and where the entry ends.
+
+    Raises:
+      _Unexpected: not a (key, value) entry, or a UID already in ``seen``.
+    """
+    length, pos = _varint(data, pos)
+    entry_end = pos + length
+    if data[pos] != _KEY_TAG:
+        raise _Unexpected
+    uid, pos = _varint(data, pos + 1)
+    if data[pos] != _VALUE_TAG or uid in seen:
+        raise _Unexpected
+    length, pos = _varint(data, pos + 1)
+    if pos + length != entry_end:
+        raise _Unexpected
+    return uid, pos, entry_end
+
+
+def payload_body(data: bytes, start: int, end: int) -> tuple[int, int]:
+    """Where the packed (or bytes) array of the Tensor payload field at ``start`` lies.
+
+    Returns (start, stop) of its body; an empty array has no body (start == stop).
+    The payload ends at the stop, within ``end``.
+
+    Raises:
+      _Unexpected: the field is not length-delimited, or holds anything but the array.
+    """
+    if data[start] & 7 != 2:
+        raise _Unexpected
+    length, pos = _varint(data, start + 1)
+    payload_end = pos + length
+    if payload_end > end:
+        raise _Unexpected
+    if pos == payload_end:  # an empty array has no field 1 at all
+        return pos, pos
+    if data[pos] != _ARRAY_TAG:
+        raise _Unexpected
+    length, body = _varint(data, pos + 1)
+    if body + length != payload_end:
+        raise _Unexpected
+    return body, payload_end
+
+
 def _tensor(data: bytes, start: int, end: int) -> Any:
     """The Tensor in ``data[start:end]``: a ``WireTensor`` for a large payload, else parsed."""
     if end - start < _SMALL_TENSOR or data[start] >> 3 not in _WALKED:
         return dm_env_rpc_pb2.Tensor.FromString(data[start:end])
     field, wire, native = _WALKED[data[start] >> 3]
-    if data[start] & 7 != 2:
-        raise _Unexpected
-    length, pos = _varint(data, start + 1)
-    payload_end = pos + length
-    body, body_length = pos, 0
-    if pos < payload_end:  # an empty array has no field 1 at all
-        if data[pos] != _ARRAY_TAG:
-            raise _Unexpected
-        body_length, body = _varint(data, pos + 1)
-        if body + body_length != payload_end:
-            raise _Unexpected
+    body, pos = payload_body(data, start, end)
+    body_length = pos - body
     shape: list[int] = []
-    pos = payload_end
     if pos < end:
         if data[pos] != _SHAPE_TAG:
             raise _Unexpected
