@@ -263,15 +263,18 @@ class ObservationPlan:
 
     def decode_response(self, response: Any) -> dict[str, Any]:
         """``decode(response.observations)``, by the learned layout when the response fits it."""
-        if type(response) is not _StepResponse:
+        if type(response) is not _StepResponse or (
+            self._layout is None and self._layouts_left <= 0
+        ):
             return self.decode(response.observations)
+        data = response.SerializeToString()
         if self._layout is not None:
-            fast = self._layout.one(response.SerializeToString())
+            fast = self._layout.one(data)
             if fast is not None:
                 return fast
         decoded = self.decode(response.observations)
         if self._layouts_left > 0:
-            self._learn(response.SerializeToString(), decoded)
+            self._learn(data, decoded)
         return decoded
 
     def columns(self, responses: Sequence[dm_env_rpc_pb2.StepResponse]) -> dict[str, Any]:
