@@ -81,6 +81,13 @@ def any_server_process_info(server: str, env: str, *extra_args: str) -> Any:
     return foreign_server_process_info(env, *extra_args)
 
 
+@contextlib.contextmanager
+def server_processes(server: str, count: int = 2, env: str = "catch") -> Iterator[list[ServerInfo]]:
+    """``count`` server processes of one kind (``SERVERS`` key) serving ``env``."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(any_server_process_info(server, env)) for _ in range(count)]
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User plus system CPU time of process ``pid`` (all its threads), from /proc/<pid>/stat."""
     with open(f"/proc/{pid}/stat") as f:

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
 from _common import (
     DEFAULT_ROUNDS,
     SERVERS,
-    any_server_process_info,
     measure_interleaved,
     print_table,
+    server_processes,
 )
 
 # isort: split
@@ -171,10 +170,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for server_name in args.servers:
-        with contextlib.ExitStack() as stack:
-            servers = [
-                stack.enter_context(any_server_process_info(server_name, "catch")) for _ in range(2)
-            ]
+        with server_processes(server_name) as servers:
             addresses = [server.address for server in servers]
             for count in args.worlds:
                 results = measure_interleaved(

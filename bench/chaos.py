@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import SERVERS, any_server_process_info, print_table
+from _common import SERVERS, any_server_process_info, print_table, server_processes
 
 # isort: split
 import numpy as np
@@ -80,9 +80,7 @@ def _run(server_key: str, args: argparse.Namespace) -> None:
     """Both phases on 2 server processes of one kind (``SERVERS``)."""
     label = SERVERS[server_key]
     with contextlib.ExitStack() as stack:
-        servers = [
-            stack.enter_context(any_server_process_info(server_key, "catch")) for _ in range(2)
-        ]
+        servers = stack.enter_context(server_processes(server_key))
         addresses = [server.address for server in servers]
         port = addresses[1].rsplit(":", 1)[1]
         policy = RestartPolicy(attempts=10, total=30.0, backoff=0.2, max_backoff=1.0)

@@ -17,14 +17,13 @@ connected three ways, interleaved in rounds:
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 from _common import (
     DEFAULT_ROUNDS,
     SERVERS,
-    any_server_process_info,
     measure_interleaved,
     print_table,
+    server_processes,
 )
 from batched import ours
 
@@ -45,10 +44,7 @@ def main() -> None:
     base = next(iter(VARIANTS))
     rows = []
     for server_key in args.servers:
-        with contextlib.ExitStack() as stack:
-            servers = [
-                stack.enter_context(any_server_process_info(server_key, "catch")) for _ in range(2)
-            ]
+        with server_processes(server_key) as servers:
             addresses = [server.address for server in servers]
             factories = {
                 name: (lambda kwargs=kwargs, at=addresses: ours(at, args.worlds, **kwargs))

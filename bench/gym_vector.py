@@ -22,7 +22,6 @@ it is run on (a), (b) and (c) too.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 from typing import Any
 
@@ -30,9 +29,9 @@ from typing import Any
 from _common import (
     DEFAULT_ROUNDS,
     SERVERS,
-    any_server_process_info,
     measure_interleaved,
     print_table,
+    server_processes,
 )
 
 # isort: split
@@ -138,10 +137,7 @@ def main() -> None:
 def _measure(server_key: str, count: int, args: argparse.Namespace) -> None:
     """Every variant over 2 server processes of one kind (``SERVERS``), then gymnasium's own."""
     label = SERVERS[server_key]
-    with contextlib.ExitStack() as stack:
-        servers = [
-            stack.enter_context(any_server_process_info(server_key, "catch")) for _ in range(2)
-        ]
+    with server_processes(server_key) as servers:
         addresses = [server.address for server in servers]
         variants = {
             SYNC: lambda: _stepping(sync_vector(addresses, count), count),

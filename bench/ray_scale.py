@@ -26,7 +26,6 @@ one shard's client CPU per step.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -38,9 +37,9 @@ from typing import Any
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
 from _common import (
     DEFAULT_ROUNDS,
-    foreign_server_process_info,
     print_table,
     process_cpu_seconds,
+    server_processes,
 )
 
 # isort: split
@@ -163,8 +162,7 @@ def main() -> None:
         with ServerFleet(make_catch, 2, num_cpus=FRACTION) as fleet:
             pids = [server.pid for server in fleet.servers()]
             ours = measure(fleet, pids, args)
-        with contextlib.ExitStack() as stack:
-            foreign = [stack.enter_context(foreign_server_process_info("catch")) for _ in range(2)]
+        with server_processes("foreign") as foreign:
             theirs = measure(
                 [server.address for server in foreign], [server.pid for server in foreign], args
             )
