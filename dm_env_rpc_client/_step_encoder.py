@@ -35,13 +35,11 @@ import numpy as np
 from dm_env_rpc_client import errors, messages, specs
 from dm_env_rpc_client._adaptor_core import AdaptorCore
 from dm_env_rpc_client._wire import _encode_varints, _read_varint
+from dm_env_rpc_client._wire_step import _Unexpected, entry, payload_body
 
 MAX_TEMPLATES = 32  # sets of action names (with payload sizes) kept; others take the slow path
 _STEP_TAG = 3 << 3 | 2  # EnvironmentRequest.step
-_ENTRY_TAG = 1 << 3 | 2  # StepRequest.actions: a map entry
-_KEY_TAG = 1 << 3 | 0  # the entry's uid
-_VALUE_TAG = 2 << 3 | 2  # the entry's Tensor
-_ARRAY_TAG = 1 << 3 | 2  # XxxArray.array
+_ENTRY_TAG = 1 << 3 | 2  # StepRequest.actions: a map entry (uid, Tensor), as observations'
 
 
 class _Template(NamedTuple):
@@ -76,31 +74,25 @@ def _payload_spans(data: bytes, uids: list[int]) -> list[tuple[int, int]] | None
 
     Returns None unless the bytes are laid out as expected: a ``step`` field holding
     map entries (key, then a Tensor whose first field is its payload) and whatever
-    follows them (``requested_observations``).
+    follows them (``requested_observations``). The entries and payloads are read as
+    a response's observations are (``_wire_step``).
     """
     found: dict[int, tuple[int, int]] = {}
-    tag, pos = _read_varint(data, 0)
-    _, pos = _read_varint(data, pos)
-    if tag != _STEP_TAG:
+    try:
+        tag, pos = _read_varint(data, 0)
+        _, pos = _read_varint(data, pos)
+        if tag != _STEP_TAG:
+            return None
+        while pos < len(data):
+            tag, at = _read_varint(data, pos)
+            if tag == _ENTRY_TAG:
+                uid, start, pos = entry(data, at, found)
+                found[uid] = payload_body(data, start, pos)
+            else:
+                length, at = _read_varint(data, at)
+                pos = at + length
+    except (_Unexpected, IndexError):
         return None
-    while pos < len(data):
-        tag, pos = _read_varint(data, pos)
-        length, pos = _read_varint(data, pos)
-        end = pos + length
-        if tag == _ENTRY_TAG:
-            fields = []
-            at = pos
-            for _ in range(4):  # key tag, uid, value tag, Tensor length
-                value, at = _read_varint(data, at)
-                fields.append(value)
-            _, at = _read_varint(data, at)  # the payload field's tag
-            _, at = _read_varint(data, at)  # its length
-            array_tag, at = _read_varint(data, at)
-            size, at = _read_varint(data, at)
-            if fields[0] != _KEY_TAG or fields[2] != _VALUE_TAG or array_tag != _ARRAY_TAG:
-                return None
-            found[fields[1]] = (at, at + size)
-        pos = end
     if pos != len(data) or sorted(found) != sorted(uids):
         return None
     return [found[uid] for uid in uids]
