@@ -366,15 +366,4 @@ def _stack(items: Sequence[Any], column: _Column, copy: bool = True) -> np.ndarr
         for row, item in zip(out.reshape(len(items), -1), items, strict=True):
             row[...] = item.view()  # the one copy of each payload
         return out
-    if column.fixed is not None and column.fixed[2] > 0:
-        # Checked already (_check: the field and the declared shape), so a payload with the
-        # spec's element count serializes to exactly ``size`` bytes: a tag, the body's length,
-        # the packed body. One join and one NumPy copy of the bodies, no per-tensor parsing.
-        # A payload of any other size (a wrong element count) is left to stack_tensors.
-        wire, native, count, size = column.fixed
-        parts = [getattr(item, column.field).SerializeToString() for item in items]  # type: ignore[arg-type]
-        if all(len(part) == size for part in parts):
-            rows = np.frombuffer(b"".join(parts), np.uint8).reshape(len(items), size)
-            body = rows[:, size - count * wire.itemsize :].copy().view(wire)
-            return body.astype(native, copy=False).reshape((len(items), *column.shape))
-    return tensors.stack_tensors(items, column.data_type, column.shape)
+    return tensors.stack_tensors(items, column.data_type, column.shape, checked=True)  # _check

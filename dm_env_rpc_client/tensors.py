@@ -93,11 +93,13 @@ from dm_env_rpc_client._wire import (
     _payload_body,
     _read_fixed,
     _shape_bytes,
+    _varint,
     array_to_value_bytes,
     payload_to_array,
 )
 
 OnOverflow = Literal["error", "wrap", "clip"]
+_ARRAY_TAG = 1 << 3 | 2  # XxxArray.array, a packed (or bytes) field
 
 
 def _as_array(value: Any) -> np.ndarray:
@@ -343,7 +345,11 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
 
 
 def stack_tensors(
-    items: Sequence[dm_env_rpc_pb2.Tensor], data_type: int, shape: Sequence[int]
+    items: Sequence[dm_env_rpc_pb2.Tensor],
+    data_type: int,
+    shape: Sequence[int],
+    *,
+    checked: bool = False,
 ) -> np.ndarray | None:
     """Stacks Tensors of one fixed-width dtype and one known shape as a ``[N, *shape]`` array.
 
@@ -357,6 +363,8 @@ def stack_tensors(
       items: the Tensors, e.g. one observation of many worlds.
       data_type: their ``DataType`` per the spec.
       shape: their shape per the spec.
+      checked: the caller has checked already that every Tensor has the payload
+        field and the shape (``_decode``); each payload's size is still checked.
     """
     if data_type not in _FIXED and data_type not in _BYTES:
         return None
@@ -369,16 +377,24 @@ def stack_tensors(
     fixed = data_type in _FIXED
     each = math.prod(dims) * dtype.itemsize  # every payload's size: a sum could hide two wrong
     for tensor in items:
-        if tensor.WhichOneof("payload") != field or tuple(tensor.shape) != dims:
+        if not checked and (tensor.WhichOneof("payload") != field or tuple(tensor.shape) != dims):
             return None
         payload = getattr(tensor, field)
-        part = _payload_body(payload.SerializeToString()) if fixed else payload.array
-        if len(part) != each:
-            return None
-        parts.append(part)
-    data = b"".join(parts)
+        parts.append(payload.SerializeToString() if fixed else payload.array)
     wire = _FIXED[data_type] if fixed else dtype
-    return np.frombuffer(data, dtype=wire).astype(dtype).reshape((len(items), *dims))
+    if fixed and each:
+        # A packed array of ``each`` bytes serializes to its tag (field 1), the body's length
+        # and the body: when every part is that, the bodies are one NumPy slice of the join.
+        size = 1 + len(_varint(each)) + each
+        if all(len(part) == size and part[0] == _ARRAY_TAG for part in parts):
+            rows = np.frombuffer(b"".join(parts), np.uint8).reshape(len(items), size)
+            body = rows[:, size - each :].copy().view(wire)
+            return body.astype(dtype, copy=False).reshape((len(items), *dims))
+    if fixed:
+        parts = [_payload_body(part) for part in parts]  # type: ignore[arg-type]
+    if any(len(part) != each for part in parts):
+        return None
+    return np.frombuffer(b"".join(parts), dtype=wire).astype(dtype).reshape((len(items), *dims))
 
 
 __all__ = [
