@@ -45,6 +45,7 @@ import numpy as np
 
 from dm_env_rpc_client import _layout, errors, tensors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._wire import _ARRAY_TAG
 from dm_env_rpc_client._wire_step import WireTensor
 
 _TENSOR_FIELDS = dm_env_rpc_pb2.Tensor.DESCRIPTOR.fields_by_name
@@ -223,7 +224,7 @@ class ObservationPlan:
             # The packed array's bytes follow a tag and a length: read them at their offset.
             wire, native, count, size = column.fixed
             serialized = getattr(tensor, column.field).SerializeToString()  # type: ignore[arg-type]
-            if len(serialized) == size and count:
+            if len(serialized) == size and count and serialized[0] == _ARRAY_TAG:
                 flat = np.frombuffer(serialized, wire, count, size - count * wire.itemsize)
                 return flat.astype(native).reshape(column.shape)
         try:

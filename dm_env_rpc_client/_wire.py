@@ -138,12 +138,24 @@ def _numeric_payload(data_type: int, flat: np.ndarray) -> bytes:
     return b"\x0a" + _varint(len(body)) + body
 
 
-def _payload_body(serialized: bytes) -> bytes | memoryview:
-    """The content of field 1 of a serialized ``XxxArray`` sub-message."""
+_ARRAY_TAG = 1 << 3 | 2  # XxxArray.array: packed (or bytes), field 1
+
+
+def _payload_body(serialized: bytes) -> bytes | memoryview | None:
+    """The content of field 1 of a serialized ``XxxArray`` sub-message.
+
+    None when the bytes hold anything but that one field (an unknown field a
+    server added): its bytes are not the array's, and the caller reads the
+    message's parsed ``array`` instead.
+    """
     if not serialized:
         return b""
+    if serialized[0] != _ARRAY_TAG:
+        return None
     length, pos = _read_varint(serialized, 1)
-    return memoryview(serialized)[pos : pos + length]
+    if pos + length != len(serialized):
+        return None
+    return memoryview(serialized)[pos:]
 
 
 _FLOAT32 = np.dtype(np.float32)
@@ -156,11 +168,10 @@ def _read_fixed(payload: message.Message, wire: str, dtype: np.dtype) -> np.ndar
     misaligned (the payload starts after a tag and a length), which slows every
     NumPy operation on it and upsets libraries that take arrays zero-copy.
     """
-    serialized = payload.SerializeToString()
-    if not serialized:
-        return np.empty(0, dtype)
-    _, pos = _read_varint(serialized, 1)
-    return np.frombuffer(serialized, dtype=wire, offset=pos).astype(dtype)
+    body = _payload_body(payload.SerializeToString())
+    if body is None:
+        return np.array(payload.array, dtype)  # type: ignore[attr-defined]
+    return np.frombuffer(body, dtype=wire).astype(dtype)
 
 
 def _unpack_numeric(data_type: int, payload: message.Message) -> np.ndarray:
@@ -170,6 +181,8 @@ def _unpack_numeric(data_type: int, payload: message.Message) -> np.ndarray:
     if data_type in _FIXED:
         return _read_fixed(payload, _FIXED[data_type], dtype)
     body = _payload_body(payload.SerializeToString())
+    if body is None:
+        return np.array(payload.array, dtype)  # type: ignore[attr-defined]
     if data_type == DataType.BOOL:
         return np.frombuffer(body, dtype=np.uint8) != 0
     return _decode_varints(body, dtype)

@@ -28,6 +28,7 @@ import numpy as np
 
 from dm_env_rpc_client import messages
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._wire import _ARRAY_TAG
 from dm_env_rpc_client._wire import _read_varint as _varint
 
 LARGE = 64 * 1024  # responses from this size on are walked; smaller ones protobuf parses faster
@@ -39,7 +40,6 @@ _OBSERVATION_TAG = 2 << 3 | 2  # StepResponse.observations map entry
 _KEY_TAG = 1 << 3  # map entry key (varint)
 _VALUE_TAG = 2 << 3 | 2  # map entry value (Tensor)
 _SHAPE_TAG = 15 << 3 | 2  # Tensor.shape, packed
-_ARRAY_TAG = 1 << 3 | 2  # XxxArray.array (packed or bytes)
 
 # Tensor payload field number -> (field name, wire dtype, native dtype).
 _WALKED: dict[int, tuple[str, np.dtype, np.dtype]] = {

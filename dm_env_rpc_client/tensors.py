@@ -88,6 +88,7 @@ from dm_env_rpc_client._tensor_errors import (
     _UNSUPPORTED_FIXES,
 )
 from dm_env_rpc_client._wire import (
+    _ARRAY_TAG,
     _FLOAT32,
     _build,
     _payload_body,
@@ -99,7 +100,6 @@ from dm_env_rpc_client._wire import (
 )
 
 OnOverflow = Literal["error", "wrap", "clip"]
-_ARRAY_TAG = 1 << 3 | 2  # XxxArray.array, a packed (or bytes) field
 
 
 def _as_array(value: Any) -> np.ndarray:
@@ -391,7 +391,10 @@ def stack_tensors(
             body = rows[:, size - each :].copy().view(wire)
             return body.astype(dtype, copy=False).reshape((len(items), *dims))
     if fixed:
-        parts = [_payload_body(part) for part in parts]  # type: ignore[arg-type]
+        bodies = [_payload_body(part) for part in parts]  # type: ignore[arg-type]
+        if any(body is None for body in bodies):
+            return None  # a payload with more than its array: one by one
+        parts = bodies  # type: ignore[assignment]
     if any(len(part) != each for part in parts):
         return None
     return np.frombuffer(b"".join(parts), dtype=wire).astype(dtype).reshape((len(items), *dims))

@@ -75,12 +75,22 @@ def _few_elements(response: pb.StepResponse) -> None:
     del response.observations[BOARD].floats.array[5:]
 
 
+def _unknown_field(response: pb.StepResponse) -> None:
+    """The board's FloatArray holds, instead of its array, an unknown field of its size:
+    the bytes are where the array's would be, but they are not its values."""
+    floats = response.observations[BOARD].floats
+    body = np.full(6, 7.0, np.float32).tobytes()
+    floats.Clear()
+    floats.MergeFromString(bytes([2 << 3 | 2, len(body)]) + body)
+
+
 FAULTS: dict[str, tuple[Callable[[pb.StepResponse], None], str]] = {
     "missing": (_missing, "lacks the requested observation 'board'"),
     "unknown uid": (_unknown, "observation UID 99, which is not in the server's specs"),
     "int64 for float32": (_int64, "'board' (UID 2) as int64s (INT64 (int64)) but its spec"),
     "huge shape": (_huge_shape, "'board' (UID 2) with shape [52428800, 1] but its spec"),
     "too few elements": (_few_elements, "'board' (UID 2), which cannot be decoded"),
+    "unknown field for the array": (_unknown_field, "'board' (UID 2), which cannot be decoded"),
 }
 
 
