@@ -531,3 +531,37 @@ def test_step_iter_after_a_timeout_keeps_step_types_right(counter_server) -> Non
         Counter.gate.set()
         after = env.step({"a": 0})  # answered after the six late ones, in order
         assert after.observation["count"] == 7 and after.step_type == dm_env_step_type("MID")
+
+
+def test_step_async_over_a_broken_stream_loses_no_step_and_makes_none_wrong() -> None:
+    """The server's handler fails at its 4th step, which breaks the stream. The TimeSteps of the
+    3 steps answered before are made from their responses whenever they are asked for (after
+    the break too, in any order); the steps after fail with ConnectionClosedError."""
+    specs = float_specs()
+    count = [0]
+
+    def answer(request: dm_env_rpc_pb2.EnvironmentRequest) -> Any:
+        done = lifecycle(request, specs)
+        if done is not None:
+            return done
+        count[0] += 1
+        if count[0] == 4:
+            raise RuntimeError("the handler fails: gRPC aborts the stream")
+        tensor = dm_env_rpc_pb2.Tensor(shape=[2])
+        tensor.floats.array.extend([float(count[0]), 0.0])
+        step = dm_env_rpc_pb2.StepResponse(state=dm_env_rpc_pb2.RUNNING, observations={1: tensor})
+        return dm_env_rpc_pb2.EnvironmentResponse(step=step)
+
+    with faulty_server(answer) as address, connect(address, timeout=10) as conn:
+        env, _ = create_and_join_world(conn, {}, {}, timeout=10)
+        futures = [env.step_async({}) for _ in range(6)]
+        for future in futures[3:]:
+            assert isinstance(future.exception(timeout=10), errors.ConnectionClosedError)
+        assert conn.closed
+        counts = [future.result().observation for future in reversed(futures[:3])]
+    assert [float(x["x"][0]) for x in reversed(counts)] == [1.0, 2.0, 3.0]
+    assert [future.result().step_type for future in futures[:3]] == [
+        dm_env_step_type("FIRST"),
+        dm_env_step_type("MID"),
+        dm_env_step_type("MID"),
+    ]
