@@ -10,6 +10,7 @@ median, so drift between rounds cancels.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import math
@@ -35,6 +36,10 @@ from dm_env_rpc_client.server import _subprocess  # noqa: E402
 from dm_env_rpc_client.server._subprocess import server_subprocess  # noqa: E402
 
 DEFAULT_ROUNDS = 5
+
+# CPU pinning (``--pin``, set by ``apply_pin``): the servers' processes on the first half of the
+# CPUs, the benchmark's client on the other half. None: nothing is pinned.
+_PIN: tuple[set[int], set[int]] | None = None
 
 
 class ServerInfo(NamedTuple):
@@ -86,6 +91,61 @@ def server_processes(server: str, count: int = 2, env: str = "catch") -> Iterato
     """``count`` server processes of one kind (``SERVERS`` key) serving ``env``."""
     with contextlib.ExitStack() as stack:
         yield [stack.enter_context(any_server_process_info(server, env)) for _ in range(count)]
+
+
+def add_pin_argument(parser: Any) -> None:
+    """Adds ``--pin`` / ``--no-pin`` (default: pin, on a machine with at least 2 CPUs)."""
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the servers on the first half of the CPUs and the client on the other half "
+        "(the client's cost measured apart from the server's; --no-pin: all share every CPU)",
+    )
+
+
+def apply_pin(pin: bool) -> str:
+    """Turns pinning on or off for ``measure_interleaved``; returns a line saying which.
+
+    Unpinned on 2 cores, client and server threads land on the cores by chance and a
+    run settles either where responses come alone (one wake-up each, more CPU per step)
+    or in bursts (fewer wake-ups, less CPU per step): back-to-back runs of one client
+    differ by up to 2x. Pinned, the client's cost is measured apart from the server's,
+    as when it runs on another machine, and runs agree within about 10%.
+    """
+    global _PIN
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not pin or len(cpus) < 2:
+        _PIN = None
+        why = "" if not pin else " (fewer than 2 CPUs)"
+        return f"Not pinned{why}: client and servers share every CPU."
+    half = len(cpus) // 2
+    _PIN = (set(cpus[:half]), set(cpus[half:]))
+    return (
+        f"Pinned: servers on CPU {_cpu_list(_PIN[0])}, the client (every thread) on CPU "
+        f"{_cpu_list(_PIN[1])}."
+    )
+
+
+def _cpu_list(cpus: set[int]) -> str:
+    return ",".join(str(cpu) for cpu in sorted(cpus))
+
+
+def _pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (threads it starts later inherit it)."""
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+def pin(server_pids: Sequence[int]) -> None:
+    """Applies ``apply_pin``'s choice to the servers' processes and this one (if on)."""
+    if _PIN is None:
+        return
+    servers, client = _PIN
+    for pid in server_pids:
+        _pin_process(pid, servers)
+    _pin_process(os.getpid(), client)
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -159,6 +219,7 @@ def measure_interleaved(
     """
     rng = random.Random(seed)
     pids = [] if server_pid is None else [server_pid] if isinstance(server_pid, int) else server_pid
+    pin(pids)
 
     def server_seconds() -> float:
         return sum(process_cpu_seconds(pid) for pid in pids)

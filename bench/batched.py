@@ -25,6 +25,8 @@ from typing import Any
 from _common import (
     DEFAULT_ROUNDS,
     SERVERS,
+    add_pin_argument,
+    apply_pin,
     measure_interleaved,
     print_table,
     server_processes,
@@ -167,7 +169,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS))
     parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
+    add_pin_argument(parser)
     args = parser.parse_args()
+    pinned = apply_pin(args.pin)
     rows = []
     for server_name in args.servers:
         with server_processes(server_name) as servers:
@@ -217,6 +221,7 @@ def main() -> None:
         rows,
     )
     print(f"\nMedians over {args.rounds} interleaved rounds of {args.steps:,} steps per client.")
+    print(pinned)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ from _common import (
     ServerInfo,
     Variant,
     VariantFactory,
+    add_pin_argument,
     any_server_process_info,
+    apply_pin,
     measure_interleaved,
     print_table,
 )
@@ -165,7 +167,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
     parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
+    add_pin_argument(parser)
     args = parser.parse_args()
+    pinned = apply_pin(args.pin)
     header = [
         "server",
         "adaptor",
@@ -202,6 +206,7 @@ def main() -> None:
         f"\nMedians over {args.rounds} interleaved rounds; steps per variant per round: "
         f"{args.steps:,} (Catch), {large_steps:,} (float32[100,000])."
     )
+    print(pinned)
 
 
 if __name__ == "__main__":
