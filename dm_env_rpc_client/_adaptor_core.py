@@ -404,19 +404,23 @@ class StepFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         self._made_lock = threading.Lock()
         self._made: tuple[bool, Any] | None = None  # (made, TimeStep or the exception)
 
-    def _timestep(self) -> tuple[bool, Any]:
-        with self._made_lock:
-            if self._made is None:
-                step_type, response = super().result()
-                try:
-                    self._made = (True, self._make(step_type, response))
-                except Exception as exc:
-                    self._made = (False, exc)
-            return self._made
+    def _timestep(self, filed: tuple[Any, Any]) -> tuple[bool, Any]:
+        made = self._made
+        if made is None:
+            with self._made_lock:
+                made = self._made
+                if made is None:
+                    step_type, response = filed
+                    try:
+                        made = (True, self._make(step_type, response))
+                    except Exception as exc:
+                        made = (False, exc)
+                    self._made = made
+        return made
 
     def result(self, timeout: float | None = None) -> Any:
-        super().result(timeout)  # the request's own error, or a timeout
-        made, value = self._timestep()
+        # The request's own error, or a timeout, is raised here.
+        made, value = self._timestep(super().result(timeout))
         if not made:
             raise value
         return value
@@ -425,5 +429,5 @@ class StepFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         error = super().exception(timeout)
         if error is not None:
             return error
-        made, value = self._timestep()
+        made, value = self._timestep(super().result())
         return None if made else value

@@ -20,6 +20,7 @@ ends or breaks, every pending and later request fails promptly with
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ipaddress
 import queue
 import threading
@@ -178,12 +179,12 @@ def request_timeout(request: message.Message, timeout: float | None) -> errors.R
 
 
 def _fail(future: concurrent.futures.Future[Any], exc: BaseException) -> None:
-    if not future.done():
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # done or cancelled
         future.set_exception(exc)
 
 
 def _resolve(future: concurrent.futures.Future[Any], result: Any) -> None:
-    if not future.done():
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled by its owner
         future.set_result(result)
 
 
