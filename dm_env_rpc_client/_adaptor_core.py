@@ -30,9 +30,10 @@ import dm_env
 import numpy as np
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import errors, specs, tensors
+from dm_env_rpc_client import errors, messages, specs, tensors
 from dm_env_rpc_client._decode import ObservationPlan
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._step_encoder import ActionEncoder
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 # Plain ints and StepTypes for the per-step state machine (the enum wrapper's attribute
@@ -40,6 +41,7 @@ State = dm_env_rpc_pb2.EnvironmentStateType
 _RUNNING = int(State.RUNNING)
 _ENDED = (int(State.TERMINATED), int(State.INTERRUPTED))
 _FIRST, _MID, _LAST = dm_env.StepType.FIRST, dm_env.StepType.MID, dm_env.StepType.LAST
+_STEP, _STEP_REQUEST = "step", "StepRequest"  # the payload field and type of a step request
 REWARD = "reward"
 DISCOUNT = "discount"
 CLOSE_TIMEOUT = 10.0  # the most close() waits for each response by default
@@ -188,6 +190,14 @@ class AdaptorCore:
         ]
         self._uids = [self._observations.name_to_uid(name) for name in visible + self._hidden]
         self._plan = ObservationPlan(wire_specs.observations, self._uids, self._copy_observations)
+        # Step requests as bytes without messages (``_step_data``); not for a subclass that
+        # makes its own requests, nor without validation (pack_tensor's own conversions).
+        cls = type(self)
+        own_requests = (
+            cls.step_request is AdaptorCore.step_request
+            and cls._step_request is AdaptorCore._step_request
+        )
+        self._encoder = ActionEncoder(self) if self._validate and own_requests else None
 
     # --- the TimeStep state machine ------------------------------------------------------
 
@@ -333,6 +343,25 @@ class AdaptorCore:
             raise not_a_dict_error(action, self._actions.names())
         packed = self._actions.pack(action) if action else {}
         return dm_env_rpc_pb2.StepRequest(actions=packed, requested_observations=self._uids)
+
+    def _step_data(self, action: Mapping[str, Any] | None) -> tuple[bytes, str, str]:
+        """``step_request(action)`` as EnvironmentRequest bytes, for a connection of the SDK.
+
+        Returns ``(bytes, the response field expected, the request's type name)`` (the
+        name for a timeout's message). The bytes are those of
+        ``messages.envelope(self.step_request(action))``; a ``dict`` action of
+        numeric values is encoded without building messages (``ActionEncoder``),
+        anything else goes through ``step_request`` and raises its errors.
+        """
+        encoder = self._encoder
+        if encoder is not None:
+            self._check_open()
+            data = encoder.encode(action)
+            if data is not None:
+                return data, _STEP, _STEP_REQUEST
+        request = self.step_request(action)
+        data, expected = messages.envelope(request)
+        return data, expected, type(request).__name__
 
     def observation_spec(self) -> dict[str, Any]:
         converted = {

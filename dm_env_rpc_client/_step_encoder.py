@@ -22,24 +22,43 @@ as small non-negative integers (discrete actions) do.
 path, which raises its own errors (naming the world): a value that fails a check,
 an unknown name, a string, proto, empty or variable-shape spec, a list of
 per-world dicts, varints of different lengths.
+
+``ActionEncoder`` does the same for one step of one adaptor (``step``,
+``step_async``, ``step_iter``): ``encode(action)`` returns exactly the bytes of
+``messages.envelope(env.step_request(action))``, or None. Its templates are the
+request's bytes cut at its payloads (keyed by the names in the caller's order
+and the payloads' lengths), and the request is one ``b"".join`` of them with the
+action's payloads. A scalar value that ``SpecManager._pack_one`` takes without
+NumPy (a Python number, or a NumPy scalar of the spec's dtype, within
+``scalar_limits``) is encoded without NumPy: ``struct`` for float and double, a
+table for int8, uint8 and bool, a varint for the others (a negative int32 or
+int64 as its 64-bit two's complement: 10 bytes, as protobuf writes it). Any
+other value of a covered spec goes through the per-world path's checks
+(``_numeric``, the shape, ``_check_bounds``) and ``_payloads``. Anything else
+returns None, and the adaptor takes the ``step_request`` path, which raises
+its own errors.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+import struct
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from dm_env_rpc_client import errors, messages, specs
-from dm_env_rpc_client._adaptor_core import AdaptorCore
-from dm_env_rpc_client._wire import _encode_varints, _read_varint
+from dm_env_rpc_client._wire import _encode_varints, _read_varint, _varint
 from dm_env_rpc_client._wire_step import _Unexpected, entry, payload_body
 
 MAX_TEMPLATES = 32  # sets of action names (with payload sizes) kept; others take the slow path
 _STEP_TAG = 3 << 3 | 2  # EnvironmentRequest.step
 _ENTRY_TAG = 1 << 3 | 2  # StepRequest.actions: a map entry (uid, Tensor), as observations'
+
+if TYPE_CHECKING:
+    from dm_env_rpc_client._adaptor_core import AdaptorCore
 
 
 class _Template(NamedTuple):
@@ -98,6 +117,15 @@ def _payload_spans(data: bytes, uids: list[int]) -> list[tuple[int, int]] | None
     return [found[uid] for uid in uids]
 
 
+def _covered(manager: specs.SpecManager) -> dict[str, specs._Compiled]:
+    """The specs the fast paths cover: fixed-width numeric, a known shape, some elements."""
+    return {
+        name: compiled
+        for name, compiled in manager._by_name.items()
+        if compiled.dtype.kind in "biuf" and not compiled.variable and math.prod(compiled.shape) > 0
+    }
+
+
 class StepEncoder:
     """Encodes the step requests of worlds that share ``template``'s action specs.
 
@@ -109,14 +137,7 @@ class StepEncoder:
     def __init__(self, template: AdaptorCore) -> None:
         self._adaptor = template
         self._manager = template._actions
-        # The specs the fast path covers: fixed-width numeric, a known shape, some elements.
-        self._covered = {
-            name: compiled
-            for name, compiled in self._manager._by_name.items()
-            if compiled.dtype.kind in "biuf"
-            and not compiled.variable
-            and math.prod(compiled.shape) > 0
-        }
+        self._covered = _covered(self._manager)
         self._templates: dict[tuple[Any, ...], _Template | None] = {}
 
     def encode(self, actions: Mapping[str, Any], count: int) -> list[bytes] | None:
@@ -188,3 +209,159 @@ def _rows(template: _Template, payloads: list[np.ndarray], count: int) -> list[b
         rows[:, start:stop] = payload
     data = rows.tobytes()
     return [data[index * size : (index + 1) * size] for index in range(count)]
+
+
+# --- one step of one adaptor ----------------------------------------------------------------
+
+_MASK64 = (1 << 64) - 1
+# Dtypes whose array bytes (C order) are their payload's: bytes fields, and the fixed-width
+# ones on a little-endian host.
+_RAW: set[np.dtype] = {np.dtype(np.int8), np.dtype(np.uint8)}
+if sys.byteorder == "little":
+    _RAW |= {np.dtype(np.float32), np.dtype(np.float64)}
+_UNSEEN: Any = object()
+
+
+def _signed_varint(value: Any) -> bytes:
+    """An int32 or int64 element: a negative one as its 64-bit two's complement (10 bytes)."""
+    return _varint(int(value) & _MASK64)
+
+
+def _unsigned_varint(value: Any) -> bytes:
+    return _varint(int(value))
+
+
+def _byte_table(low: int, high: int) -> Callable[[Any], bytes]:
+    """The one-byte payload of each value in [low, high] (looked up by Python or NumPy value)."""
+    return {value: bytes((value & 0xFF,)) for value in range(low, high + 1)}.__getitem__
+
+
+# How a scalar the checks of ``SpecManager._pack_one`` took becomes its payload's bytes.
+_SCALAR_WRITERS: dict[str, Callable[[Any], bytes]] = {
+    "float32": struct.Struct("<f").pack,  # rounds as NumPy's cast; OverflowError: the slow path
+    "float64": struct.Struct("<d").pack,
+    "int8": _byte_table(-128, 127),
+    "uint8": _byte_table(0, 255),
+    "bool": {False: b"\x00", True: b"\x01"}.__getitem__,
+    "int32": _signed_varint,
+    "int64": _signed_varint,
+    "uint32": _unsigned_varint,
+    "uint64": _unsigned_varint,
+}
+
+
+class _Scalar(NamedTuple):
+    """A scalar spec's fast path: the value types it takes as they are, their range, the writer."""
+
+    accepted: frozenset[type]
+    low: Any
+    high: Any
+    write: Callable[[Any], bytes]
+
+
+class ActionEncoder:
+    """Encodes one adaptor's step requests as bytes (see the module docstring).
+
+    Args:
+      adaptor: the adaptor; its action specs and requested observations are the
+        requests'. Made again when its specs change.
+    """
+
+    def __init__(self, adaptor: AdaptorCore) -> None:
+        self._adaptor = adaptor
+        self._manager = adaptor._actions
+        self._covered = _covered(self._manager)
+        self._scalars: dict[str, _Scalar] = {}
+        for name, compiled in self._covered.items():
+            if compiled.scalar_types:  # _pack_one's test: these types, then the limits
+                low, high = compiled.scalar_limits or (False, True)  # None: bool, any bool
+                self._scalars[name] = _Scalar(
+                    frozenset((*compiled.scalar_types, compiled.dtype.type)),
+                    low,
+                    high,
+                    _SCALAR_WRITERS[compiled.dtype.name],
+                )
+        # (names, payload lengths) -> the request's bytes between its payloads; None: the
+        # slow path always.
+        self._templates: dict[tuple[Any, ...], tuple[bytes, ...] | None] = {}
+
+    def encode(self, action: Any) -> bytes | None:
+        """The bytes of ``messages.envelope(step_request(action))``, or None: take that path.
+
+        Only ``dict`` actions are encoded (nested dicts are flattened first, as
+        ``SpecManager.pack`` does).
+        """
+        if type(action) is not dict:
+            return None
+        scalars = self._scalars
+        payloads = []
+        try:
+            for name, value in action.items():
+                scalar = scalars.get(name)
+                if scalar is not None and type(value) in scalar[0]:
+                    _, low, high, write = scalar
+                    if not low <= value <= high:  # NaN too: the slow path raises or takes it
+                        return None
+                    payloads.append(write(value))
+                elif isinstance(value, Mapping):
+                    return self.encode(specs.flatten(action))  # no Mapping in it: one level
+                else:
+                    payload = self._checked_payload(name, value)
+                    if payload is None:
+                        return None
+                    payloads.append(payload)
+        except Exception:  # a value the checks refuse: the slow path raises its error
+            return None
+        key = (tuple(action), tuple(map(len, payloads)))
+        pieces = self._templates.get(key, _UNSEEN)
+        if pieces is _UNSEEN:
+            if len(self._templates) >= MAX_TEMPLATES:
+                return None
+            pieces = self._templates[key] = self._template_for(action, payloads)
+        if pieces is None:
+            return None
+        if len(payloads) == 1:
+            return pieces[0] + payloads[0] + pieces[2]
+        parts = list(pieces)
+        parts[1::2] = payloads
+        return b"".join(parts)
+
+    def _checked_payload(self, name: Any, value: Any) -> bytes | None:
+        """The payload of a covered spec's value, by the per-world path's checks; None if not covered.
+
+        Raises:
+          SpecValidationError (or any error of the checks): the slow path raises its own.
+        """
+        compiled = self._covered.get(name)
+        if compiled is None:
+            return None
+        manager = self._manager
+        array = manager._numeric(compiled, value)
+        if array.shape != compiled.shape:
+            return None
+        # Within a scalar spec's limits means within its bounds: _pack_one's check.
+        manager._check_bounds(compiled, array)
+        if array.dtype in _RAW:
+            return array.tobytes()
+        payload = _payloads(array, 1)
+        return None if payload is None else payload.tobytes()
+
+    def _template_for(
+        self, action: dict[Any, Any], payloads: list[bytes]
+    ) -> tuple[bytes, ...] | None:
+        """The request's bytes between its payloads (one real request of the slow path);
+        None if its payloads are not where and what ``encode`` makes them."""
+        data, _ = messages.envelope(self._adaptor._step_request(action))
+        uids = [self._manager.name_to_uid(name) for name in action]
+        spans = _payload_spans(data, uids)
+        if spans is None:
+            return None
+        pieces: list[bytes] = []
+        at = 0
+        for (start, stop), payload in zip(spans, payloads, strict=True):
+            if start < at or data[start:stop] != payload:
+                return None
+            pieces += (data[at:start], b"")
+            at = stop
+        pieces.append(data[at:])
+        return tuple(pieces)

@@ -215,6 +215,21 @@ class AsyncConnection:
     ) -> Any:
         """``send``; with ``decode``, the response is made by it (see ``_submit``)."""
         data, expected = messages.envelope(request)
+        return await self._send_bytes(
+            data, expected, type(request).__name__, timeout, response_type, decode
+        )
+
+    async def _send_bytes(
+        self,
+        data: bytes,
+        expected: str,
+        name: str,
+        timeout: float | None,
+        response_type: type | None,
+        decode: Callable[[bytes], Any] | None,
+    ) -> Any:
+        """``_send`` for a request already serialized (``data``, as ``messages.envelope`` makes
+        it; ``expected``: its response's payload field; ``name``: its type's, for a timeout)."""
         if self._closed_error is not None:
             raise self._closed_error
         if self._slots is not None:
@@ -233,7 +248,7 @@ class AsyncConnection:
             if future.done():  # the request's own error, a TimeoutError subclass: keep it
                 raise
             raise errors.RequestTimeoutError(
-                _REQUEST_TIMEOUT.format(expected=type(request).__name__, timeout=timeout)
+                _REQUEST_TIMEOUT.format(expected=name, timeout=timeout)
             ) from None
 
     def _submit(

@@ -30,7 +30,7 @@ from typing import Any
 
 import dm_env
 
-from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client import errors
 from dm_env_rpc_client._adaptor_core import (
     AdaptorCore,
     check_adaptor_kwargs,
@@ -156,9 +156,13 @@ class AsyncDmEnvAdaptor(AdaptorCore):
         return await self._step(action, self._timeout)
 
     async def _step(self, action: Mapping[str, Any], timeout: float | None) -> dm_env.TimeStep:
-        request = self.step_request(action)
-        # read_step: a large payload is copied at most once, as in the sync adaptor (_wire_step).
-        return self.step_response(await self._connection._send(request, timeout, None, read_step))
+        # As bytes (most actions without building messages), as in the sync adaptor; read_step:
+        # a large payload is copied at most once (_wire_step).
+        data, expected, name = self._step_data(action)
+        response = await self._connection._send_bytes(
+            data, expected, name, timeout, None, read_step
+        )
+        return self.step_response(response)
 
     async def step_iter(
         self,
@@ -192,13 +196,11 @@ class AsyncDmEnvAdaptor(AdaptorCore):
                 if len(window) >= in_flight:
                     for timestep in self._run_timesteps(await self._finished(window), decoder):
                         yield timestep
-                data, expected = messages.envelope(self.step_request(action))
+                data, expected, name = self._step_data(action)
                 slots = self._connection._slots  # a max_in_flight of the connection's own
                 if slots is not None:
                     await asyncio.wait_for(slots.acquire(), self._timeout)
-                window.append(
-                    ("StepRequest", self._connection._submit(data, expected, None, read_step))
-                )
+                window.append((name, self._connection._submit(data, expected, None, read_step)))
             while window:
                 for timestep in self._run_timesteps(await self._finished(window), decoder):
                     yield timestep

@@ -161,9 +161,12 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
 
 
 def wait_response(
-    future: concurrent.futures.Future[Any], timeout: float | None, request: message.Message
+    future: concurrent.futures.Future[Any], timeout: float | None, request: message.Message | str
 ) -> Any:
-    """The result of a sent request's future; a timeout raises RequestTimeoutError naming it."""
+    """The result of a sent request's future; a timeout raises RequestTimeoutError naming it.
+
+    ``request``: the request, or its type's name (for a request sent as bytes).
+    """
     try:
         return future.result(timeout)
     except concurrent.futures.TimeoutError:
@@ -172,9 +175,12 @@ def wait_response(
         raise request_timeout(request, timeout) from None
 
 
-def request_timeout(request: message.Message, timeout: float | None) -> errors.RequestTimeoutError:
-    """The error for ``request`` getting no response within ``timeout`` seconds."""
-    name = type(request).__name__
+def request_timeout(
+    request: message.Message | str, timeout: float | None
+) -> errors.RequestTimeoutError:
+    """The error for ``request`` (or a request of the type so named) getting no response
+    within ``timeout`` seconds."""
+    name = request if isinstance(request, str) else type(request).__name__
     return errors.RequestTimeoutError(_REQUEST_TIMEOUT.format(expected=name, timeout=timeout))
 
 
@@ -307,6 +313,17 @@ class Connection:
         """
         return self._submit(request, None, None, decode, future)
 
+    def _submit_bytes(
+        self,
+        data: bytes,
+        expected: str,
+        decode: Callable[[bytes], Any],
+        future: concurrent.futures.Future[Any] | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        """``_send_decoded`` for a request already serialized (``data``, as ``messages.envelope``
+        makes it; ``expected``: its response's payload field): the adaptor's step requests."""
+        return self._queue(data, expected, None, None, decode, future)
+
     def _submit(
         self,
         request: message.Message,
@@ -316,6 +333,19 @@ class Connection:
         future: concurrent.futures.Future[Any] | None = None,
     ) -> concurrent.futures.Future[Any]:
         data, expected = messages.envelope(request)
+        return self._queue(data, expected, response_type, timeout, decode, future)
+
+    def _queue(
+        self,
+        data: bytes,
+        expected: str,
+        response_type: type | None,
+        timeout: float | None,
+        decode: Callable[[bytes], Any] | None,
+        future: concurrent.futures.Future[Any] | None,
+    ) -> concurrent.futures.Future[Any]:
+        """Queues a serialized request: waits for room (``max_in_flight``), then files its
+        Future and writes it, or fails the Future at once if the connection is closed."""
         if future is None:
             future = concurrent.futures.Future()
         if self._slots is not None and not self._slots.acquire(timeout=timeout):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import dm_env
@@ -150,8 +150,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         return self._step(action, self._timeout)
 
     def _step(self, action: Mapping[str, Any], timeout: float | None) -> dm_env.TimeStep:
-        request = self.step_request(action)
-        future = self._send_step(request)
+        request, future = self._send_step(action)
         try:
             response = wait_response(future, timeout, request)
         except errors.RequestTimeoutError:
@@ -166,17 +165,28 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             with contextlib.suppress(errors.ProtocolError):
                 self._advance(future.result().state)
 
-    def _send_step(self, request: dm_env_rpc_pb2.StepRequest) -> concurrent.futures.Future[Any]:
-        """Sends a step; the Future's result goes to ``step_response`` (or ``_timestep``).
+    def _send_step(
+        self,
+        action: Mapping[str, Any],
+        decode: Callable[[bytes], Any] = read_step,
+        future: concurrent.futures.Future[Any] | None = None,
+    ) -> tuple[message.Message | str, concurrent.futures.Future[Any]]:
+        """Packs and sends a step; returns the request (or its type's name) and its Future.
 
-        Over a ``Connection`` the reader hands over the response bytes to
-        ``read_step``, so a large payload is copied once, or not at all with
-        ``copy_observations=False`` (``_wire_step``);
-        over any other connection it is the parsed StepResponse.
+        The request names the step in a timeout's message. Over a ``Connection``
+        the request goes as bytes (``_step_data``: most actions without building
+        messages), and the reader hands over the response bytes to ``decode``
+        (``read_step``, so a large payload is copied once, or not at all with
+        ``copy_observations=False``: ``_wire_step``), its result going to
+        ``future`` if given; over any other connection the Future's result is the
+        parsed StepResponse. Either way it goes to ``step_response`` (or ``_timestep``).
         """
-        if isinstance(self._connection, Connection):
-            return self._connection._send_decoded(request, read_step)
-        return self._connection.send_async(request)
+        connection = self._connection
+        if isinstance(connection, Connection):
+            data, expected, name = self._step_data(action)
+            return name, connection._submit_bytes(data, expected, decode, future)
+        request = self.step_request(action)
+        return request, connection.send_async(request)
 
     def _filed_step(self, data: bytes) -> tuple[dm_env.StepType, Any]:
         # On the reader thread, in response order: the state machine only (see StepFuture).
@@ -199,10 +209,9 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         ``ProtocolError`` (an impossible state transition) or
         ``ConnectionClosedError``.
         """
-        request = self.step_request(action)
         if isinstance(self._connection, Connection):
-            future = StepFuture(self._timestep)
-            return self._connection._send_decoded(request, self._filed_step, future)
+            return self._send_step(action, self._filed_step, StepFuture(self._timestep))[1]
+        request = self.step_request(action)
         result: concurrent.futures.Future[dm_env.TimeStep] = concurrent.futures.Future()
         sent = self._connection.send_async(request)
 
@@ -238,7 +247,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         if in_flight < 1:
             raise ValueError(f"in_flight must be at least 1, not {in_flight}.")
         decoder = StackedDecoder(self)
-        window: collections.deque[tuple[message.Message, concurrent.futures.Future[Any]]] = (
+        window: collections.deque[tuple[message.Message | str, concurrent.futures.Future[Any]]] = (
             collections.deque()
         )
         run = max(1, in_flight // 2)
@@ -246,8 +255,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             for action in actions:
                 if len(window) >= in_flight:
                     yield from self._finished_steps(window, decoder, run)
-                request = self.step_request(action)
-                window.append((request, self._send_step(request)))
+                window.append(self._send_step(action))
             while window:
                 yield from self._finished_steps(window, decoder, run)
         finally:
@@ -259,7 +267,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
 
     def _finished_steps(
         self,
-        window: collections.deque[tuple[message.Message, concurrent.futures.Future[Any]]],
+        window: collections.deque[tuple[message.Message | str, concurrent.futures.Future[Any]]],
         decoder: StackedDecoder,
         run: int,
     ) -> Iterator[dm_env.TimeStep]:
