@@ -12,7 +12,8 @@ The payload of a fixed-width action is the raw little-endian bytes of its array
 (``tensors``), so every world's request is one template with that world's
 payload bytes written into it. A template is one real request, packed and
 serialized by the per-world path once per set of action names (in the order the
-caller gives them: the order of the request's map entries follows it), with the
+caller gives them: the order of the request's map entries depends on it; it is
+protobuf's map order, not the caller's, but the same each time), with the
 places of its payloads read from its bytes; the requests of all the worlds are
 then written by one NumPy copy per action. Varint payloads (int32, int64,
 uint32, uint64, bool) qualify when all their values take varints of one length,
@@ -27,8 +28,8 @@ per-world dicts, varints of different lengths.
 ``step_async``, ``step_iter``): ``encode(action)`` returns exactly the bytes of
 ``messages.envelope(env.step_request(action))``, or None. Its templates are the
 request's bytes cut at its payloads (keyed by the names in the caller's order
-and the payloads' lengths), and the request is one ``b"".join`` of them with the
-action's payloads. A scalar value that ``SpecManager._pack_one`` takes without
+and the payloads' lengths, with the order the payloads lie in), and the request
+is one ``b"".join`` of them with the action's payloads. A scalar value that ``SpecManager._pack_one`` takes without
 NumPy (a Python number, or a NumPy scalar of the spec's dtype, within
 ``scalar_limits``) is encoded without NumPy: ``struct`` for float and double, a
 table for int8, uint8 and bool, a varint for the others (a negative int32 or
@@ -259,6 +260,13 @@ class _Scalar(NamedTuple):
     write: Callable[[Any], bytes]
 
 
+class _Pieces(NamedTuple):
+    """A template: a request's bytes between its payloads, and which payload goes where."""
+
+    between: tuple[bytes, ...]  # before the first payload, ..., after the last; b"" for each
+    order: tuple[int, ...] | None  # the caller's index of each payload in place; None: in order
+
+
 class ActionEncoder:
     """Encodes one adaptor's step requests as bytes (see the module docstring).
 
@@ -281,9 +289,8 @@ class ActionEncoder:
                     high,
                     _SCALAR_WRITERS[compiled.dtype.name],
                 )
-        # (names, payload lengths) -> the request's bytes between its payloads; None: the
-        # slow path always.
-        self._templates: dict[tuple[Any, ...], tuple[bytes, ...] | None] = {}
+        # (names, payload lengths) -> the template; None: the slow path always.
+        self._templates: dict[tuple[Any, ...], _Pieces | None] = {}
 
     def encode(self, action: Any) -> bytes | None:
         """The bytes of ``messages.envelope(step_request(action))``, or None: take that path.
@@ -320,10 +327,11 @@ class ActionEncoder:
             pieces = self._templates[key] = self._template_for(action, payloads)
         if pieces is None:
             return None
+        between, order = pieces
         if len(payloads) == 1:
-            return pieces[0] + payloads[0] + pieces[2]
-        parts = list(pieces)
-        parts[1::2] = payloads
+            return between[0] + payloads[0] + between[2]
+        parts = list(between)
+        parts[1::2] = payloads if order is None else [payloads[index] for index in order]
         return b"".join(parts)
 
     def _checked_payload(self, name: Any, value: Any) -> bytes | None:
@@ -346,22 +354,24 @@ class ActionEncoder:
         payload = _payloads(array, 1)
         return None if payload is None else payload.tobytes()
 
-    def _template_for(
-        self, action: dict[Any, Any], payloads: list[bytes]
-    ) -> tuple[bytes, ...] | None:
-        """The request's bytes between its payloads (one real request of the slow path);
-        None if its payloads are not where and what ``encode`` makes them."""
+    def _template_for(self, action: dict[Any, Any], payloads: list[bytes]) -> _Pieces | None:
+        """The template of one real request of the slow path; None if its payloads are not
+        where and what ``encode`` makes them (then these names always take the slow path)."""
         data, _ = messages.envelope(self._adaptor._step_request(action))
         uids = [self._manager.name_to_uid(name) for name in action]
         spans = _payload_spans(data, uids)
         if spans is None:
             return None
-        pieces: list[bytes] = []
+        # The map entries lie in protobuf's order, the same for the same names in the same
+        # order (its table's), not the caller's: the payloads go in by their places.
+        order = sorted(range(len(spans)), key=lambda index: spans[index][0])
+        between: list[bytes] = []
         at = 0
-        for (start, stop), payload in zip(spans, payloads, strict=True):
-            if start < at or data[start:stop] != payload:
+        for index in order:
+            start, stop = spans[index]
+            if start < at or data[start:stop] != payloads[index]:
                 return None
-            pieces += (data[at:start], b"")
+            between += (data[at:start], b"")
             at = stop
-        pieces.append(data[at:])
-        return tuple(pieces)
+        between.append(data[at:])
+        return _Pieces(tuple(between), None if order == sorted(order) else tuple(order))
