@@ -70,7 +70,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart, errors, messages
+from dm_env_rpc_client import _restart, errors
 from dm_env_rpc_client._batch_core import (
     _FAILED,
     _LIVE,
@@ -329,8 +329,8 @@ class BatchedEnvironment(BatchCore):
                 raise self._refusal(index)
         wire = self._encoded(actions, ids)
         if wire is None:  # the per-world path: it raises each world's own errors
-            packed = self._step_requests(actions, ids)
             if self._runner is None:  # adaptors over connections of their own
+                packed = self._step_requests(actions, ids)
                 sent = time.perf_counter()
                 for index, request in zip(ids, packed, strict=True):
                     future = self.envs[index].connection.send_async(request)
@@ -338,7 +338,7 @@ class BatchedEnvironment(BatchCore):
                     callback = functools.partial(self._finished, index, self._gen[index], sent)
                     future.add_done_callback(callback)
                 return
-            wire = [messages.envelope(request)[0] for request in packed]
+            wire = self._step_requests(actions, ids, as_bytes=True)
         # On the batch's loop: requests are packed here, then written by one loop call.
         sent = time.perf_counter()
         in_flight = self._in_flight
@@ -363,13 +363,16 @@ class BatchedEnvironment(BatchCore):
                 return None
         return encoder.encode(actions, len(ids))
 
-    def _step_requests(self, actions: Any, ids: list[int]) -> list[Any]:
-        """One StepRequest per world of ``ids``; raises ``WorldError`` naming a world whose action is refused."""
+    def _step_requests(self, actions: Any, ids: list[int], as_bytes: bool = False) -> list[Any]:
+        """One StepRequest per world of ``ids``, or (``as_bytes``) its EnvironmentRequest bytes
+        (``_step_data``: most actions without building messages); raises ``WorldError`` naming
+        a world whose action is refused."""
         per_world = split_actions(actions, len(ids), self.envs[0].action_manager.names())
         packed = []
         for index, action in zip(ids, per_world, strict=True):
+            env = self.envs[index]
             try:
-                packed.append(self.envs[index].step_request(action))
+                packed.append(env._step_data(action)[0] if as_bytes else env.step_request(action))
             except errors.DmEnvRpcClientError as exc:
                 raise self._wrap(index, exc) from exc
         return packed

@@ -185,3 +185,21 @@ def test_string_actions_and_per_world_lists_take_the_per_world_path(
     listed = [{"i8": np.int8(i)} for i in range(WORLDS)]
     batch = envs.step(listed, timeout=10)
     assert batch.observation["act"]["i8"].tolist() == list(range(WORLDS))
+
+
+def test_the_per_world_path_sends_step_requests_bytes(zoo_batch: BatchedEnvironment) -> None:
+    """What the stacked fast path leaves (per-world dicts, varints of different lengths) is
+    sent as each world's step_request bytes (through its adaptor's ActionEncoder)."""
+    envs, rng = zoo_batch, np.random.default_rng(4)
+    numeric = _numeric_specs(envs)
+    ids = list(range(WORLDS))
+    for draw in range(20):
+        mode = ("small", "large", "any")[draw % 3]  # "any": a world's varint array may differ
+        stacked = {name: _draw_stacked(spec, mode, rng) for name, spec in numeric.items()}
+        listed = [{name: value[index] for name, value in stacked.items()} for index in ids]
+        for actions in (stacked, listed, [specs.unflatten(action) for action in listed]):
+            got = envs._step_requests(actions, ids, as_bytes=True)
+            assert got == _per_world_bytes(envs, actions), draw
+        if mode != "any":  # each world's request was written into its template
+            for env, action in zip(envs.envs, listed, strict=True):
+                assert env._encoder.encode(action) is not None  # type: ignore[union-attr]
