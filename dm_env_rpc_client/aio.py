@@ -263,7 +263,7 @@ class AsyncConnection:
         No backpressure: the caller bounds what it has in flight. Returns the
         response future, failed at once if the connection is closed. ``decode``
         makes the result from the response bytes in place of the usual parsing
-        (as ``Connection._send_decoded``; the steppers pass ``read_step``).
+        (as ``Connection._submit_bytes``; the steppers pass ``read_step``).
         """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume)  # an abandoned (timed-out) request logs nothing

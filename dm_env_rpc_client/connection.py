@@ -298,21 +298,6 @@ class Connection:
         """
         return self._submit(request, response_type, timeout, None)
 
-    def _send_decoded(
-        self,
-        request: message.Message,
-        decode: Callable[[bytes], Any],
-        future: concurrent.futures.Future[Any] | None = None,
-    ) -> concurrent.futures.Future[Any]:
-        """``send_async``, with the Future's result made by ``decode(response bytes)``.
-
-        ``decode`` runs on the reader thread, in response order, in place of the
-        usual parsing (see ``messages.PendingQueue.push``): the adaptor reads its
-        step responses this way, with one Future per step (``future``, if given:
-        the adaptor's own kind).
-        """
-        return self._submit(request, None, None, decode, future)
-
     def _submit_bytes(
         self,
         data: bytes,
@@ -320,8 +305,15 @@ class Connection:
         decode: Callable[[bytes], Any],
         future: concurrent.futures.Future[Any] | None = None,
     ) -> concurrent.futures.Future[Any]:
-        """``_send_decoded`` for a request already serialized (``data``, as ``messages.envelope``
-        makes it; ``expected``: its response's payload field): the adaptor's step requests."""
+        """``send_async`` for a request already serialized, its result made by ``decode``.
+
+        ``data`` is the request as ``messages.envelope`` makes it, ``expected`` the
+        payload field of its response. ``decode(response bytes)`` runs on the
+        reader thread, in response order, in place of the usual parsing (see
+        ``messages.PendingQueue.push``): the adaptor sends its steps this way
+        (``AdaptorCore._step_data``) and reads their responses, with one Future
+        per step (``future``, if given: the adaptor's own kind).
+        """
         return self._queue(data, expected, None, None, decode, future)
 
     def _submit(
