@@ -197,7 +197,7 @@ class AdaptorCore:
             cls.step_request is AdaptorCore.step_request
             and cls._step_request is AdaptorCore._step_request
         )
-        self._encoder = ActionEncoder(self) if self._validate and own_requests else None
+        self._encoder = ActionEncoder(self._actions) if self._validate and own_requests else None
 
     # --- the TimeStep state machine ------------------------------------------------------
 
@@ -356,7 +356,7 @@ class AdaptorCore:
         encoder = self._encoder
         if encoder is not None:
             self._check_open()
-            data = encoder.encode(action)
+            data = encoder.encode(action, self._step_request)
             if data is not None:
                 return data, _STEP, _STEP_REQUEST
         request = self.step_request(action)

@@ -46,9 +46,10 @@ import math
 import struct
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+from google.protobuf import message
 
 from dm_env_rpc_client import errors, messages, specs
 from dm_env_rpc_client._wire import _encode_varints, _read_varint, _varint
@@ -58,8 +59,13 @@ MAX_TEMPLATES = 32  # sets of action names (with payload sizes) kept; others tak
 _STEP_TAG = 3 << 3 | 2  # EnvironmentRequest.step
 _ENTRY_TAG = 1 << 3 | 2  # StepRequest.actions: a map entry (uid, Tensor), as observations'
 
-if TYPE_CHECKING:
-    from dm_env_rpc_client._adaptor_core import AdaptorCore
+
+class _Adaptor(Protocol):
+    """What the encoders need of an adaptor (``AdaptorCore``, which imports this module)."""
+
+    _actions: specs.SpecManager
+
+    def _step_request(self, action: Any) -> message.Message: ...
 
 
 class _Template(NamedTuple):
@@ -135,7 +141,7 @@ class StepEncoder:
         observations are every world's.
     """
 
-    def __init__(self, template: AdaptorCore) -> None:
+    def __init__(self, template: _Adaptor) -> None:
         self._adaptor = template
         self._manager = template._actions
         self._covered = _covered(self._manager)
@@ -271,13 +277,11 @@ class ActionEncoder:
     """Encodes one adaptor's step requests as bytes (see the module docstring).
 
     Args:
-      adaptor: the adaptor; its action specs and requested observations are the
-        requests'. Made again when its specs change.
+      actions: the adaptor's action specs (it makes a new encoder when they change).
     """
 
-    def __init__(self, adaptor: AdaptorCore) -> None:
-        self._adaptor = adaptor
-        self._manager = adaptor._actions
+    def __init__(self, actions: specs.SpecManager) -> None:
+        self._manager = actions
         self._covered = _covered(self._manager)
         self._scalars: dict[str, _Scalar] = {}
         for name, compiled in self._covered.items():
@@ -292,11 +296,13 @@ class ActionEncoder:
         # (names, payload lengths) -> the template; None: the slow path always.
         self._templates: dict[tuple[Any, ...], _Pieces | None] = {}
 
-    def encode(self, action: Any) -> bytes | None:
+    def encode(self, action: Any, step_request: Callable[[Any], message.Message]) -> bytes | None:
         """The bytes of ``messages.envelope(step_request(action))``, or None: take that path.
 
         Only ``dict`` actions are encoded (nested dicts are flattened first, as
-        ``SpecManager.pack`` does).
+        ``SpecManager.pack`` does). ``step_request`` is the adaptor's (without the
+        check that it is open): a new template is learned from its request. (The
+        encoder does not keep it: the adaptor keeps the encoder.)
         """
         if type(action) is not dict:
             return None
@@ -311,7 +317,8 @@ class ActionEncoder:
                         return None
                     payloads.append(write(value))
                 elif isinstance(value, Mapping):
-                    return self.encode(specs.flatten(action))  # no Mapping in it: one level
+                    # No Mapping in it: one level down.
+                    return self.encode(specs.flatten(action), step_request)
                 else:
                     payload = self._checked_payload(name, value)
                     if payload is None:
@@ -324,7 +331,7 @@ class ActionEncoder:
         if pieces is _UNSEEN:
             if len(self._templates) >= MAX_TEMPLATES:
                 return None
-            pieces = self._templates[key] = self._template_for(action, payloads)
+            pieces = self._templates[key] = self._template_for(action, payloads, step_request)
         if pieces is None:
             return None
         between, order = pieces
@@ -354,10 +361,15 @@ class ActionEncoder:
         payload = _payloads(array, 1)
         return None if payload is None else payload.tobytes()
 
-    def _template_for(self, action: dict[Any, Any], payloads: list[bytes]) -> _Pieces | None:
+    def _template_for(
+        self,
+        action: dict[Any, Any],
+        payloads: list[bytes],
+        step_request: Callable[[Any], message.Message],
+    ) -> _Pieces | None:
         """The template of one real request of the slow path; None if its payloads are not
         where and what ``encode`` makes them (then these names always take the slow path)."""
-        data, _ = messages.envelope(self._adaptor._step_request(action))
+        data, _ = messages.envelope(step_request(action))
         uids = [self._manager.name_to_uid(name) for name in action]
         spans = _payload_spans(data, uids)
         if spans is None:

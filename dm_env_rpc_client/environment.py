@@ -60,6 +60,8 @@ from dm_env_rpc_client.connection import (
 from dm_env_rpc_client.properties import PropertiesExtension
 
 specs_table = specs.specs_table  # importable from here as before
+# step_iter's steps in flight: the request (or its type's name, for a timeout), its Future.
+_Window = collections.deque[tuple[message.Message | str, concurrent.futures.Future[Any]]]
 
 
 class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
@@ -171,16 +173,9 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         decode: Callable[[bytes], Any] = read_step,
         future: concurrent.futures.Future[Any] | None = None,
     ) -> tuple[message.Message | str, concurrent.futures.Future[Any]]:
-        """Packs and sends a step; returns the request (or its type's name) and its Future.
-
-        The request names the step in a timeout's message. Over a ``Connection``
-        the request goes as bytes (``_step_data``: most actions without building
-        messages), and the reader hands over the response bytes to ``decode``
-        (``read_step``, so a large payload is copied once, or not at all with
-        ``copy_observations=False``: ``_wire_step``), its result going to
-        ``future`` if given; over any other connection the Future's result is the
-        parsed StepResponse. Either way it goes to ``step_response`` (or ``_timestep``).
-        """
+        """Sends a step (as bytes over a ``Connection``: ``_step_data``); returns the request or its
+        type's name (for a timeout's message) and its Future: ``future`` if given, resolved with
+        ``decode(response bytes)`` over a ``Connection``, else with the StepResponse."""
         connection = self._connection
         if isinstance(connection, Connection):
             data, expected, name = self._step_data(action)
@@ -247,9 +242,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         if in_flight < 1:
             raise ValueError(f"in_flight must be at least 1, not {in_flight}.")
         decoder = StackedDecoder(self)
-        window: collections.deque[tuple[message.Message | str, concurrent.futures.Future[Any]]] = (
-            collections.deque()
-        )
+        window: _Window = collections.deque()
         run = max(1, in_flight // 2)
         try:
             for action in actions:
@@ -267,7 +260,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
 
     def _finished_steps(
         self,
-        window: collections.deque[tuple[message.Message | str, concurrent.futures.Future[Any]]],
+        window: _Window,
         decoder: StackedDecoder,
         run: int,
     ) -> Iterator[dm_env.TimeStep]:

@@ -101,6 +101,12 @@ def echo() -> Iterator[tuple[Connection, DmEnvAdaptor]]:
         yield conn, env
 
 
+def _fast(env: DmEnvAdaptor, action: Any) -> bytes | None:
+    """What the adaptor's ActionEncoder makes of ``action`` (None: it takes step_request)."""
+    assert env._encoder is not None
+    return env._encoder.encode(action, env._step_request)
+
+
 def _slow_bytes(env: DmEnvAdaptor, action: Any) -> bytes:
     """What the step_request path sends for ``action``."""
     return messages.envelope(env.step_request(action))[0]
@@ -179,7 +185,7 @@ def test_every_dtype_name_order_and_nesting_gives_step_requests_bytes(echo) -> N
         action = {name: _value(name, rng, small=draw % 2 == 0) for name in names}
         form = specs.unflatten(action) if draw % 3 == 0 else action  # nested, or dotted names
         known = len(encoder._templates)
-        assert encoder.encode(form) == _slow_bytes(env, form), (draw, form)
+        assert encoder.encode(form, env._step_request) == _slow_bytes(env, form), (draw, form)
         reused += len(encoder._templates) == known  # this request's template was learned before
     assert reused > 300  # most of the small ones
 
@@ -195,10 +201,10 @@ def test_every_varint_length_reuses_its_template(echo, name: str) -> None:
         for value in (_varint_value(dtype, length, rng), _varint_value(dtype, length, rng)):
             for form in (value, dtype(value)):
                 action = {"i8": -3, name: form, "f32": 0.5}
-                assert env._encoder.encode(action) == _slow_bytes(env, action), (length, value)
+                assert _fast(env, action) == _slow_bytes(env, action), (length, value)
     for value in (int(info.min), int(info.max), -1, 0, 127, 128):
         if info.min <= value <= info.max:
-            assert env._encoder.encode({name: value}) == _slow_bytes(env, {name: value})
+            assert _fast(env, {name: value}) == _slow_bytes(env, {name: value})
 
 
 def test_what_the_fast_path_leaves_gives_the_same_bytes_by_step_request(echo) -> None:
@@ -213,7 +219,7 @@ def test_what_the_fast_path_leaves_gives_the_same_bytes_by_step_request(echo) ->
         None,
     ]
     for action in slow_but_valid:
-        assert env._encoder.encode(action) is None, action
+        assert _fast(env, action) is None, action
         data, expected, name = env._step_data(action)
         assert (data, expected, name) == (_slow_bytes(env, action), "step", "StepRequest")
     covered_other_forms = [
@@ -227,12 +233,12 @@ def test_what_the_fast_path_leaves_gives_the_same_bytes_by_step_request(echo) ->
         {},
     ]
     for action in covered_other_forms:
-        assert env._encoder.encode(action) == _slow_bytes(env, action), action
+        assert _fast(env, action) == _slow_bytes(env, action), action
 
 
 def _refused(env: DmEnvAdaptor) -> dict[str, Any]:
     good = {name: _value(name, np.random.default_rng(2)) for name in NUMERIC}
-    env._encoder.encode(good)  # its template is known: a bad value must not slip through it
+    _fast(env, good)  # its template is known: a bad value must not slip through it
 
     def but(name: str, value: Any) -> dict[str, Any]:
         return {**good, name: value}
@@ -307,7 +313,7 @@ def test_a_refused_action_raises_step_requests_error_and_sends_nothing(echo, cas
     action = _refused(env)[case]
     with pytest.raises(errors.DmEnvRpcClientError) as before:
         env.step_request(action)
-    assert env._encoder.encode(action) is None
+    assert _fast(env, action) is None
     for send in (env.step, env.step_async, lambda a: list(env.step_iter([a]))):
         with pytest.raises(type(before.value)) as got:
             send(action)
@@ -378,7 +384,7 @@ def test_steps_give_the_timesteps_of_step_request_and_the_server_gets_the_action
     for _ in range(30):
         names = [str(n) for n in rng.permutation(NUMERIC)][: int(rng.integers(1, len(NUMERIC)))]
         actions.append(specs.unflatten({name: _value(name, rng) for name in names}))
-    assert all(fast._encoder.encode(action) is not None for action in actions)
+    assert all(_fast(fast, action) is not None for action in actions)
     with _joined(conn.address, OwnInner) as slow:
         assert slow._encoder is None
         got, expected = _steps(fast, actions), _steps(slow, actions)
@@ -419,7 +425,7 @@ def test_templates_are_bounded_and_new_specs_get_a_new_encoder(echo) -> None:
     room = MAX_TEMPLATES - len(encoder._templates)  # (reset's step learned one: {})
     slow = 0
     for action in actions:
-        fast = encoder.encode(action)
+        fast = encoder.encode(action, env._step_request)
         assert len(encoder._templates) <= MAX_TEMPLATES
         if fast is None:
             assert len(encoder._templates) == MAX_TEMPLATES
@@ -428,7 +434,9 @@ def test_templates_are_bounded_and_new_specs_get_a_new_encoder(echo) -> None:
             assert fast == _slow_bytes(env, action)
         assert env._step_data(action)[0] == _slow_bytes(env, action)
     assert slow == len(actions) - room
-    assert encoder.encode({"i32": 5}) is not None  # a learned one still is encoded
+    assert (
+        encoder.encode({"i32": 5}, env._step_request) is not None
+    )  # a learned one still is encoded
     # New specs on reset (the adaptor takes them): requests for the new specs.
     changed = dm_env_rpc_pb2.ActionObservationSpecs()
     changed.CopyFrom(env._wire_specs)
@@ -438,7 +446,7 @@ def test_templates_are_bounded_and_new_specs_get_a_new_encoder(echo) -> None:
     env._reset_done(dm_env_rpc_pb2.ResetResponse(specs=changed))
     assert env._encoder is not encoder
     action = {"more": -7, "i32": 5}
-    assert env._encoder.encode(action) == _slow_bytes(env, action)
+    assert _fast(env, action) == _slow_bytes(env, action)
 
 
 def test_the_async_adaptor_sends_the_same_steps(echo) -> None:
@@ -467,7 +475,7 @@ def test_a_step_sent_as_bytes_times_out_naming_its_request(server_process) -> No
     with dmr.connect(server.address, timeout=20) as conn:
         env, _ = dmr.create_and_join_world(conn, {}, {}, timeout=0.3)
         env.reset()
-        assert env._encoder.encode({"paddle": 1}) is not None
+        assert _fast(env, {"paddle": 1}) is not None
         sigstop(server.process)
         try:
             with pytest.raises(errors.RequestTimeoutError, match=message):
@@ -503,7 +511,7 @@ def test_steps_sent_as_bytes_wait_for_room_and_fail_on_a_closed_connection(
     conn = dmr.connect(server.address, timeout=20, max_in_flight=2)
     env, _ = dmr.create_and_join_world(conn, {}, {}, timeout=10)
     env.reset()
-    assert env._encoder.encode({"paddle": 1}) is not None
+    assert _fast(env, {"paddle": 1}) is not None
     sigstop(server.process)  # hold the steps in flight
     try:
         held = [env.step_async({"paddle": 1}) for _ in range(2)]

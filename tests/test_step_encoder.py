@@ -202,4 +202,4 @@ def test_the_per_world_path_sends_step_requests_bytes(zoo_batch: BatchedEnvironm
             assert got == _per_world_bytes(envs, actions), draw
         if mode != "any":  # each world's request was written into its template
             for env, action in zip(envs.envs, listed, strict=True):
-                assert env._encoder.encode(action) is not None  # type: ignore[union-attr]
+                assert env._encoder.encode(action, env._step_request) is not None  # type: ignore[union-attr]
