@@ -14,6 +14,7 @@ from typing import Any
 import dm_env
 import numpy as np
 import pytest
+from compare import assert_same
 from conftest import sigstop
 from dm_env import specs as dm_specs
 
@@ -321,23 +322,6 @@ def test_a_refused_action_raises_step_requests_error_and_sends_nothing(echo, cas
     assert env.step({"f32": 1.0}).observation["act"]["f32"] == np.float32(1.0)  # goes on
 
 
-def _same(a: Any, b: Any) -> None:
-    """Equal values of equal types (arrays: equal dtype and shape)."""
-    assert type(a) is type(b), (a, b)
-    if isinstance(a, dict):
-        assert list(a) == list(b)
-        for key in a:
-            _same(a[key], b[key])
-    elif isinstance(a, tuple):  # a TimeStep
-        for x, y in zip(a, b, strict=True):
-            _same(x, y)
-    elif isinstance(a, (np.ndarray, np.generic)):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a, b)
-    else:
-        assert a == b
-
-
 class OwnRequests(DmEnvAdaptor):
     """Makes its requests itself: doubles ``lim.i64`` (so the fast path must not be taken)."""
 
@@ -388,7 +372,7 @@ def test_steps_give_the_timesteps_of_step_request_and_the_server_gets_the_action
         assert slow._encoder is None
         got, expected = _steps(fast, actions), _steps(slow, actions)
     for a, b in zip(got, expected, strict=True):
-        _same(a, b)
+        assert_same(a, b)
     for timestep, action in zip(got[1:], actions, strict=True):
         for name, value in specs.flatten(action).items():
             echoed = specs.flatten(timestep.observation["act"])[name]
@@ -465,7 +449,7 @@ def test_the_async_adaptor_sends_the_same_steps(echo) -> None:
             return out
 
     for a, b in zip(asyncio.run(main()), expected, strict=True):
-        _same(a, b)
+        assert_same(a, b)
 
 
 def test_a_step_sent_as_bytes_times_out_naming_its_request(server_process) -> None:

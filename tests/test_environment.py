@@ -14,6 +14,7 @@ from typing import Any
 import dm_env
 import numpy as np
 import pytest
+from compare import assert_same
 from conftest import sigstop
 from dm_env import specs as dm_specs
 from dm_env import test_utils
@@ -216,20 +217,6 @@ def test_step_async_makes_each_timestep_in_the_thread_that_asks(conn: Connection
     assert seen == [StepType.MID]
 
 
-def _same(a: Any, b: Any) -> None:
-    """Equal values of equal types (arrays: equal dtype and shape)."""
-    assert type(a) is type(b), (a, b)
-    if isinstance(a, dict):
-        assert sorted(a) == sorted(b)
-        for key in a:
-            _same(a[key], b[key])
-    elif isinstance(a, (np.ndarray, np.generic)):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a, b)
-    else:
-        assert a == b
-
-
 @pytest.mark.parametrize("in_flight", [3, 64])
 @pytest.mark.parametrize("env_name", ["catch", "nested"])
 def test_lockstep_and_pipelined_give_identical_timesteps(env_name: str, in_flight: int) -> None:
@@ -260,10 +247,10 @@ def test_lockstep_and_pipelined_give_identical_timesteps(env_name: str, in_fligh
     lockstep = run("lockstep")
     for how in ("step_iter", "one batch"):
         for a, b in zip(lockstep, run(how), strict=True):
-            _same(a.step_type, b.step_type)
-            _same(a.reward, b.reward)
-            _same(a.discount, b.discount)
-            _same(a.observation, b.observation)
+            assert_same(a.step_type, b.step_type)
+            assert_same(a.reward, b.reward)
+            assert_same(a.discount, b.discount)
+            assert_same(a.observation, b.observation)
 
 
 def test_reset_refreshes_specs_and_close_is_idempotent(conn: Connection) -> None:
