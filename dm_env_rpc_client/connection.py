@@ -340,12 +340,22 @@ class Connection:
         Future and writes it, or fails the Future at once if the connection is closed."""
         if future is None:
             future = concurrent.futures.Future()
-        if self._slots is not None and not self._slots.acquire(timeout=timeout):
-            raise errors.RequestTimeoutError(
-                _IN_FLIGHT_TIMEOUT.format(timeout=timeout, limit=self._limit)
-            )
+        slots = self._slots
+        if slots is not None:
+            if self._closed_error is not None:  # closed: fail at once, not wait for room
+                future.set_exception(self._closed_error)
+                return future
+            if not slots.acquire(timeout=timeout):
+                raise errors.RequestTimeoutError(
+                    _IN_FLIGHT_TIMEOUT.format(timeout=timeout, limit=self._limit)
+                )
         with self._lock:
             if self._closed_error is not None:
+                if slots is not None:
+                    # The room goes back: no response will free it, and a later request
+                    # that found none left would wait for ever.
+                    with contextlib.suppress(ValueError):  # already full
+                        slots.release()
                 future.set_exception(self._closed_error)
                 return future
             self._pending.push(future, expected, response_type, decode)

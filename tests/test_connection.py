@@ -143,6 +143,46 @@ def test_close_with_pending_sends_timeouts_and_backpressure(server_process) -> N
         os.kill(server.process.pid, signal.SIGCONT)
 
 
+def test_requests_after_close_fail_at_once_however_many_with_backpressure(
+    server_process,
+) -> None:
+    # With max_in_flight, close() wakes the senders waiting for room, and each took a slot
+    # it never gave back: once more requests came than close() had released, the next one
+    # waited for room for ever (a step with timeout=None hung the caller).
+    server = server_process()
+    conn = connect(server.address, timeout=20, max_in_flight=2)
+    _join(conn)
+    sigstop(server.process)  # hold the requests in flight
+    try:
+        held = [conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(2)]
+        waiting: list[Any] = []
+        sender = threading.Thread(
+            target=lambda: waiting.append(conn.send_async(dm_env_rpc_pb2.StepRequest())),
+            daemon=True,
+        )
+        sender.start()
+        slots: Any = conn._slots
+        assert wait_for(lambda: bool(slots._cond._waiters))  # it waits for room
+        conn.close()
+        sender.join(timeout=10)
+        assert not sender.is_alive()
+        later: list[Any] = []
+        after = threading.Thread(
+            target=lambda: later.extend(
+                conn.send_async(dm_env_rpc_pb2.StepRequest()) for _ in range(8)
+            ),
+            daemon=True,
+        )
+        after.start()
+        after.join(timeout=10)
+        assert not after.is_alive(), "a request after close() waits for room"
+        assert len(later) == 8
+        for future in [*held, *waiting, *later]:
+            assert isinstance(future.exception(timeout=0), errors.ConnectionClosedError)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
 def test_no_threads_or_channels_left_after_close(server_process) -> None:
     server = server_process()  # out of process, so every new thread here is the client's
     before = set(threading.enumerate())
