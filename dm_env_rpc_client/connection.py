@@ -296,7 +296,8 @@ class Connection:
           with ``DmEnvRpcError`` for a server error, ``ProtocolError`` for a
           mismatched response, ``ConnectionClosedError`` when the stream ends.
         """
-        return self._submit(request, response_type, timeout, None)
+        data, expected = messages.envelope(request)
+        return self._queue(data, expected, response_type, timeout, None, None)
 
     def _submit_bytes(
         self,
@@ -315,17 +316,6 @@ class Connection:
         per step (``future``, if given: the adaptor's own kind).
         """
         return self._queue(data, expected, None, None, decode, future)
-
-    def _submit(
-        self,
-        request: message.Message,
-        response_type: type | None,
-        timeout: float | None,
-        decode: Callable[[bytes], Any] | None,
-        future: concurrent.futures.Future[Any] | None = None,
-    ) -> concurrent.futures.Future[Any]:
-        data, expected = messages.envelope(request)
-        return self._queue(data, expected, response_type, timeout, decode, future)
 
     def _queue(
         self,
