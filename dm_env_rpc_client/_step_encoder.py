@@ -95,6 +95,17 @@ def _payloads(array: np.ndarray, count: int) -> np.ndarray | None:
     return np.frombuffer(_encode_varints(flat), np.uint8).reshape(count, -1)
 
 
+def _learn(
+    manager: specs.SpecManager, step_request: Callable[[Any], message.Message], action: Any
+) -> tuple[bytes, list[tuple[int, int]]] | None:
+    """A template's source: one real request for ``action`` made by ``step_request`` (its
+    EnvironmentRequest bytes) and where each action's payload lies in it, in ``action``'s
+    name order; None if its bytes are not laid out as ``_payload_spans`` reads them."""
+    data, _ = messages.envelope(step_request(action))
+    spans = _payload_spans(data, [manager.name_to_uid(name) for name in action])
+    return None if spans is None else (data, spans)
+
+
 def _payload_spans(data: bytes, uids: list[int]) -> list[tuple[int, int]] | None:
     """Where the payload of each of ``uids`` lies in a step's EnvironmentRequest bytes.
 
@@ -195,11 +206,10 @@ class StepEncoder:
     def _template_for(self, first: dict[str, Any], payloads: list[np.ndarray]) -> _Template | None:
         """The template of the first world's request; None if its payloads are not where
         and what ``_payloads`` makes them (then these names always take the slow path)."""
-        data, _ = messages.envelope(self._adaptor._step_request(first))
-        uids = [self._manager.name_to_uid(name) for name in first]
-        spans = _payload_spans(data, uids)
-        if spans is None:
+        learned = _learn(self._manager, self._adaptor._step_request, first)
+        if learned is None:
             return None
+        data, spans = learned
         template = np.frombuffer(data, np.uint8)
         for (start, stop), payload in zip(spans, payloads, strict=True):
             if not np.array_equal(template[start:stop], payload[0]):
@@ -369,11 +379,10 @@ class ActionEncoder:
     ) -> _Pieces | None:
         """The template of one real request of the slow path; None if its payloads are not
         where and what ``encode`` makes them (then these names always take the slow path)."""
-        data, _ = messages.envelope(step_request(action))
-        uids = [self._manager.name_to_uid(name) for name in action]
-        spans = _payload_spans(data, uids)
-        if spans is None:
+        learned = _learn(self._manager, step_request, action)
+        if learned is None:
             return None
+        data, spans = learned
         # The map entries lie in protobuf's order, the same for the same names in the same
         # order (its table's), not the caller's: the payloads go in by their places.
         order = sorted(range(len(spans)), key=lambda index: spans[index][0])
