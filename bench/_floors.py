@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -26,8 +26,12 @@ def step_request(specs: Any) -> dm_env_rpc_pb2.StepRequest:
     return dm_env_rpc_pb2.StepRequest(requested_observations=sorted(specs.observations))
 
 
-def raw_floor(address: str, window: int) -> Variant:
-    """Pre-serialized requests and undecoded responses over a bare gRPC stream."""
+def raw_floor(address: str, window: int, each: Callable[[], Any] | None = None) -> Variant:
+    """Pre-serialized requests and undecoded responses over a bare gRPC stream.
+
+    ``each``, if given, is called on the sending thread after each request
+    (``in_stream.py`` times its own Python there).
+    """
     channel = grpc.insecure_channel(address)
     outgoing: queue.SimpleQueue[Any] = queue.SimpleQueue()
     call = channel.stream_stream(METHOD)(iter(outgoing.get, None))
@@ -56,6 +60,8 @@ def raw_floor(address: str, window: int) -> Variant:
         for _ in range(steps):
             slots.acquire()
             outgoing.put(data)
+            if each is not None:
+                each()
         done.wait()
         thread.join()
 
