@@ -345,6 +345,31 @@ class BatchCore:
                 self._done[index].appendleft((outcome, latency))
             self._ready += len(items)
 
+    def _reset_each(self, ids: list[int], timeout: float | None) -> BatchedTimeStep:
+        """Resets every world of ``ids`` in turn; their FIRST steps in that order.
+
+        A world that fails does not stop the others: the first failure is raised
+        once all were tried, as a ``WorldError`` whose ``reset_steps`` holds the
+        FIRST steps of the worlds that did reset (None if none did).
+        """
+        timesteps, done = [], []
+        failed: tuple[int, errors.DmEnvRpcClientError] | None = None
+        for index in ids:
+            try:
+                timesteps.append(self.envs[index].reset(timeout=timeout))
+            except errors.DmEnvRpcClientError as exc:
+                failed = failed or (index, exc)
+            else:
+                done.append(index)
+        states = [self.envs[i]._last_state or 0 for i in done]  # RUNNING after a reset
+        reset = _flagged(batch_of(timesteps, done), None, states) if done else None
+        if failed is not None:
+            error = self._wrap(*failed)
+            error.reset_steps = reset
+            raise error from failed[1]
+        assert reset is not None  # ids is never empty
+        return reset
+
     def _decode(
         self, env_ids: list[int], step_types: list[Any], responses: list[Any]
     ) -> BatchedTimeStep:

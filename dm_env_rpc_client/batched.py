@@ -240,22 +240,18 @@ class BatchedEnvironment(BatchCore):
         Raises:
           ValueError: not a world index, one named twice, or a world with steps in
             flight (``recv`` them first).
-          WorldError: a world failed or did not answer within ``timeout``.
+          WorldError: a world failed or did not answer within ``timeout``, for the
+            first such world of ``env_ids``. Every other world was still reset:
+            the error's ``reset_steps`` holds their FIRST steps (None if none).
         """
-        timesteps, ids = [], self._checked_ids(env_ids)
+        ids = self._checked_ids(env_ids)
         for position, index in enumerate(ids):
             if index in ids[:position]:
                 raise ValueError(_RESET_TWICE.format(index=index))
             if self._in_flight[index]:
                 pending = self._in_flight[index]
                 raise ValueError(_RESET_IN_FLIGHT.format(index=index, pending=pending))
-        for index in ids:
-            try:
-                timesteps.append(self.envs[index].reset(timeout=timeout))
-            except errors.DmEnvRpcClientError as exc:
-                raise self._wrap(index, exc) from exc
-        states = [self.envs[i]._last_state or 0 for i in ids]  # RUNNING after a reset
-        return _flagged(batch_of(timesteps, ids), None, states)
+        return self._reset_each(ids, timeout)
 
     def random_actions(
         self, rng: np.random.Generator | int | None = None, env_ids: Sequence[int] | None = None

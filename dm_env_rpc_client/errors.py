@@ -309,15 +309,18 @@ class WorldError(DmEnvRpcClientError):
     Attributes:
       index: the world's index in the batch.
       address: the server address of that world.
+      reset_steps: from ``BatchedEnvironment.reset``, the FIRST steps (a
+        ``BatchedTimeStep``) of the worlds that did reset, or None.
     """
 
     def __init__(self, message: str, index: int, address: str | None) -> None:
         super().__init__(message)
         self.index = index
         self.address = address
+        self.reset_steps: Any = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.args[0], self.index, self.address))
+        return (type(self), (self.args[0], self.index, self.address), self.__dict__)
 
 
 class WorldTimeoutError(WorldError, TimeoutError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import statistics
 import subprocess
@@ -179,6 +180,27 @@ def test_killing_a_server_loses_no_healthy_step(server_process) -> None:
         assert received[0] == sent[0] and received[2] == sent[2]  # every healthy step came back
         lost = {f.index: f.steps_lost for f in envs.failures}
         assert received[1] + lost[1] == sent[1] and received[3] + lost[3] == sent[3]
+
+
+def test_a_reset_that_fails_for_one_world_still_resets_the_others(server_process) -> None:
+    servers = [server_process() for _ in range(2)]
+    with BatchedEnvironment.connect([s.address for s in servers], 4, timeout=20) as envs:
+        envs.reset()
+        mid = envs.step(ZEROS4)
+        assert mid.step_type.tolist() == [1, 1, 1, 1]
+        servers[1].kill()  # worlds 1 and 3
+        with pytest.raises(errors.WorldError) as info:
+            envs.reset([3, 0, 1, 2], timeout=10)
+        assert info.value.index == 3  # the first of env_ids to fail
+        firsts = info.value.reset_steps
+        assert firsts is not None and firsts.env_ids.tolist() == [0, 2]  # not lost
+        assert firsts.first().all() and firsts.observation["board"].shape[0] == 2
+        copied = pickle.loads(pickle.dumps(info.value))  # as Ray hands it to the driver
+        assert copied.index == 3 and copied.reset_steps.env_ids.tolist() == [0, 2]
+        # The healthy worlds go on: they step, and reset again.
+        envs.send({"paddle": np.zeros(2, np.int8)}, [0, 2])
+        assert envs.recv(2, timeout=10).step_type.tolist() == [1, 1]
+        assert envs.reset([0, 2], timeout=10).first().all()
 
 
 # --- defect 4: a stalled world is reported while the others run ----------------------------
