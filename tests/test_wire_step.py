@@ -171,9 +171,17 @@ def test_every_stepper_walks_large_steps_once(
     """The sync and asyncio adaptors and the batch read large steps from their wire bytes,
     and give exactly the server's arrays: writable and their own (one copy) by default,
     read-only views of the response bytes (no copy) with copy_observations=False."""
-    walked = []
-    original = _wire_step._walk
-    monkeypatch.setattr(_wire_step, "_walk", lambda data: walked.append(1) or original(data))
+    walked = []  # each large step read from its wire bytes: walked, or by its walk's template
+    original, by_template = _wire_step._walk, _wire_step._Template.read
+
+    def read(template: Any, data: bytes) -> Any:
+        step = by_template(template, data)
+        if step is not None:
+            walked.append(1)
+        return step
+
+    monkeypatch.setattr(_wire_step, "_walk", lambda *args: walked.append(1) or original(*args))
+    monkeypatch.setattr(_wire_step._Template, "read", read)
     kwargs = {} if copy_observations is None else {"copy_observations": copy_observations}
 
     def check(values: np.ndarray, count: int, views: bool = copy_observations is False) -> None:
@@ -282,3 +290,81 @@ def test_a_wire_dtype_other_than_the_native_one_is_copied() -> None:
     out = tensor.array(copy=False)
     assert out.dtype == np.dtype(">f4") and out.flags.writeable
     np.testing.assert_array_equal(out, values)
+
+
+def _step_bytes(state: int, observations: dict[int, Any], shape: list[int] | None = None) -> bytes:
+    step = pb.StepResponse(state=state)
+    for uid, value in observations.items():
+        step.observations[uid].CopyFrom(tensors.pack_tensor(value))
+    if shape is not None:
+        step.observations[1].shape[:] = shape
+    return pb.EnvironmentResponse(step=step).SerializeToString()
+
+
+def _same_as_protobuf(data: bytes, specs: dict[int, pb.TensorSpec]) -> WireStep:
+    step = read_step(data)
+    parsed = messages.unwrap(data, "step")
+    assert isinstance(step, WireStep) and step.state == parsed.state
+    plan = ObservationPlan(specs, sorted(specs))
+    fast, slow = plan.decode(step.observations), plan.decode(parsed.observations)
+    assert fast.keys() == slow.keys()
+    for name in fast:
+        np.testing.assert_array_equal(fast[name], slow[name])
+        assert np.asarray(fast[name]).dtype == np.asarray(slow[name]).dtype
+    return step
+
+
+def test_the_next_steps_of_a_walked_shape_are_read_by_its_template(monkeypatch) -> None:
+    """After one walk, responses of the same structure are read without walking, exactly;
+    any other response of that length is walked (or parsed) as before."""
+    rng = np.random.default_rng(7)
+    specs = {
+        1: pb.TensorSpec(name="values", shape=[SIZE // 4, 4], dtype=pb.DataType.FLOAT),
+        2: pb.TensorSpec(name="reward", shape=[], dtype=pb.DataType.FLOAT),
+        7: pb.TensorSpec(name="label", shape=[], dtype=pb.DataType.STRING),
+    }
+
+    def draw(state: int = 1, label: str = "a", shape: list[int] | None = None) -> bytes:
+        values = rng.random((SIZE // 4, 4)).astype(np.float32)
+        reward = np.float32(rng.normal())
+        return _step_bytes(state, {1: values, 2: reward, 7: label}, shape)
+
+    monkeypatch.setattr(_wire_step, "_TEMPLATES", {})
+    walks = []
+    original = _wire_step._walk
+    monkeypatch.setattr(_wire_step, "_walk", lambda *args: walks.append(1) or original(*args))
+    _same_as_protobuf(draw(), specs)
+    assert len(walks) == 1
+    for state in (1, 2, 3, 1):  # RUNNING, TERMINATED, INTERRUPTED: the state byte varies
+        assert _same_as_protobuf(draw(state, label="b"), specs).state == state
+    assert len(walks) == 1  # all by the template
+    # Same length, other structure: the shape's dims swapped (4 and 25,000 keep their
+    # varint lengths), so the template does not match and the step is walked again.
+    swapped = draw(shape=[4, SIZE // 4])
+    assert len(swapped) == len(draw())
+    step = read_step(swapped)
+    assert step.observations[1].shape == [4, SIZE // 4] and len(walks) == 2
+    # An error of a learned length is not a step: it is raised, as before.
+    error = pb.EnvironmentResponse()
+    error.error.code = 3
+    size = len(draw())
+    error.error.message = "x" * (size - 32)
+    while len(error.SerializeToString()) < size:  # the varints' lengths grow with it
+        error.error.message += "x"
+    data = error.SerializeToString()
+    assert len(data) == size
+    with pytest.raises(errors.DmEnvRpcError, match="xxx"):
+        read_step(data)
+
+
+@pytest.mark.parametrize(("dtype", "data_type"), WALKED)
+def test_templates_read_every_walked_dtype_exactly(dtype: type, data_type: int) -> None:
+    rng = np.random.default_rng(int(data_type))
+    specs = {
+        1: pb.TensorSpec(name="values", shape=[SIZE], dtype=data_type),
+        9: pb.TensorSpec(name="more", shape=[SIZE // 2], dtype=data_type),
+    }
+    for _ in range(3):  # the first is walked, the next two read by its template
+        first = (rng.random(SIZE) * 100).astype(dtype)
+        second = (rng.random(SIZE // 2) * 100).astype(dtype)
+        _same_as_protobuf(_step_bytes(1, {1: first, 9: second}), specs)
