@@ -297,6 +297,43 @@ def test_termination_and_truncation_come_from_the_server_state(catch_server: Ser
     env.close()
 
 
+def test_large_observations_are_read_from_the_wire_and_copied_once(monkeypatch) -> None:
+    """GymnasiumEnv.step takes the adaptor's own step: the 400 KB observation is read from
+    the response's bytes (not parsed into a message) into an array of its own, and an
+    episode's end is still TERMINATED or INTERRUPTED from the server's state."""
+    from dm_env_rpc_client import _wire_step
+
+    walked = []
+    original = _wire_step._walk
+    monkeypatch.setattr(_wire_step, "_TEMPLATES", {})
+    monkeypatch.setattr(_wire_step, "_MAX_TEMPLATES", 0)  # every step walked: counted here
+    monkeypatch.setattr(_wire_step, "_walk", lambda *args: walked.append(1) or original(*args))
+    expected = LargeObservation(size=100_000, length=3, seed=4)
+    with serve(lambda settings: LargeObservation(size=100_000, length=3, seed=4)) as server:
+        env = GymnasiumEnv(address=server.address, timeout=10)
+        try:
+            env.reset()
+            ends = []
+            for _ in range(3):
+                observation, reward, terminated, truncated, _ = env.step({"delta": 0.5})
+                ends.append((terminated, truncated))
+                values = observation["values"]
+                assert np.array_equal(values, expected.reset().observation["values"])
+                assert values.flags.writeable and reward == 1.0
+                assert not isinstance(_viewed(values), bytes)  # a copy, not the response
+        finally:
+            env.close()
+    assert ends == [(False, False), (False, False), (False, True)]  # the third truncates
+    assert len(walked) == 4  # every step (reset's first one too) read from its wire bytes
+
+
+def _viewed(values: np.ndarray) -> Any:
+    base = values.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base
+
+
 def test_truncation_with_a_discount_below_one_is_still_truncation(zoo_server: Server) -> None:
     env = GymnasiumEnv(
         address=zoo_server.address,

@@ -247,17 +247,18 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
           DmEnvRpcError: the server refused the step.
           RequestTimeoutError: no response within ``timeout``.
         """
-        request = self._env.step_request(self._actions.to_sdk(action))
-        response = self._env.connection.send(request, self._timeout)
-        timestep = self._env.step_response(response)
+        # The adaptor's own step: its request written as bytes, a large observation read
+        # from the response's bytes and copied once (not parsed into a message first).
+        timestep = self._env._step(self._actions.to_sdk(action), self._timeout)
+        state = self._env._last_state  # this step's: the env is stepped in lockstep
         self._last_observation = timestep.observation
         observation = self._observations.from_sdk(timestep.observation)
         if timestep.first():
             return observation, 0.0, False, False, {}
         reward = timestep.reward
         reward = float(reward) if np.ndim(reward) == 0 else reward
-        terminated = response.state == State.TERMINATED
-        truncated = response.state == State.INTERRUPTED
+        terminated = state == State.TERMINATED
+        truncated = state == State.INTERRUPTED
         return observation, reward, terminated, truncated, {DISCOUNT_KEY: timestep.discount}
 
     def render(self) -> Any:
