@@ -36,6 +36,7 @@ from dm_env_rpc_client._wire_step import (
     _Unexpected,
     entry,
     payload_body,
+    structure_runs,
 )
 
 # Tensor payload field number -> the dtype of its body bytes, for payloads whose body is a
@@ -60,17 +61,17 @@ class _Slot(NamedTuple):
 class Layout:
     """The byte layout of one checked response (see the module docs); made by ``learn``."""
 
-    def __init__(self, data: bytes, structure: np.ndarray, slots: list[_Slot]) -> None:
+    def __init__(
+        self,
+        data: bytes,
+        structure: np.ndarray,
+        runs: list[tuple[int, int, bytes]],
+        slots: list[_Slot],
+    ) -> None:
         self.length = len(data)
         self._structure = structure  # indices of the structure bytes
         self._expected = np.frombuffer(data, np.uint8)[structure].copy()  # their values
-        # The structure as runs of bytes, to check one response without NumPy.
-        breaks = np.flatnonzero(np.diff(structure) != 1) + 1
-        self._runs = [
-            (int(run[0]), int(run[-1]) + 1, data[int(run[0]) : int(run[-1]) + 1])
-            for run in np.split(structure, breaks)
-            if len(run)
-        ]
+        self._runs = runs  # the structure as runs of bytes, to check one response without NumPy
         self._slots = slots
 
     def one(self, data: bytes) -> dict[str, Any] | None:
@@ -127,9 +128,12 @@ def learn(data: bytes, columns: Sequence[Any]) -> Layout | None:
         native = DATA_TYPE_TO_NUMPY[column.data_type]
         slots.append(_Slot(column.name, start, stop, wire, native, column.shape, count))
         structure[start:stop] = False
+    varying = [(slot.start, slot.stop) for slot in slots]
     if state_at is not None:
         structure[state_at] = False
-    return Layout(data, np.flatnonzero(structure), slots)
+        varying.append((state_at, state_at + 1))
+    runs = structure_runs(data, sorted(varying))
+    return Layout(data, np.flatnonzero(structure), runs, slots)
 
 
 def _walk(data: bytes) -> tuple[dict[int, tuple[int, int, int]], int | None]:

@@ -138,7 +138,8 @@ def read_step(data: bytes) -> Any:
 
 
 def _walk(data: bytes, varying: list[tuple[Any, ...]]) -> WireStep:
-    """The walk; appends to ``varying`` what differs between steps (see ``_Template``)."""
+    """The walk; appends to ``varying`` what may differ between steps, in byte order:
+    ``(UID or _STATE, start, stop, how a WireTensor there is made or None)``."""
     if data[0] != _STEP_TAG:
         raise _Unexpected
     length, pos = _varint(data, 1)
@@ -151,15 +152,17 @@ def _walk(data: bytes, varying: list[tuple[Any, ...]]) -> WireStep:
         tag = data[pos]
         if tag == _STATE_TAG:
             state, stop = _varint(data, pos + 1)
-            varying.append((_STATE, pos + 1, stop))
+            varying.append((_STATE, pos + 1, stop, None))
             pos = stop
         elif tag == _OBSERVATION_TAG:
             uid, start, pos = entry(data, pos + 1, observations)
             tensor = observations[uid] = _tensor(data, start, pos)
-            if isinstance(tensor, WireTensor):
-                stop = tensor._offset + tensor.count * tensor._wire.itemsize
-                varying.append((uid, tensor._offset, stop, tensor))
-            else:
+            if isinstance(tensor, WireTensor):  # its body varies; what makes it does not
+                wire, count = tensor._wire, tensor.count
+                made = (tensor.field, wire, tensor._native, count, tuple(tensor.shape))
+                stop = tensor._offset + count * wire.itemsize
+                varying.append((uid, tensor._offset, stop, made))
+            else:  # parsed by protobuf, all of it
                 varying.append((uid, start, pos, None))
         else:
             raise _Unexpected
@@ -180,23 +183,13 @@ class _Template:
     UID or a shape: the bytes each turn of the walk depends on. A response of
     the same length whose every such byte is the same walks the same way, so
     ``read`` returns what ``_walk`` would, from a few slice comparisons: a
-    400 KB step in 1.5 µs instead of 5 µs, measured alone (four to five times
-    both on the reader while streaming). Anything else returns None (walked).
+    400 KB step in 2.2 µs instead of 5.0 µs, measured alone. Anything else
+    returns None (walked).
     """
 
     def __init__(self, data: bytes, varying: list[tuple[Any, ...]]) -> None:
-        self._runs: list[tuple[int, int, bytes]] = []  # (start, stop, bytes) of the structure
-        at = 0
-        for _, start, stop, *_ in varying:  # in the order the walk met them
-            if start > at:
-                self._runs.append((at, start, data[at:start]))
-            at = stop
-        if at < len(data):
-            self._runs.append((at, len(data), data[at:]))
-        self._varying = [
-            (key, start, stop, _shape_of(rest[0]) if rest else None)
-            for key, start, stop, *rest in varying
-        ]
+        self._runs = structure_runs(data, [(start, stop) for _, start, stop, _ in varying])
+        self._varying = varying
 
     def read(self, data: bytes) -> WireStep | None:
         for start, stop, expected in self._runs:
@@ -204,26 +197,33 @@ class _Template:
                 return None
         state = 0
         observations: dict[int, Any] = {}
-        for key, start, stop, wire in self._varying:
+        for key, start, stop, made in self._varying:
             if key == _STATE:
                 state, end = _varint(data, start)
                 if end != stop:  # a longer varint runs into the next field: walk it
                     return None
-            elif wire is None:
+            elif made is None:
                 observations[key] = dm_env_rpc_pb2.Tensor.FromString(data[start:stop])
             else:
-                field, wire_dtype, native, count, shape = wire
-                tensor = WireTensor(data, field, wire_dtype, native, start, count)
+                field, wire, native, count, shape = made
+                tensor = WireTensor(data, field, wire, native, start, count)
                 tensor.shape = list(shape)
                 observations[key] = tensor
         return WireStep(state, observations)
 
 
-def _shape_of(tensor: WireTensor | None) -> tuple[Any, ...] | None:
-    """What a template keeps of a walked tensor to make the next step's."""
-    if tensor is None:
-        return None
-    return (tensor.field, tensor._wire, tensor._native, tensor.count, tuple(tensor.shape))
+def structure_runs(data: bytes, varying: list[tuple[int, int]]) -> list[tuple[int, int, bytes]]:
+    """``data``'s bytes outside the ``varying`` (start, stop) spans (sorted, apart), as
+    ``(start, stop, bytes)`` runs: what a response of the same layout must repeat."""
+    runs = []
+    at = 0
+    for start, stop in varying:
+        if start > at:
+            runs.append((at, start, data[at:start]))
+        at = stop
+    if at < len(data):
+        runs.append((at, len(data), data[at:]))
+    return runs
 
 
 _TEMPLATES: dict[int, _Template] = {}  # by response length; each read-only once made
