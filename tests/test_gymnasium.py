@@ -17,6 +17,7 @@ import gymnasium
 import numpy as np
 import pytest
 from dm_env import specs as dm_specs
+from faulty import Counter
 from gymnasium import error as gym_error
 from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
@@ -273,6 +274,31 @@ def test_the_seed_setting_is_configurable_and_a_refusal_warns_once() -> None:
             env.reset(options={"settings": {"colour": 1}})
         env.close()
         quiet.close()
+
+
+def test_a_step_after_a_timeout_gets_its_own_answer() -> None:
+    """A server that answers one step late: that step raises RequestTimeoutError, and the
+    next one gets its own answer (count 3), not the late one (count 2)."""
+    Counter.gate.clear()
+    Counter.gate_at = 2  # the second step answers late
+    try:
+        with serve(lambda settings: Counter(**settings)) as server:
+            env = GymnasiumEnv(address=server.address, timeout=0.3, seed_setting=None)
+            try:
+                env.reset()
+                assert env.step({"a": 0})[0]["count"] == 1
+                with pytest.raises(errors.RequestTimeoutError):
+                    env.step({"a": 0})
+                Counter.gate.set()
+                for count in (3, 4):
+                    observation, _, terminated, truncated, _ = env.step({"a": 0})
+                    assert observation["count"] == count
+                    assert not terminated and not truncated
+            finally:
+                env.close()
+    finally:
+        Counter.gate.set()
+        Counter.gate_at = -1
 
 
 def test_termination_and_truncation_come_from_the_server_state(catch_server: Server) -> None:
