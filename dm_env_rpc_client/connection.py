@@ -19,11 +19,13 @@ ends or breaks, every pending and later request fails promptly with
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import ipaddress
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -76,6 +78,7 @@ _IN_FLIGHT_TIMEOUT = (
     "Timed out after {timeout} s waiting for room among {limit} requests in flight."
 )
 _END = object()
+_OPEN: weakref.WeakSet[Connection] = weakref.WeakSet()  # open connections, closed at exit
 _PROBE_METHOD = "/dm_env_rpc_client.Probe/Ready"  # no server serves it: any answer means ready
 
 
@@ -202,6 +205,8 @@ class Connection:
       metadata: gRPC metadata for the stream.
       max_in_flight: if set, ``send_async`` blocks while this many requests are
         pending (backpressure).
+
+    A connection still open when the interpreter exits is closed then.
     """
 
     def __init__(
@@ -224,11 +229,13 @@ class Connection:
         self._slots = threading.BoundedSemaphore(max_in_flight) if max_in_flight else None
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         stream = channel.stream_stream(messages.METHOD)
-        self._call = stream(self._request_iterator(), metadata=metadata)
+        call = stream(self._request_iterator(), metadata=metadata)
+        self._call: Any = call  # None once closed (see close())
         self._reader = threading.Thread(
-            target=self._read, name="dm_env_rpc_client-reader", daemon=True
+            target=self._read, args=(call,), name="dm_env_rpc_client-reader", daemon=True
         )
         self._reader.start()
+        _OPEN.add(self)
 
     def _request_iterator(self) -> Iterator[bytes]:
         get = self._requests.get
@@ -238,23 +245,27 @@ class Connection:
                 return
             yield data
 
-    def _read(self) -> None:
-        error: grpc.RpcError | None = None
+    def _read(self, call: Any) -> None:
         pending, lock, slots = self._pending, self._lock, self._slots
         try:
-            for data in self._call:
+            for data in call:
                 with lock:
                     item = pending.pop()
                 pending.complete(item, data)
                 if slots is not None:
                     slots.release()
         except grpc.RpcError as exc:
-            error = exc
+            # The call is the exception: keeping it (or its traceback, which holds this
+            # frame and so the connection) would make a reference cycle of the call.
+            closed = closed_error(exc)
+            exc.__traceback__ = None
         except errors.ProtocolError as exc:
             self._shutdown(errors.ConnectionClosedError(str(exc)))
-            self._call.cancel()
+            call.cancel()
             return
-        self._shutdown(closed_error(error))
+        else:
+            closed = closed_error(None)
+        self._shutdown(closed)
 
     def _shutdown(self, exc: errors.ConnectionClosedError) -> None:
         with self._lock:
@@ -390,12 +401,18 @@ class Connection:
                 return
             self._close_called = True
         self._shutdown(errors.ConnectionClosedError(_CLOSED))
-        self._call.cancel()
+        call, self._call = self._call, None
+        call.cancel()
         if threading.current_thread() is not self._reader:
             self._reader.join(timeout=5)
+        # The call is dropped here, so that gRPC's finalizer of it (which takes the call's
+        # lock) runs now, while gRPC's threads run. Left to the interpreter's exit, it can
+        # wait for ever on a lock that a daemon gRPC thread held when the exit stopped it.
+        del call
         if self._owns_channel:
             self._channel.close()
             self._owns_channel = False
+        _OPEN.discard(self)
 
     def __enter__(self) -> Connection:
         return self
@@ -406,6 +423,14 @@ class Connection:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._pending)} pending"
         return f"Connection(address={self.address!r}, {state})"
+
+
+@atexit.register
+def _close_open_connections() -> None:
+    """Closes the connections still open when the interpreter exits, while gRPC's threads
+    still run (see ``Connection.close``)."""
+    for connection in list(_OPEN):
+        connection.close()
 
 
 def _wait_ready(channel: grpc.Channel, timeout: float | None) -> bool:

@@ -27,8 +27,14 @@ TESTS = pathlib.Path(__file__).resolve().parent
 TIMING = ("steps_per_second", "latency_p50_ms", "latency_p99_ms")
 
 
-def _run(*args: str, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
+def _run(*args: str, timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    # Well inside pytest's own 120 s timeout, so that a hung command fails with its output.
+    try:
+        return subprocess.run(
+            [*CLI, *args], capture_output=True, text=True, timeout=timeout, **kwargs
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(args)} ran over {timeout} s: {exc.stdout!r} {exc.stderr!r}")
 
 
 def _summary(stdout: str) -> dict[str, Any]:
