@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -57,6 +58,21 @@ def server_process() -> Iterator[Callable[..., ChildServer]]:
             return stack.enter_context(server_subprocess(env, extra_args=extra_args))
 
         yield start
+
+
+def run_child(
+    command: Sequence[str], timeout: float = 60, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` with text output captured; a child still running after ``timeout``
+    is killed and fails the test with what it printed. Keep ``timeout`` inside the test's own
+    pytest timeout (120 s unless marked), or pytest stops the test first and the output is lost.
+    """
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"{list(command)} ran over {timeout} s; it printed {exc.stdout!r} {exc.stderr!r}"
+        )
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trustme
-from conftest import sigstop, wait_for
+from conftest import run_child, sigstop, wait_for
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import cli
@@ -28,13 +28,7 @@ TIMING = ("steps_per_second", "latency_p50_ms", "latency_p99_ms")
 
 
 def _run(*args: str, timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    # Well inside pytest's own 120 s timeout, so that a hung command fails with its output.
-    try:
-        return subprocess.run(
-            [*CLI, *args], capture_output=True, text=True, timeout=timeout, **kwargs
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{' '.join(args)} ran over {timeout} s: {exc.stdout!r} {exc.stderr!r}")
+    return run_child([*CLI, *args], timeout, **kwargs)
 
 
 def _summary(stdout: str) -> dict[str, Any]:

@@ -6,14 +6,13 @@ import os
 import pickle
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import sigstop, wait_for
+from conftest import run_child, sigstop, wait_for
 from faulty import Counter, faulty_server, float_specs, lifecycle, refusing_leave
 
 from dm_env_rpc_client import errors
@@ -296,9 +295,7 @@ print("ok")
 
 def test_failed_connects_print_nothing() -> None:
     """gRPC printed "RuntimeError: Event loop is closed" tracebacks after a failed connect."""
-    result = subprocess.run(
-        [sys.executable, "-c", _FAILED_CONNECTS], capture_output=True, text=True, timeout=120
-    )
+    result = run_child([sys.executable, "-c", _FAILED_CONNECTS], timeout=90)
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
     assert result.stderr == ""
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import pathlib
-import subprocess
 import sys
+
+from conftest import run_child
 
 import dm_env_rpc_client as dmr
 
@@ -14,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def test_strict_build_covers_every_public_name(tmp_path: pathlib.Path) -> None:
     site = tmp_path / "site"
-    result = subprocess.run(
+    result = run_child(
         [
             sys.executable,
             "-m",
@@ -26,9 +27,7 @@ def test_strict_build_covers_every_public_name(tmp_path: pathlib.Path) -> None:
             "-d",
             str(site),
         ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        timeout=100,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -24,7 +24,7 @@ import grpc
 import numpy as np
 import pytest
 import trustme
-from conftest import wait_for
+from conftest import run_child, wait_for
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client._cli_run import RunStats
@@ -497,7 +497,7 @@ CLI = [sys.executable, "-m", "dm_env_rpc_client"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+    return run_child([*CLI, *args], timeout=100)
 
 
 def test_cli_run_on_ray_matches_a_local_run_and_records_every_shard(

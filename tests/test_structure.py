@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ast
 import pathlib
-import subprocess
 import sys
+
+from conftest import run_child
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dm_env_rpc_client"
@@ -136,9 +137,7 @@ def test_each_module_imports_alone() -> None:
         "    except Exception as exc:\n"
         "        print(f'{name}: {type(exc).__name__}: {exc}')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, *names], capture_output=True, text=True, timeout=120
-    )
+    result = run_child([sys.executable, "-c", script, *names], timeout=90)
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
 
