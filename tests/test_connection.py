@@ -7,7 +7,6 @@ import gc
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 import trustme
-from conftest import assert_killing_fails_pending, sigstop, wait_for
+from conftest import assert_killing_fails_pending, run_child, sigstop, wait_for
 from google.protobuf import any_pb2
 
 from dm_env_rpc_client import errors, tensors
@@ -234,12 +233,7 @@ connections.append(connect(sys.argv[1], timeout=20))
 
 def test_a_connection_left_open_is_closed_at_exit(server_process) -> None:
     server = server_process()
-    result = subprocess.run(
-        [sys.executable, "-c", _OPEN_AT_EXIT, server.address],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_child([sys.executable, "-c", _OPEN_AT_EXIT, server.address], timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "closed at exit: True"
 
