@@ -222,18 +222,29 @@ def test_close_frees_the_grpc_call(server_process, ended_by: str) -> None:
 
 
 _OPEN_AT_EXIT = """
-import atexit, sys
+import atexit, os, signal, sys
 connections = []
 # Registered before the SDK is imported, so it runs after the SDK's own exit handler.
 atexit.register(lambda: print("closed at exit:", connections[0].closed, flush=True))
 from dm_env_rpc_client.connection import connect
-connections.append(connect(sys.argv[1], timeout=20))
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+conn = connect(sys.argv[1], timeout=20)
+connections.append(conn)
+if sys.argv[2] != "0":  # the server stopped, with requests waiting for it
+    os.kill(int(sys.argv[2]), signal.SIGSTOP)
+    futures = [conn.send_async(dm_env_rpc_pb2.CreateWorldRequest()) for _ in range(20)]
 """
 
 
-def test_a_connection_left_open_is_closed_at_exit(server_process) -> None:
+@pytest.mark.parametrize("stopped", [False, True], ids=["answering", "stopped server"])
+def test_a_connection_left_open_is_closed_at_exit(server_process, stopped: bool) -> None:
     server = server_process()
-    result = run_child([sys.executable, "-c", _OPEN_AT_EXIT, server.address], timeout=60)
+    pid = server.process.pid if stopped else 0
+    try:
+        # A hang at exit fails here, with the child's output (run_child's timeout).
+        result = run_child([sys.executable, "-c", _OPEN_AT_EXIT, server.address, str(pid)], 60)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "closed at exit: True"
 
