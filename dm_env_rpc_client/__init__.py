@@ -64,6 +64,7 @@ from dm_env_rpc_client.errors import (
     RaggedArrayError,
     RecordingError,
     RequestTimeoutError,
+    ServerLaunchError,
     ShapeError,
     SpecError,
     SpecValidationError,
@@ -75,6 +76,13 @@ from dm_env_rpc_client.errors import (
     UnsupportedDtypeError,
     WorldError,
     WorldTimeoutError,
+)
+from dm_env_rpc_client.launch import (
+    LaunchedServer,
+    LaunchedServers,
+    Relaunch,
+    RelaunchPolicy,
+    launch,
 )
 from dm_env_rpc_client.properties import PropertiesExtension, PropertySpec
 from dm_env_rpc_client.random_actions import random_action, random_batch
@@ -135,6 +143,8 @@ __all__ = [
     "IntegerRangeError",
     "InvalidArgumentError",
     "KEEPALIVE_DETECTION_S",
+    "LaunchedServer",
+    "LaunchedServers",
     "NUMPY_TO_DATA_TYPE",
     "NotFoundError",
     "ObservationError",
@@ -146,9 +156,12 @@ __all__ = [
     "RaggedArrayError",
     "Recording",
     "RecordingError",
+    "Relaunch",
+    "RelaunchPolicy",
     "RequestTimeoutError",
     "RestartPolicy",
     "Server",
+    "ServerLaunchError",
     "ShapeError",
     "SpecError",
     "SpecManager",
@@ -180,6 +193,7 @@ __all__ = [
     "iter_episodes",
     "join_world",
     "join_world_async",
+    "launch",
     "leave_world",
     "leave_world_async",
     "load_episode",

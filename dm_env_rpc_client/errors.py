@@ -32,6 +32,7 @@ so ``except ValueError`` keeps working::
     +-- WorldError                     one world of a batch failed; names index and address
     |   +-- WorldTimeoutError (TimeoutError)   it passed its deadline
     +-- RecordingError (OSError)       a recording folder that is not usable
+    +-- ServerLaunchError (OSError)    a launched server did not start or answer
 
 Transport errors are converted at the boundary with ``raise ... from exc``: no
 raw ``grpc.RpcError`` or ``StopIteration`` reaches a user. Server errors keep
@@ -329,3 +330,10 @@ class WorldTimeoutError(WorldError, TimeoutError):
 
 class RecordingError(DmEnvRpcClientError, OSError):
     """A recording folder is missing, not a folder, not empty, or cannot be created."""
+
+
+class ServerLaunchError(DmEnvRpcClientError, OSError):
+    """A launched server process could not start, exited, or never answered (``dmr.launch``).
+
+    The message names the command, the exit code, the tail of its output and its log file.
+    """

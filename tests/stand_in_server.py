@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""A stand-in server binary for ``dmr.launch`` tests: built on the reference ``dm-env-rpc`` package.
+
+Run: ``stand_in_server.py --port P [--misbehave MODE] [--ignore-sigterm]``. It serves
+Catch with the reference package's servicer of ``bench/_foreign_server.py`` on
+``127.0.0.1:P`` until stopped. ``--misbehave`` makes it one of the bad servers a
+launcher must cope with:
+
+- ``exit``: prints a complaint and exits with code 3 at once;
+- ``never-listen``: prints a line and waits, listening on nothing;
+- ``garbage``: listens on P and answers every connection with bytes that are not HTTP/2;
+- ``slow-start``: accepts connections on P for 1.5 s without answering (a player
+  still loading), then serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+import contextlib
+
+import grpc
+from _foreign_server import _make_env, _Servicer
+from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc
+
+
+def _raw_listener(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(16)
+    return sock
+
+
+def _garbage(port: int) -> None:
+    sock = _raw_listener(port)
+    while True:
+        conn, _ = sock.accept()
+        conn.sendall(b"\x00garbage, not a dm_env_rpc server\r\n" * 8)
+        conn.close()
+
+
+def _hold_connections(port: int, seconds: float) -> None:
+    sock = _raw_listener(port)
+    sock.settimeout(0.05)
+    held = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(TimeoutError):
+            held.append(sock.accept()[0])
+    for conn in held:
+        conn.close()
+    sock.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--misbehave", choices=("exit", "never-listen", "garbage", "slow-start"))
+    parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--tag", help="ignored: lets a test find its processes")
+    args = parser.parse_args()
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.misbehave == "exit":
+        print("stand-in: refusing to start (misbehave=exit)", flush=True)
+        sys.exit(3)
+    if args.misbehave == "never-listen":
+        print("stand-in: loading forever", flush=True)
+        threading.Event().wait()
+    if args.misbehave == "garbage":
+        _garbage(args.port)
+    if args.misbehave == "slow-start":
+        _hold_connections(args.port, 1.5)
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=32))
+    dm_env_rpc_pb2_grpc.add_EnvironmentServicer_to_server(_Servicer(_make_env("catch", 0)), server)
+    if server.add_insecure_port(f"127.0.0.1:{args.port}") != args.port:
+        print(f"stand-in: cannot listen on port {args.port}", flush=True)
+        sys.exit(4)
+    server.start()
+    print(f"stand-in: serving on 127.0.0.1:{args.port}", flush=True)
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()
