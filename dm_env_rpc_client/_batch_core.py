@@ -136,6 +136,12 @@ class BatchCore:
         self._watchdog: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
+        # Balance (``_balance``, under "restart"): the balancer, and the worlds it picked to move.
+        self._balancer: Any = None
+        self.servers: Any = None  # the LaunchedServers it was connected to, if any
+        self.relaunches: list[Any] = []  # theirs (the same list)
+        self.moves: list[Any] = []  # the balancer's (the same list)
+        self._moving: dict[int, Any] = {}
         self._actions_rng = np.random.default_rng()  # random_actions(); connect(seed=) seeds it
 
     def _wrap(self, index: int, exc: BaseException) -> errors.WorldError:
@@ -176,6 +182,8 @@ class BatchCore:
             self._progress[index] = sent
         self._busy[index] += 1
         # Steps are read from their wire bytes: a large payload is copied once (_wire_step).
+        if self._moving and index in self._moving:  # picked to move: keep the bytes
+            self._moving[index].recorded.append((data, sent))
         landed = functools.partial(self._landed, index, self._gen[index], sent)
         self._streams[index]._submit_callback(data, read_step, landed)
 
@@ -201,6 +209,8 @@ class BatchCore:
             if isinstance(outcome, tuple):
                 outcome = (*outcome, 1)
         self._file(index, gen, sent, outcome)
+        if self._moving and index in self._moving:
+            self._balancer.landed(index, outcome)
 
     def _watch(self) -> None:
         # Every world with steps in flight and no progress for step_timeout has failed.
@@ -227,6 +237,7 @@ class BatchCore:
             self._gen[index] += 1
             self._state[index] = _RESTARTING if self._policy == _restart.RESTART else _FAILED
         stream = self._streams[index]
+        self._moving.pop(index, None)
         if self._policy == _restart.RESTART:
             self._spawn(self._restore(index, cause, lost, stream))
             return lost
@@ -253,10 +264,15 @@ class BatchCore:
             await old.aclose()
         address = self.addresses[index]
         assert self._open_stream is not None
+        if self._balancer is not None:
+            self._balancer.failed_at(str(address))
+            order = self._balancer.order(index)
+        else:
+            order = _restart.rotation(str(address), [str(a) for a in self.addresses])
         try:
             restored = await _restart.reopen(
                 self._open_stream,
-                _restart.rotation(str(address), [str(a) for a in self.addresses]),
+                order,
                 self._recipes[index],
                 self._restart_policy,
                 first_step=lost > 0,
@@ -285,12 +301,7 @@ class BatchCore:
                 self._file(index, self._gen[index], time.perf_counter(), failure)
             return
         env = restored.env
-        self.envs[index] = env
-        self._connections[index] = restored.connection
-        self._streams[index] = restored.connection.async_connection
-        self.addresses[index] = restored.address
-        if env._wire_specs == self._joined_specs[index]:
-            self._joined_specs[index] = env._wire_specs
+        self._adopt(index, restored)
         self.failures.append(
             WorldFailure(
                 index,
@@ -304,8 +315,6 @@ class BatchCore:
                 time.monotonic() - started,
             )
         )
-        with self._cond:
-            self._state[index] = _LIVE
         if restored.first is not None:
             step_type = env._advance(restored.first.state)
             self._file(
@@ -313,6 +322,24 @@ class BatchCore:
             )
         else:
             self._truncate_next[index] = True
+        self._flush_held(index)
+        if self._balancer is not None:
+            self._balancer.plan()
+
+    def _adopt(self, index: int, restored: _restart.Restored) -> None:
+        """World ``index`` is ``restored`` now (made again elsewhere, or moved); it is live."""
+        env = restored.env
+        self.envs[index] = env
+        self._connections[index] = restored.connection
+        self._streams[index] = restored.connection.async_connection
+        self.addresses[index] = restored.address
+        if env._wire_specs == self._joined_specs[index]:
+            self._joined_specs[index] = env._wire_specs
+        with self._cond:
+            self._state[index] = _LIVE
+
+    def _flush_held(self, index: int) -> None:
+        """Writes the steps held while world ``index`` was being made again, in order."""
         held, self._held[index] = self._held[index], []
         for data, sent in held:
             self._write(index, data, sent)

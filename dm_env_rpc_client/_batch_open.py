@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 
 from dm_env_rpc_client import _restart
+from dm_env_rpc_client._balance import Balancer
 from dm_env_rpc_client._batch_core import (
     _NAMES_COUNT,
     _SEED_TWICE,
@@ -27,6 +28,7 @@ from dm_env_rpc_client._restart import RestartPolicy
 from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client._step_encoder import StepEncoder
 from dm_env_rpc_client.connection import create_channel
+from dm_env_rpc_client.launch import LaunchedServers
 
 Batch = TypeVar("Batch", bound=BatchCore)
 _ONE_NAME = (
@@ -37,7 +39,7 @@ _ONE_NAME = (
 
 def open_batch(
     cls: type[Batch],
-    addresses: str | Sequence[str],
+    addresses: str | Sequence[str] | LaunchedServers,
     num_envs: int | None,
     *,
     create_world_settings: Mapping[str, Any] | None,
@@ -60,7 +62,10 @@ def open_batch(
     if isinstance(requested_observations, str):
         raise ValueError(_ONE_NAME.format(name=requested_observations))
     requested = None if requested_observations is None else tuple(requested_observations)
-    if isinstance(addresses, str):
+    servers = addresses if isinstance(addresses, LaunchedServers) else None
+    if isinstance(addresses, LaunchedServers):
+        addresses = addresses.addresses
+    elif isinstance(addresses, str):
         addresses = [addresses]
     count = len(addresses) if num_envs is None else num_envs
     if world_names is not None:
@@ -119,6 +124,11 @@ def open_batch(
     batch._step_timeout = step_timeout
     batch._recipes = recipes
     batch._open_stream = open_stream
+    if servers is not None:
+        batch.servers, batch.relaunches = servers, servers.relaunches
+    if on_world_failure == _restart.RESTART:
+        batch._balancer = Balancer(batch)
+        batch.moves = batch._balancer.moves
     if step_timeout is not None:
         runner.call(batch._watch)
     return batch

@@ -8,10 +8,12 @@ The machinery of ``launch`` (the public face):
 - ``start(...)``: the process is forked by one long-lived daemon thread (the
   *spawner*), in a session of its own (so a terminal's Ctrl-C reaches only
   this process, which then stops it), with its output in a log file of its own.
-  On Linux the child asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGTERM)``,
-  before exec) for a SIGTERM when its parent dies. That signal fires when the
-  *thread* that forked it ends, which is why one thread that lives as long as
-  the interpreter forks every server. A *watchdog*, a tiny Python child that
+  On Linux the child asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGTERM)``)
+  for a SIGTERM when its parent dies, then execs the command: a few lines of
+  Python run as ``python -S -c`` (not a ``preexec_fn``, which would run Python
+  in a forked copy of a threaded, gRPC-holding process: that crashes). The
+  signal fires when the *thread* that forked it ends, which is why one thread
+  that lives as long as the interpreter forks every server. A *watchdog*, a tiny Python child that
   holds a pipe from this process, escalates: when the pipe closes (this
   process died, even by SIGKILL) it sends SIGTERM to every server's process
   group, waits ``grace`` seconds and SIGKILLs what is left.
@@ -25,11 +27,10 @@ The machinery of ``launch`` (the public face):
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import queue
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,7 +44,6 @@ from dm_env_rpc_client import errors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.connection import connect
 
-_PR_SET_PDEATHSIG = 1
 _TAIL_BYTES = 2000
 _NO_PORT = (
     "The command {template!r} has no {{port}}: put {{port}} where the server takes its port "
@@ -54,6 +54,20 @@ _PORT_TAKEN = (
     "Port {port} on {host} is already in use by another process; the server launched there "
     "could not listen. Pick another port, or leave ports unset to get free ones."
 )
+_EXEC_WITH_DEATH_SIGNAL = r"""
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[1]):  # the parent died before the request took hold
+    os._exit(1)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    print(f"cannot run {sys.argv[2]!r}: {exc.strerror}", flush=True)
+    os._exit(127)
+"""
 _WATCHDOG = r"""
 import os, signal, sys, time
 groups = set()
@@ -128,8 +142,6 @@ class _Spawner:
         self._thread: threading.Thread | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._watchdog_grace = 0.0
-        libc_name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
-        self._libc = ctypes.CDLL(libc_name, use_errno=True) if libc_name else None
 
     def call(self, function: Callable[[], Any]) -> Any:
         """Runs ``function`` on the spawner thread; returns its result or raises its error."""
@@ -153,19 +165,6 @@ class _Spawner:
                 answer.put((True, function()))
             except BaseException as exc:
                 answer.put((False, exc))
-
-    def preexec(self) -> Callable[[], None] | None:
-        """The child's last act before exec: the parent-death signal (Linux)."""
-        libc, parent = self._libc, os.getpid()
-        if libc is None:
-            return None
-
-        def ask_for_death_signal() -> None:
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-            if os.getppid() != parent:  # the parent died before the request took hold
-                os._exit(1)
-
-        return ask_for_death_signal
 
     def watch(self, group: int, grace: float) -> None:
         """Tells the watchdog about a process group (starting the watchdog if needed)."""
@@ -210,17 +209,26 @@ def start(
       ServerLaunchError: the program does not exist or cannot run.
     """
     env = None if environment is None else {**os.environ, **environment}
+    program = words[0]
+    if shutil.which(program, path=(env or os.environ).get("PATH")) is None:
+        where = "is not executable" if os.path.exists(program) else "does not exist"
+        raise errors.ServerLaunchError(
+            f"Cannot start {shlex.join(words)!r}: the program {program!r} {where} "
+            "(check its path, the PATH, and that it is executable)."
+        )
+    line = list(words)
+    if sys.platform.startswith("linux"):
+        line = [sys.executable, "-S", "-c", _EXEC_WITH_DEATH_SIGNAL, str(os.getpid()), *line]
 
     def fork() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            list(words),
+            line,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=SPAWNER.preexec(),
         )
 
     try:

@@ -47,7 +47,8 @@ late response can ever answer a later request. What follows is the policy's:
 - ``on_world_failure="restart"``: the world alone is made again (``_restart``);
   its next returned step is FIRST with ``truncated`` set, answering the steps it
   had in flight; a world that cannot be restored within the bounds is removed
-  (``live_ids``). Healthy worlds keep stepping meanwhile.
+  (``live_ids``). Healthy worlds keep stepping meanwhile. Failed-over worlds go
+  home at an episode boundary (``moves``; ``_balance``; ``docs/launching.md``).
 
 A server's error for one request (``DmEnvRpcError``) and an observation that
 cannot be decoded are not failures: they raise ``WorldError`` for that step,
@@ -86,6 +87,7 @@ from dm_env_rpc_client._batch_core import (
 from dm_env_rpc_client._batch_open import open_batch
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
+from dm_env_rpc_client.launch import LaunchedServers
 from dm_env_rpc_client.random_actions import random_batch
 
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
@@ -117,12 +119,14 @@ class BatchedEnvironment(BatchCore):
       world_seeds: the seed each world was created with (``connect(seed=...)``),
         None where it got none.
       failures: a ``WorldFailure`` per world failure, oldest first.
+      servers, relaunches: the ``LaunchedServers`` it runs on and their ``Relaunch``es.
+      moves: a ``WorldMove`` per world moved to even out the load (``_balance``).
     """
 
     @classmethod
     def connect(
         cls,
-        addresses: str | Sequence[str],
+        addresses: str | Sequence[str] | LaunchedServers,
         num_envs: int | None = None,
         *,
         create_world_settings: Mapping[str, Any] | None = None,
@@ -152,7 +156,7 @@ class BatchedEnvironment(BatchCore):
         ``world_seeds`` says which seed each world got.
 
         Args:
-          addresses: server addresses (``host:port`` or ``unix:path``), or one address.
+          addresses: server addresses (``host:port``, ``unix:path``), or ``dmr.launch``'s servers.
           num_envs: how many worlds; default one per address.
           create_world_settings: settings for every CreateWorldRequest.
           join_world_settings: settings for every JoinWorldRequest.
