@@ -73,6 +73,7 @@ class RunStats:
       interrupted: the run was stopped by Ctrl-C or SIGTERM.
       restarts: "world i: old address -> new address (cause)" per world restarted after a failure.
       worlds_lost: worlds removed from the batch after failing (not restorable).
+      relaunches: "server i (address): why; down S s; outcome" per launched server death.
     """
 
     worlds: int = 0
@@ -89,6 +90,7 @@ class RunStats:
     interrupted: bool = False
     restarts: list[str] = dataclasses.field(default_factory=list)
     worlds_lost: int = 0
+    relaunches: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def merge(cls, parts: Sequence[RunStats]) -> RunStats:
@@ -108,6 +110,7 @@ class RunStats:
             interrupted=any(p.interrupted for p in parts),
             restarts=[r for p in parts for r in p.restarts],
             worlds_lost=sum(p.worlds_lost for p in parts),
+            relaunches=[r for p in parts for r in p.relaunches],
         )
 
 
@@ -344,6 +347,11 @@ class EpisodeTally:
             if f.outcome == "restarted"
         ]
         stats.worlds_lost = sum(f.outcome == "removed" for f in failures)
+        stats.relaunches = [
+            f"server {r.index} ({r.address}): {r.reason.split(';')[0]}, down {r.downtime:.2f} s, "
+            f"{r.outcome}"
+            for r in self.batch.relaunches
+        ]
 
 
 def _steps_lost(batch: BatchedEnvironment, world: int) -> int:
@@ -377,6 +385,7 @@ def summary(stats: RunStats) -> dict[str, Any]:
         "recorded_truncated": stats.recorded_truncated,
         "restarts": stats.restarts,
         "worlds_lost": stats.worlds_lost,
+        "relaunches": stats.relaunches,
         "interrupted": stats.interrupted,
     }
 
@@ -425,6 +434,8 @@ def print_summary(stats: RunStats, *, as_json: bool = False) -> None:
         listed = "; ".join(data["restarts"]) or "none"
         rows.append(("restarts", f"{len(data['restarts'])} ({listed})"))
         rows.append(("worlds lost", str(data["worlds_lost"])))
+    if data["relaunches"]:
+        rows.append(("relaunches", f"{len(data['relaunches'])} ({'; '.join(data['relaunches'])})"))
     if data["interrupted"]:
         rows.append(("interrupted", "yes (Ctrl-C or SIGTERM)"))
     print("\n".join(f"{label:<16}{value}" for label, value in rows), flush=True)

@@ -9,6 +9,8 @@ Commands:
   second, round-trip latency, seeds, recording.
   With ``--ray [auto|ADDRESS|local] --num-shards K`` the worlds are stepped by
   K Ray actors (``integrations/_ray_cli.py``; needs the ``ray`` extra).
+  ``--launch "CMD {port}" --num-servers K`` starts K servers (``dmr.launch``),
+  relaunches any that dies, and lists the relaunches in the summary.
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
@@ -52,6 +54,7 @@ from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import connect, is_local
 from dm_env_rpc_client.environment import create_and_join_world, join_world, specs_table
+from dm_env_rpc_client.launch import launch
 from dm_env_rpc_client.recording import Recording, prepare_folder
 from dm_env_rpc_client.server import serve
 from dm_env_rpc_client.server._subprocess import server_subprocess
@@ -170,7 +173,11 @@ def check_address(address: str, kwargs: dict[str, Any], timeout: float, quiet: b
 
 
 @contextlib.contextmanager
-def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[list[str]]:
+def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[Any]:
+    if args.launch:  # the servers themselves, so that the batch reports their relaunches
+        with launch(args.launch, args.num_servers or 1, ready_timeout=max(60.0, args.timeout)) as s:
+            yield s
+        return
     if args.address:
         for address in dict.fromkeys(args.address):
             check_address(address, kwargs, args.timeout, args.quiet or args.json)
@@ -396,6 +403,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--address", nargs="+", metavar="HOST:PORT", help="servers (default: embedded Catch)"
     )
     run_parser.add_argument(
+        "--launch",
+        metavar="COMMAND",
+        help="start the servers: a command with {port} in it, e.g. 'my_player --port {port}' "
+        "(relaunched if they die; with --ray, each shard launches its own)",
+    )
+    run_parser.add_argument(
+        "--num-servers",
+        type=positive_int,
+        metavar="K",
+        help="with --launch: how many servers (per shard with --ray; default 1)",
+    )
+    run_parser.add_argument(
         "--world", nargs="+", metavar="NAME", help="join these existing worlds, one each"
     )
     run_parser.add_argument(
@@ -486,6 +505,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.launch and args.address:
+        parser.error("give --launch or --address, not both")
+    if args.num_servers is not None and not args.launch:
+        parser.error("--num-servers goes with --launch")
     if args.world:
         if args.num_envs is not None and args.num_envs != len(args.world):
             parser.error(_WORLD_COUNT.format(names=len(args.world), count=args.num_envs))

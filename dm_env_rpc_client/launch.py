@@ -96,7 +96,8 @@ class Relaunch:
       died: when the death was seen (``time.time()``).
       downtime: seconds from the death to serving again (or to giving up).
       attempts: starts made.
-      outcome: ``"relaunched"`` or ``"gave up"``.
+      outcome: ``"relaunched"``, ``"gave up"``, or ``"relaunching"`` while it is under way
+        (the record is replaced when it ends).
     """
 
     index: int
@@ -216,6 +217,10 @@ class LaunchedServers:
         died, started = time.time(), time.monotonic()
         reason = f"{_exit_text(server.process.returncode)}; last output: {_process.tail(server.log_path, 300)!r}"
         attempts, outcome = 0, "gave up"
+        self.relaunches.append(
+            Relaunch(server.index, server.address, reason, died, 0.0, 0, "relaunching")
+        )
+        entry = len(self.relaunches) - 1
         while attempts < self._policy.attempts and not self._closing.is_set():
             if attempts:
                 pause = min(self._policy.max_backoff, self._policy.backoff * 2 ** (attempts - 1))
@@ -241,8 +246,8 @@ class LaunchedServers:
         if outcome != "relaunched":
             self._given_up.add(server.index)
         downtime = time.monotonic() - started
-        self.relaunches.append(
-            Relaunch(server.index, server.address, reason, died, downtime, attempts, outcome)
+        self.relaunches[entry] = Relaunch(
+            server.index, server.address, reason, died, downtime, attempts, outcome
         )
 
 

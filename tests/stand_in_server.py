@@ -23,14 +23,11 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
 import contextlib
-
-import grpc
-from _foreign_server import _make_env, _Servicer
-from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc
 
 
 def _raw_listener(port: int) -> socket.socket:
@@ -81,8 +78,27 @@ def main() -> None:
         _garbage(args.port)
     if args.misbehave == "slow-start":
         _hold_connections(args.port, 1.5)
+    # Imported only to serve: the misbehaving modes above answer at once, even on a busy machine.
+    import grpc
+    from _foreign_server import _make_env, _Servicer
+    from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc
+
+    class _LoggingServicer(_Servicer):
+        """Prints a line per world created, so that a test can tell when worlds are up."""
+
+        def Process(self, request_iterator: Any, context: Any) -> Any:
+            def logged() -> Any:
+                for request in request_iterator:
+                    if request.WhichOneof("payload") == "create_world":
+                        print("stand-in: world created", flush=True)
+                    yield request
+
+            return super().Process(logged(), context)
+
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=32))
-    dm_env_rpc_pb2_grpc.add_EnvironmentServicer_to_server(_Servicer(_make_env("catch", 0)), server)
+    dm_env_rpc_pb2_grpc.add_EnvironmentServicer_to_server(
+        _LoggingServicer(_make_env("catch", 0)), server
+    )
     if server.add_insecure_port(f"127.0.0.1:{args.port}") != args.port:
         print(f"stand-in: cannot listen on port {args.port}", flush=True)
         sys.exit(4)

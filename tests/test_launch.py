@@ -107,7 +107,9 @@ def test_a_server_that_dies_is_relaunched_on_its_port_and_recorded():
     with dmr.launch(_command(tag), 2, relaunch=policy) as servers:
         first = servers.servers[1].pid
         os.kill(first, signal.SIGKILL)
-        assert wait_for(lambda: len(servers.relaunches) == 1, timeout=30)
+        assert wait_for(
+            lambda: [r.outcome for r in servers.relaunches] == ["relaunched"], timeout=30
+        )
         relaunch = servers.relaunches[0]
         assert relaunch.index == 1 and relaunch.outcome == "relaunched"
         assert relaunch.address == servers.addresses[1]
@@ -207,3 +209,40 @@ def test_no_launched_server_outlives_its_parent(how):
     finally:
         parent.kill()
         parent.wait()
+
+
+_CLI_ARGS = ("--num-servers", "2", "--num-envs", "4", "--steps", "10000000", "--json")
+
+
+def test_the_run_command_launches_relaunches_and_lists_the_relaunch():
+    tag = _tag()
+    command = " ".join(_command(tag))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "dm_env_rpc_client", "run", "--launch", command, *_CLI_ARGS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_for(lambda: len(_running(tag)) >= 3, timeout=60)  # 2 servers, the CLI
+        servers = [pid for pid in _running(tag) if pid != run.pid]
+        logs = [os.readlink(f"/proc/{pid}/fd/1") for pid in servers]  # their own log files
+
+        def created() -> int:
+            return sum(pathlib.Path(log).read_text().count("world created") for log in logs)
+
+        assert wait_for(lambda: created() == 4, timeout=60)  # the run is stepping its worlds
+        victim, log = servers[0], logs[0]
+        os.kill(victim, signal.SIGKILL)
+        # Relaunched: the log holds a second "serving" line, from the new process.
+        assert wait_for(lambda: pathlib.Path(log).read_text().count("serving on") == 2, 60)
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130, err
+    summary = __import__("json").loads(out)
+    assert len(summary["relaunches"]) == 1, summary
+    assert "killed by SIGKILL" in summary["relaunches"][0]
+    assert summary["worlds_lost"] == 0
+    assert _none_left(tag)

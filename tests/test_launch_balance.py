@@ -73,7 +73,7 @@ def test_a_launched_server_killed_mid_run_is_relaunched_and_its_worlds_restored(
         kinds = _step_until(
             envs,
             lambda: (
-                len(servers.relaunches) == 1
+                [r.outcome for r in servers.relaunches] == ["relaunched"]
                 and len(envs.failures) >= 2
                 and _balanced(envs, servers.addresses)
             ),
