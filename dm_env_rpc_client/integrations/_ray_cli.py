@@ -65,13 +65,17 @@ def run_on_ray(
     worlds = args.num_envs or 4
     if args.num_shards > worlds:
         raise UsageError(_TOO_MANY_SHARDS.format(shards=args.num_shards, worlds=worlds))
-    servers = 0 if args.address else args.num_shards
+    servers = 0 if args.address or args.launch else args.num_shards
     cpus = max(os.cpu_count() or 1, args.num_shards + servers)
     started = _init(args.ray, cpus)
     fleet: ServerFleet | None = None
     try:
-        if args.address:
-            source: Any = list(args.address)
+        launched = None
+        if args.launch:  # each shard launches its own servers, on its node
+            source: Any = ["(launched by the shard)"]
+            launched = (args.launch, args.num_servers or 1)
+        elif args.address:
+            source = list(args.address)
         else:
             fleet = ServerFleet(
                 _make_catch,
@@ -106,6 +110,7 @@ def run_on_ray(
                 # (or the run stops, with raise); a stall is --timeout without a step.
                 "on_world_failure": args.on_failure,
                 "step_timeout": args.timeout,
+                **({"launch": launched} if launched else {}),
             },
             progress=advance,
             stop=stop,

@@ -212,8 +212,7 @@ class ServerFleet:
                         available=ray.cluster_resources(),
                     )
                 )
-            actor_class = ray.remote(_ServerHost)
-            fleet_id = self._fleet_id
+            actor_class: Any = ray.remote(self._HOST)
             for index in range(num_servers):
                 self._actors.append(
                     actor_class.options(
@@ -223,12 +222,20 @@ class ServerFleet:
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
                             self._group, placement_group_bundle_index=index
                         ),
-                    ).remote(make_env, index, fleet_id, host, credentials, max_workers)
+                    ).remote(*self._host_args(index, (make_env, host, credentials, max_workers)))
                 )
             self.servers()
         except BaseException:
             self.close()
             raise
+
+    _HOST: type = _ServerHost  # the actor body (``LaunchedFleet`` launches a command instead)
+
+    def _host_args(self, index: int, given: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The actor's arguments for server ``index``; ``given``: make_env, host, credentials,
+        max_workers."""
+        make_env, host, credentials, max_workers = given
+        return (make_env, index, self._fleet_id, host, credentials, max_workers)
 
     def servers(self, timeout: float | None = None) -> list[ServerInfo]:
         """Asks every actor where its server runs now; waits for restarting ones.

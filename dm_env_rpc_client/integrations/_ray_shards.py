@@ -54,6 +54,7 @@ from dm_env_rpc_client.integrations._ray_fleet import (
     fleet_addresses,
 )
 from dm_env_rpc_client.integrations._ray_policy import Policy, step_with_policy
+from dm_env_rpc_client.launch import launch
 from dm_env_rpc_client.recording import Recording, prepare_folder
 
 _BAD_SPLIT = "Cannot split {worlds} worlds into {shards} shards; need 1 <= shards <= worlds."
@@ -198,9 +199,16 @@ class _Shard:
         if credentials is not None:
             options["credentials"] = credentials()
         self._seed = None if seed is None else seed + worlds[0]  # world i: seed + i overall
-        self._batch = BatchedEnvironment.connect(
-            addresses, len(addresses), seed=self._seed, **options
-        )
+        launched = options.pop("launch", None)  # (command, servers): this shard's own servers
+        self._servers = launch(launched[0], launched[1]) if launched else None
+        try:
+            self._batch = BatchedEnvironment.connect(
+                self._servers or addresses, len(addresses), seed=self._seed, **options
+            )
+        except BaseException:
+            if self._servers is not None:
+                self._servers.close()
+            raise
 
     def progress(self) -> int:
         return self._received
@@ -258,6 +266,8 @@ class _Shard:
 
     def close(self) -> None:
         self._batch.close()
+        if self._servers is not None:
+            self._servers.close()
 
 
 def run_sharded(

@@ -46,6 +46,7 @@ from dm_env_rpc_client.integrations._ray_fleet import (
     ServerHealth,
     ServerInfo,
 )
+from dm_env_rpc_client.integrations._ray_launch import LaunchedFleet
 from dm_env_rpc_client.integrations._ray_rllib import (
     ENV_NAME,
     free_rllib_env_config,
@@ -99,6 +100,7 @@ __all__ = [
     "ENV_NAME",
     "FleetError",
     "LOCAL",
+    "LaunchedFleet",
     "ServerFleet",
     "ServerHealth",
     "ServerInfo",
