@@ -72,6 +72,13 @@ def test_launched_servers_serve_connect_and_batches_and_stop_on_close(tmp_path):
             env.close()
         with dmr.BatchedEnvironment.connect(servers.addresses, num_envs=4) as envs:
             assert envs.reset().observation["board"].shape[0] == 4
+        gymnasium_bridge = pytest.importorskip("dm_env_rpc_client.integrations.gymnasium")
+        gym_env = gymnasium_bridge.GymnasiumEnv(address=servers.addresses[1])
+        try:
+            observation, _ = gym_env.reset(seed=0)
+            assert gym_env.observation_space.contains(observation)
+        finally:
+            gym_env.close()
         for server in servers.servers:  # each its own log file, holding its own output
             assert server.log_path.startswith(str(tmp_path / "l"))
             assert f"serving on {server.address}" in pathlib.Path(server.log_path).read_text()
