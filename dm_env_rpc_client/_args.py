@@ -111,3 +111,27 @@ def tls_credentials(args: argparse.Namespace) -> Callable[[], grpc.ChannelCreden
         private_key=read_pem(args.private_key, "--private-key"),
         certificate_chain=read_pem(args.certificate, "--certificate"),
     )
+
+
+def launch_flags(parser: argparse.ArgumentParser) -> None:
+    """``--launch COMMAND`` and ``--num-servers K`` (the ``run`` command's launched servers)."""
+    parser.add_argument(
+        "--launch",
+        metavar="COMMAND",
+        help="start the servers: a command with {port} in it, e.g. 'my_player --port {port}' "
+        "(relaunched if they die; with --ray, each shard launches its own)",
+    )
+    parser.add_argument(
+        "--num-servers",
+        type=positive_int,
+        metavar="K",
+        help="with --launch: how many servers (per shard with --ray; default 1)",
+    )
+
+
+def check_launch_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exits (argparse's usage error) for launch flags that do not go together."""
+    if args.launch and args.address:
+        parser.error("give --launch or --address, not both")
+    if args.num_servers is not None and not args.launch:
+        parser.error("--num-servers goes with --launch")

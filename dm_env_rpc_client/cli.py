@@ -44,6 +44,8 @@ from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._args import (
     SETTING_HELP,
     UsageError,
+    check_launch_flags,
+    launch_flags,
     parse_setting,
     positive_float,
     positive_int,
@@ -402,18 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument(
         "--address", nargs="+", metavar="HOST:PORT", help="servers (default: embedded Catch)"
     )
-    run_parser.add_argument(
-        "--launch",
-        metavar="COMMAND",
-        help="start the servers: a command with {port} in it, e.g. 'my_player --port {port}' "
-        "(relaunched if they die; with --ray, each shard launches its own)",
-    )
-    run_parser.add_argument(
-        "--num-servers",
-        type=positive_int,
-        metavar="K",
-        help="with --launch: how many servers (per shard with --ray; default 1)",
-    )
+    launch_flags(run_parser)
     run_parser.add_argument(
         "--world", nargs="+", metavar="NAME", help="join these existing worlds, one each"
     )
@@ -505,10 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.launch and args.address:
-        parser.error("give --launch or --address, not both")
-    if args.num_servers is not None and not args.launch:
-        parser.error("--num-servers goes with --launch")
+    check_launch_flags(parser, args)
     if args.world:
         if args.num_envs is not None and args.num_envs != len(args.world):
             parser.error(_WORLD_COUNT.format(names=len(args.world), count=args.num_envs))

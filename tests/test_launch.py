@@ -253,3 +253,28 @@ def test_the_run_command_launches_relaunches_and_lists_the_relaunch():
     assert "killed by SIGKILL" in summary["relaunches"][0]
     assert summary["worlds_lost"] == 0
     assert _none_left(tag)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--launch", "x --port {port}", "--num-servers", "0"],
+            "--num-servers: must be at least 1",
+        ),
+        (["--num-servers", "2"], "--num-servers goes with --launch"),
+        (["--launch", "x {port}", "--address", "127.0.0.1:1"], "--launch or --address"),
+    ],
+)
+def test_the_run_command_refuses_launch_flags_that_do_not_fit(argv, message, capsys):
+    with pytest.raises(SystemExit) as caught:
+        dmr.cli_main(["run", *argv])
+    assert caught.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_run_command_names_a_launch_that_fails(capsys):
+    assert dmr.cli_main(["run", "--launch", "no_such_player_binary --port {port}"]) == 1
+    assert "no_such_player_binary' does not exist" in capsys.readouterr().err
+    assert dmr.cli_main(["run", "--launch", "my_player --port 5000"]) == 1
+    assert "has no {port}" in capsys.readouterr().err
