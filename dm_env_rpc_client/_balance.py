@@ -40,6 +40,7 @@ from dm_env_rpc_client._batch_core import _LIVE, _REMOVED_STATE, _RESTARTING, Ba
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
 PROBE_EVERY = 0.25  # seconds between probes of a down address
+_DEATH_SEEN = 5.0  # a relaunch counts for a failure if the death was seen at most this earlier
 _MOVED = "moved for balance from {source} (the move to {target} failed)"
 
 
@@ -125,6 +126,26 @@ class Balancer:
                         await connection.async_connection.aclose()
             self.down.discard(address)
             self.plan()
+
+    def restored(self, index: int) -> None:
+        """World ``index``'s restart ended: its failure gets its server's relaunch, if any,
+        and the load is planned again."""
+        core = self.core
+        failure = core._latest_failure(index)
+        servers = core.servers
+        if failure is not None and servers is not None:
+            relaunch = next(
+                (
+                    r
+                    for r in reversed(servers.relaunches)
+                    if r.address == failure.address and r.died >= failure.time - _DEATH_SEEN
+                ),
+                None,
+            )
+            if relaunch is not None:
+                position = len(core.failures) - 1 - core.failures[::-1].index(failure)
+                core.failures[position] = dataclasses.replace(failure, relaunch=relaunch)
+        self.plan()
 
     def plan(self) -> None:
         """Picks worlds to move until the worlds per up address differ by at most one."""

@@ -264,15 +264,11 @@ class BatchCore:
             await old.aclose()
         address = self.addresses[index]
         assert self._open_stream is not None
-        if self._balancer is not None:
-            self._balancer.failed_at(str(address))
-            order = self._balancer.order(index)
-        else:
-            order = _restart.rotation(str(address), [str(a) for a in self.addresses])
+        self._balancer.failed_at(str(address))  # restarts have a balancer (_balance)
         try:
             restored = await _restart.reopen(
                 self._open_stream,
-                order,
+                self._balancer.order(index),
                 self._recipes[index],
                 self._restart_policy,
                 first_step=lost > 0,
@@ -299,6 +295,7 @@ class BatchCore:
             if lost or held:
                 failure = _Failure(cause, lost + len(held), removed=True)
                 self._file(index, self._gen[index], time.perf_counter(), failure)
+            self._balancer.restored(index)
             return
         env = restored.env
         self._adopt(index, restored)
@@ -323,8 +320,7 @@ class BatchCore:
         else:
             self._truncate_next[index] = True
         self._flush_held(index)
-        if self._balancer is not None:
-            self._balancer.plan()
+        self._balancer.restored(index)
 
     def _adopt(self, index: int, restored: _restart.Restored) -> None:
         """World ``index`` is ``restored`` now (made again elsewhere, or moved); it is live."""

@@ -4,10 +4,11 @@
 whose stream broke, whose step failed at the transport, or that passed its
 deadline. ``reopen`` makes the attempts, on the batch's event loop:
 
-- attempt 1 goes to the world's own address; each later attempt to the next of
-  the batch's distinct addresses, round-robin, so a world whose server stays
-  down moves to another server, and comes back to its own when that is the
-  only one left;
+- attempt 1 goes to the world's own address; each later attempt to the next
+  address of the order ``_balance.Balancer.order`` gives (the least loaded up
+  servers first), so a world whose server stays down moves to another server;
+  once its server answers again, the balancer brings it back at an episode
+  boundary;
 - each attempt opens a stream (waiting at most ``connect_timeout`` for the
   server), creates a world with the same settings (or joins the same named
   world) and joins it, each call bounded by ``call_timeout``;
@@ -80,6 +81,8 @@ class WorldFailure:
         actions were dropped (the FIRST step after a restart answers them).
       downtime: seconds from detection to restored or removed (0.0 when raised).
       last_error: the error of the last failed attempt, if any.
+      relaunch: the ``Relaunch`` of the world's server, when it was launched
+        (``dmr.launch``) and died then (updated in place as the relaunch goes on).
     """
 
     index: int
@@ -92,6 +95,7 @@ class WorldFailure:
     steps_lost: int
     downtime: float
     last_error: BaseException | None = None
+    relaunch: Any = None
 
 
 def check_policy(value: str) -> str:
@@ -134,15 +138,6 @@ class WorldRecipe(NamedTuple):
     requested_observations: tuple[str, ...] | None = None  # the adaptor's
 
 
-def rotation(home: str, addresses: Sequence[str]) -> list[str]:
-    """The distinct addresses, starting at ``home`` and going round in the batch's order."""
-    distinct = list(dict.fromkeys(addresses))
-    if home not in distinct:
-        distinct.insert(0, home)
-    start = distinct.index(home)
-    return distinct[start:] + distinct[:start]
-
-
 async def reopen(
     open_stream: Callable[[str, float], Awaitable[LoopConnection]],
     addresses: Sequence[str],
@@ -156,7 +151,7 @@ async def reopen(
 
     Args:
       open_stream: ``open_stream(address, connect_timeout)`` opens a stream.
-      addresses: the addresses to try, in order (``rotation``).
+      addresses: the addresses to try, in order (``Balancer.order``).
       recipe: how the world was made.
       policy: the bounds.
       first_step: also take the new world's first step (empty action).

@@ -85,9 +85,12 @@ class RelaunchPolicy(NamedTuple):
     max_backoff: float = 10.0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Relaunch:
     """One death of a launched server and what followed (``LaunchedServers.relaunches``).
+
+    Recorded as soon as the death is seen (``outcome="relaunching"``) and updated in
+    place when the relaunch ends.
 
     Attributes:
       index: the server's index.
@@ -96,8 +99,7 @@ class Relaunch:
       died: when the death was seen (``time.time()``).
       downtime: seconds from the death to serving again (or to giving up).
       attempts: starts made.
-      outcome: ``"relaunched"``, ``"gave up"``, or ``"relaunching"`` while it is under way
-        (the record is replaced when it ends).
+      outcome: ``"relaunched"``, ``"gave up"``, or ``"relaunching"`` while under way.
     """
 
     index: int
@@ -217,10 +219,8 @@ class LaunchedServers:
         died, started = time.time(), time.monotonic()
         reason = f"{_exit_text(server.process.returncode)}; last output: {_process.tail(server.log_path, 300)!r}"
         attempts, outcome = 0, "gave up"
-        self.relaunches.append(
-            Relaunch(server.index, server.address, reason, died, 0.0, 0, "relaunching")
-        )
-        entry = len(self.relaunches) - 1
+        record = Relaunch(server.index, server.address, reason, died, 0.0, 0, "relaunching")
+        self.relaunches.append(record)
         while attempts < self._policy.attempts and not self._closing.is_set():
             if attempts:
                 pause = min(self._policy.max_backoff, self._policy.backoff * 2 ** (attempts - 1))
@@ -245,10 +245,9 @@ class LaunchedServers:
             reason += f"; start {attempts}: {_why(error, server)}"
         if outcome != "relaunched":
             self._given_up.add(server.index)
-        downtime = time.monotonic() - started
-        self.relaunches[entry] = Relaunch(
-            server.index, server.address, reason, died, downtime, attempts, outcome
-        )
+        record.reason, record.attempts = reason, attempts
+        record.downtime = time.monotonic() - started
+        record.outcome = outcome  # last: a reader that sees the outcome sees the rest
 
 
 def _exit_text(code: int | None) -> str:
@@ -326,6 +325,8 @@ def launch(
     try:
         for index in range(num_servers):
             port = ports[index] if ports is not None else _process.free_port(host)
+            while ports is None and any(s.address.endswith(f":{port}") for s in started):
+                port = _process.free_port(host)  # the kernel may hand a port out again
             words = _process.command_line(command, host, port)
             log_path = os.path.join(folder, f"server-{index}.log")
             process = _start(words, log_path, options)

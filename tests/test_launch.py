@@ -231,14 +231,29 @@ def test_the_run_command_launches_relaunches_and_lists_the_relaunch():
         text=True,
     )
     try:
-        assert wait_for(lambda: len(_running(tag)) >= 3, timeout=60)  # 2 servers, the CLI
-        servers = [pid for pid in _running(tag) if pid != run.pid]
-        logs = [os.readlink(f"/proc/{pid}/fd/1") for pid in servers]  # their own log files
+
+        def servers_up() -> dict[int, str]:
+            """The servers, by their output: their own log files (not a copy of the CLI that
+            is forking, nor a process mid-exec, which may not show its command line)."""
+            found = {}
+            for pid in _running(tag):
+                try:
+                    out = os.readlink(f"/proc/{pid}/fd/1")
+                except OSError:
+                    continue
+                if pid != run.pid and out.endswith(".log"):
+                    found[pid] = out
+            return found
+
+        assert wait_for(lambda: len(servers_up()) == 2, timeout=60)
+        servers, logs = map(list, zip(*sorted(servers_up().items()), strict=True))
 
         def created() -> int:
             return sum(pathlib.Path(log).read_text().count("world created") for log in logs)
 
-        assert wait_for(lambda: created() == 4, timeout=60)  # the run is stepping its worlds
+        if not wait_for(lambda: created() == 4, timeout=60):  # the run is stepping its worlds
+            run.kill()
+            pytest.fail(f"no worlds: {servers} {logs} {run.communicate()} {created()}")
         victim, log = servers[0], logs[0]
         os.kill(victim, signal.SIGKILL)
         # Relaunched: the log holds a second "serving" line, from the new process.

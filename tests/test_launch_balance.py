@@ -83,6 +83,7 @@ def test_a_launched_server_killed_mid_run_is_relaunched_and_its_worlds_restored(
         assert "killed by SIGKILL" in relaunch.reason
         assert {f.outcome for f in envs.failures} == {"restarted"}
         assert {f.address for f in envs.failures} == {servers.addresses[0]}
+        assert all(f.relaunch is relaunch for f in envs.failures)  # each names the relaunch
         assert envs.live_ids == [0, 1, 2, 3]
         assert collections.Counter(envs.addresses) == {a: 2 for a in servers.addresses}
         _episodes_whole(kinds)
