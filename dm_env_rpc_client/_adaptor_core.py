@@ -99,32 +99,38 @@ def pack_settings(settings: Mapping[str, Any] | None) -> dict[str, dm_env_rpc_pb
 
 _UNKNOWN_KEYWORD = (
     "{caller}() got an unexpected keyword argument {name!r}{suggestion}. "
-    "It takes the DmEnvAdaptor keywords: {known}."
+    "{own}It takes the DmEnvAdaptor keywords: {known}."
 )
+_OWN = "Its own arguments are {own}; "
 # What the helpers set themselves, never from adaptor_kwargs.
 _HELPER_SET = ("connection", "specs", "world_name", "destroy_on_close")
 
 
-def check_adaptor_kwargs(caller: str, adaptor_kwargs: Mapping[str, Any], adaptor: type) -> None:
+def check_adaptor_kwargs(
+    caller: str, adaptor_kwargs: Mapping[str, Any], adaptor: type, own: Sequence[str] = ()
+) -> None:
     """Refuses keywords ``adaptor`` does not take, before anything is sent.
 
     Args:
       caller: the world helper's name, for the message.
       adaptor_kwargs: the keywords given for the adaptor.
       adaptor: the adaptor class they go to.
+      own: the helper's own argument names, suggested too (``create_world_setting``
+        is a misspelled ``create_world_settings``, not an adaptor keyword).
 
     Raises:
-      TypeError: naming the keyword, the closest known one, and all of them.
+      ArgumentTypeError: naming the keyword, the closest known one, and all of them.
     """
     known = [name for name in inspect.signature(adaptor).parameters if name not in _HELPER_SET]
     for name in adaptor_kwargs:
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            raise TypeError(
+            close = difflib.get_close_matches(name, [*own, *known], n=1)
+            raise errors.ArgumentTypeError(
                 _UNKNOWN_KEYWORD.format(
                     caller=caller,
                     name=name,
                     suggestion=f" (did you mean {close[0]!r}?)" if close else "",
+                    own=_OWN.format(own=", ".join(own)) if own else "",
                     known=", ".join(known),
                 )
             )

@@ -85,6 +85,14 @@ _WORLD_COUNT = (
     "--world names {names} worlds but --num-envs asks for {count}; give one name per world."
 )
 _WORLD_CREATE = "--world joins existing worlds: --create-setting does not apply to them."
+_IN_PROCESS = (
+    "--in-process starts the embedded server in this process, and --address names servers "
+    "that run already: give one or the other."
+)
+_SCHEME = (
+    "--address {address!r} has a URL scheme: gRPC addresses have none. Give {bare!r}; for "
+    "TLS add --tls (or --root-certificates PEM), for plaintext to a remote host --insecure."
+)
 
 
 def _settings(pairs: Sequence[tuple[str, Any]] | None) -> dict[str, Any]:
@@ -118,6 +126,9 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme.lower() in ("http", "https", "grpc", "grpcs", "tcp"):
+        raise UsageError(_SCHEME.format(address=address, bare=rest.rstrip("/")))
     if "://" in address or address.startswith(
         ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
     ):
@@ -486,6 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.in_process and args.address:
+        parser.error(_IN_PROCESS)
     if args.world:
         if args.num_envs is not None and args.num_envs != len(args.world):
             parser.error(_WORLD_COUNT.format(names=len(args.world), count=args.num_envs))

@@ -25,6 +25,7 @@ import contextlib
 import ipaddress
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf import message
 
-from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client import _checks, errors, messages
 
 # Channel options: unlimited message sizes; quick reconnect backoff so connect() notices a
 # server that comes up late; and keepalive, so that a half-open connection (a stopped server, a
@@ -67,8 +68,15 @@ _STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
 _REOPEN = "; open a new connection."
 _CONNECT_TIMEOUT = (
     "Could not connect to {address} within {timeout} s. Check that the server is running "
-    "and the address is right, or pass a longer timeout."
+    "and the address is right, or pass a longer timeout.{refused}"
 )
+_LAST_REFUSED = " The last attempt was refused: nothing accepts connections there."
+_REFUSED = (
+    "Nothing accepts connections at {address} (connection refused). Start the server there, "
+    "or check the host and port; to wait for a server that is still starting, pass "
+    "wait_for_ready=True (connect then retries until timeout)."
+)
+_REFUSED_CHECK = 1.0  # seconds for the check, after a timeout, whether the port refuses
 _NEEDS_CREDENTIALS = (
     "Refusing a plaintext connection to the remote host {address}. Pass credentials= "
     "(e.g. grpc.ssl_channel_credentials()) for TLS, or insecure=True to send plaintext."
@@ -122,6 +130,7 @@ def create_channel(
     Raises:
       DmEnvRpcConnectionError: for plaintext to a remote host without ``insecure=True``.
     """
+    _checks.check_address(address)
     merged = dict(DEFAULT_OPTIONS)
     merged.update(dict(options or ()))
     opts = list(merged.items())
@@ -433,19 +442,48 @@ def _close_open_connections() -> None:
         connection.close()
 
 
-def _wait_ready(channel: grpc.Channel, timeout: float | None) -> bool:
-    """Whether the server answers within ``timeout``: a call that waits for the channel.
+def _refused(exc: grpc.RpcError) -> bool:
+    """Whether a failed call failed because the connection was refused."""
+    code = exc.code()  # type: ignore[attr-defined]
+    return code == grpc.StatusCode.UNAVAILABLE and "refused" in str(exc.details()).lower()  # type: ignore[attr-defined]
 
-    A unary call to a method no server has, with ``wait_for_ready``, returns as
-    soon as a server answers anything (UNIMPLEMENTED). ``grpc.channel_ready_future``
-    would do too, but its connectivity poll makes the channel's close take 0.2 s.
+
+def _wait_ready(channel: grpc.Channel, timeout: float | None, wait_for_ready: bool) -> str | None:
+    """None once the server answers; else why not: ``"refused"`` or ``"timeout"``.
+
+    A unary call to a method no server has returns as soon as a server answers
+    anything (UNIMPLEMENTED). Without ``wait_for_ready`` the first call fails
+    at once when the port refuses; any other failure (a TLS handshake, a
+    resolver) falls back to waiting. ``grpc.channel_ready_future`` would do
+    too, but its connectivity poll makes the channel's close take 0.2 s.
     """
     probe = channel.unary_unary(_PROBE_METHOD)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if not wait_for_ready:
+        try:
+            probe(b"", timeout=timeout)
+            return None
+        except grpc.RpcError as exc:
+            if _refused(exc):
+                return "refused"
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                return "timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else None  # type: ignore[attr-defined]
+    remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
     try:
-        probe(b"", timeout=timeout, wait_for_ready=True)
+        probe(b"", timeout=remaining, wait_for_ready=True)
     except grpc.RpcError as exc:
-        return exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
-    return True
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
+            return "timeout"
+    return None
+
+
+def _last_refused(channel: grpc.Channel) -> bool:
+    """After a timeout: whether the port refuses connections now (one quick attempt)."""
+    try:
+        channel.unary_unary(_PROBE_METHOD)(b"", timeout=_REFUSED_CHECK)
+    except grpc.RpcError as exc:
+        return _refused(exc)
+    return False
 
 
 def connect(
@@ -457,11 +495,16 @@ def connect(
     options: Sequence[tuple[str, Any]] | None = None,
     insecure: bool = False,
     max_in_flight: int | None = None,
+    wait_for_ready: bool = False,
 ) -> Connection:
     """Connects to a dm_env_rpc server.
 
-    Waits until the server answers, retrying with backoff (servers in
-    containers often report ready before they serve).
+    A port that refuses connections fails at once (``ConnectRefusedError``),
+    as a person at a notebook expects. To wait for a server that is still
+    starting (a container, a process just launched), pass
+    ``wait_for_ready=True``: connect then retries with backoff until the server
+    answers or ``timeout`` passes. A host that does not answer at all is waited
+    for up to ``timeout`` either way.
 
     Args:
       address: ``host:port`` or ``unix:path``.
@@ -473,18 +516,34 @@ def connect(
       options: extra gRPC channel options (override the defaults).
       insecure: allow plaintext to a remote host.
       max_in_flight: bound on pending requests (see ``Connection``).
+      wait_for_ready: retry a refused port until ``timeout`` (gRPC's term):
+        for a server that is still starting.
 
     Returns:
       A Connection that owns its channel.
 
     Raises:
+      ArgumentError: an address of the wrong shape (no port, a URL scheme, ...),
+        or a timeout that is not a number of seconds above 0.
+      ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
+    _checks.check_seconds(timeout)
+    if max_in_flight is not None:
+        _checks.check_count(max_in_flight, "max_in_flight")
     channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)
-    if not _wait_ready(channel, timeout):
+    failure = _wait_ready(channel, timeout, wait_for_ready)
+    if failure is not None:
+        refused = failure == "refused" or _last_refused(channel)
         channel.close()
-        raise errors.ConnectTimeoutError(_CONNECT_TIMEOUT.format(address=address, timeout=timeout))
+        if failure == "refused":
+            raise errors.ConnectRefusedError(_REFUSED.format(address=address))
+        raise errors.ConnectTimeoutError(
+            _CONNECT_TIMEOUT.format(
+                address=address, timeout=timeout, refused=_LAST_REFUSED if refused else ""
+            )
+        )
     connection = Connection(channel, metadata, max_in_flight=max_in_flight)
     connection._owns_channel = True
     connection.address = address

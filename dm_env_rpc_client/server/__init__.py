@@ -51,7 +51,7 @@ from typing import Any
 import dm_env
 import grpc
 
-from dm_env_rpc_client import errors
+from dm_env_rpc_client import _checks, errors
 from dm_env_rpc_client._loop import LoopThread
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.server._session import Session
@@ -76,6 +76,10 @@ _TOO_MANY_STREAMS = (
 )
 
 MakeEnv = Callable[[dict[str, Any]], dm_env.Environment]
+_NOT_A_FACTORY = (
+    "make_env is a factory, called with each world's settings, not {kind}. Pass "
+    "{hint}lambda settings: MyEnv(**settings), or the environment class itself."
+)
 
 
 def _factory(make_env: MakeEnv | type[dm_env.Environment]) -> MakeEnv:
@@ -116,6 +120,14 @@ class Server:
         credentials: grpc.ServerCredentials | None = None,
         max_workers: int = 64,
     ) -> None:
+        if isinstance(make_env, dm_env.Environment) or not callable(make_env):
+            instance = isinstance(make_env, dm_env.Environment)
+            hint = f"{type(make_env).__name__} (the class), " if instance else ""
+            raise errors.ArgumentTypeError(
+                _NOT_A_FACTORY.format(kind=_checks.kind(make_env), hint=hint)
+            )
+        _checks.check_address(address, listen=True)
+        _checks.check_count(max_workers, "max_workers")
         self._registry = Registry(_factory(make_env))
         self._stopped = False
         self._max_streams = max_workers
@@ -254,6 +266,12 @@ def serve(
 
     Returns:
       The running Server (use it as a context manager, or call ``stop()``).
+
+    Raises:
+      ArgumentTypeError: ``make_env`` is not callable (an environment instance,
+        where its class or a factory goes), or ``max_workers`` is not a whole number.
+      ArgumentValueError: ``address`` is not ``host:port``, or ``max_workers`` < 1.
+      OSError: the address cannot be bound.
     """
     return Server(make_env, address, credentials=credentials, max_workers=max_workers)
 
