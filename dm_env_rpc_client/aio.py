@@ -374,7 +374,7 @@ async def open_when_ready(
         if owns_channel:
             await channel.close()
         raise errors.ConnectTimeoutError(
-            _CONNECT_TIMEOUT.format(address=address, timeout=timeout)
+            _CONNECT_TIMEOUT.format(address=address, timeout=timeout, refused="")
         ) from None
     connection = await AsyncConnection.open(channel, metadata, max_in_flight=max_in_flight)
     connection._owns_channel = owns_channel

@@ -356,12 +356,7 @@ async def join_world_async(
         world is left again).
       DmEnvRpcError: the server refused the join.
     """
-    check_adaptor_kwargs(
-        "join_world_async",
-        adaptor_kwargs,
-        AsyncDmEnvAdaptor,
-        ("connection", "world_name", "join_world_settings"),
-    )
+    check_adaptor_kwargs("join_world_async", adaptor_kwargs, AsyncDmEnvAdaptor)
     conn, owned = await _open(connection, "join_world_async", adaptor_kwargs.get("timeout"))
     adaptor_kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     try:
@@ -403,12 +398,7 @@ async def create_and_join_world_async(
       UnknownNameError: a requested observation the world does not have.
       DmEnvRpcError: the server refused the create or the join.
     """
-    check_adaptor_kwargs(
-        "create_and_join_world_async",
-        adaptor_kwargs,
-        AsyncDmEnvAdaptor,
-        ("connection", "create_world_settings", "join_world_settings"),
-    )
+    check_adaptor_kwargs("create_and_join_world_async", adaptor_kwargs, AsyncDmEnvAdaptor)
     conn, owned = await _open(
         connection, "create_and_join_world_async", adaptor_kwargs.get("timeout")
     )

@@ -346,11 +346,6 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
 # --- world helpers -----------------------------------------------------------------------------
 
 
-# The helpers' own arguments, suggested for a misspelled keyword beside the adaptor's.
-_JOIN_OWN = ("connection", "world_name", "join_world_settings")
-_CREATE_OWN = ("connection", "create_world_settings", "join_world_settings")
-
-
 def _open(
     connection: ConnectionLike | str, caller: str, timeout: float | None
 ) -> tuple[ConnectionLike, bool]:
@@ -420,7 +415,7 @@ def join_world(
       UnknownNameError: a requested observation the world does not have.
       DmEnvRpcError: the server refused the join.
     """
-    check_adaptor_kwargs("join_world", adaptor_kwargs, DmEnvAdaptor, _JOIN_OWN)
+    check_adaptor_kwargs("join_world", adaptor_kwargs, DmEnvAdaptor)
     conn, owned = _open(connection, "join_world", adaptor_kwargs.get("timeout"))
     adaptor_kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     try:
@@ -484,7 +479,7 @@ def create_and_join_world(
       UnknownNameError: a requested observation the world does not have.
       DmEnvRpcError: the server refused the create or the join.
     """
-    check_adaptor_kwargs("create_and_join_world", adaptor_kwargs, DmEnvAdaptor, _CREATE_OWN)
+    check_adaptor_kwargs("create_and_join_world", adaptor_kwargs, DmEnvAdaptor)
     conn, owned = _open(connection, "create_and_join_world", adaptor_kwargs.get("timeout"))
     timeout = adaptor_kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
     try:
