@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart
+from dm_env_rpc_client import _checks, _restart
 from dm_env_rpc_client._batch_core import (
     _NAMES_COUNT,
     _SEED_TWICE,
@@ -62,6 +62,15 @@ def open_batch(
     requested = None if requested_observations is None else tuple(requested_observations)
     if isinstance(addresses, str):
         addresses = [addresses]
+    for address in addresses:
+        _checks.check_address(address, "addresses")
+    if num_envs is not None:
+        _checks.check_count(num_envs, "num_envs")
+    _checks.check_seconds(timeout)
+    if restart is not None:
+        _checks.check_count(restart.attempts, "RestartPolicy.attempts")
+        for field in ("total", "connect_timeout", "call_timeout"):
+            _checks.check_seconds(getattr(restart, field), f"RestartPolicy.{field}")
     count = len(addresses) if num_envs is None else num_envs
     if world_names is not None:
         count = len(world_names) if num_envs is None else count

@@ -16,12 +16,16 @@ refused: gRPC addresses have none, and TLS is a matter of credentials.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import math
 import numbers
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from dm_env_rpc_client import errors
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _GRPC_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")
 _URL_SCHEMES = ("http", "https", "grpc", "grpcs", "tcp")
@@ -144,3 +148,53 @@ def unknown_keyword(caller: str, name: str, known: Iterable[str]) -> errors.Argu
     return errors.ArgumentTypeError(
         _UNKNOWN_KEYWORD.format(caller=caller, name=name, suggestion=suggestion)
     )
+
+
+def check_keywords(caller: str, kwargs: Mapping[str, Any], function: Callable[..., Any]) -> None:
+    """Refuses keywords of ``kwargs`` (passed on to ``function``) that it does not take.
+
+    Raises:
+      ArgumentTypeError: naming the keyword and the closest one ``function`` takes.
+    """
+    parameters = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    for name in kwargs:
+        if name not in parameters:
+            raise unknown_keyword(caller, name, parameters)
+
+
+def keywords_checked(function: F) -> F:
+    """``function``, raising ``ArgumentTypeError`` with a suggestion for a misspelled keyword.
+
+    Only a call that cannot bind is converted (Python's TypeError then comes from the call
+    itself, with no frame of ``function`` in its traceback); a TypeError from inside
+    ``function`` passes unchanged. It costs one call frame, so it is for entry points, not for
+    what a step runs.
+    """
+
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except TypeError as exc:
+            if exc.__traceback__ is None or exc.__traceback__.tb_next is not None:
+                raise  # raised inside the function
+            parameters = inspect.signature(function).parameters
+            for name in kwargs:
+                if name not in parameters:
+                    caller = function.__qualname__
+                    raise unknown_keyword(caller, name, parameters) from None
+            raise
+
+    return checked  # type: ignore[return-value]
+
+
+def check_type(value: Any, expected: type | tuple[type, ...], name: str, what: str) -> None:
+    """Refuses ``value`` unless it is an ``expected``: "``name`` is ``what``, not ...".
+
+    Raises:
+      ArgumentTypeError: naming the argument, what goes there, and what came.
+    """
+    if not isinstance(value, expected):
+        raise errors.ArgumentTypeError(f"{name} is {what}, not {kind(value)}.")

@@ -29,6 +29,7 @@ import grpc
 from google.protobuf import message
 
 from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client._checks import check_seconds
 from dm_env_rpc_client.connection import (
     _CLOSED,
     _CONNECT_TIMEOUT,
@@ -96,7 +97,7 @@ class AsyncConnection:
     """
 
     def __init__(self) -> None:
-        raise TypeError(
+        raise errors.ArgumentTypeError(
             "Use `await dmr.connect_async(address)` or `await AsyncConnection.open(channel)`."
         )
 
@@ -338,6 +339,7 @@ async def connect_async(
       ConnectTimeoutError: the server did not answer within ``timeout``.
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
+    check_seconds(timeout)
     channel = create_channel(
         address, credentials=credentials, options=options, insecure=insecure, aio=True
     )

@@ -70,7 +70,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart, errors
+from dm_env_rpc_client import _checks, _restart, errors
 from dm_env_rpc_client._batch_core import (
     _FAILED,
     _LIVE,
@@ -120,6 +120,7 @@ class BatchedEnvironment(BatchCore):
     """
 
     @classmethod
+    @_checks.keywords_checked
     def connect(
         cls,
         addresses: str | Sequence[str],

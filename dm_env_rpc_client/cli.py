@@ -85,6 +85,7 @@ _WORLD_COUNT = (
     "--world names {names} worlds but --num-envs asks for {count}; give one name per world."
 )
 _WORLD_CREATE = "--world joins existing worlds: --create-setting does not apply to them."
+_ARGV = "argv is a list of arguments, not the string {argv!r}: pass {split!r}."
 _IN_PROCESS = (
     "--in-process starts the embedded server in this process, and --address names servers "
     "that run already: give one or the other."
@@ -515,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     As a program (``argv`` None), gRPC's C-core log lines are silenced unless
     ``--debug`` is given; called from Python with a list, nothing is.
     """
+    if isinstance(argv, str):
+        raise errors.ArgumentTypeError(_ARGV.format(argv=argv, split=argv.split()))
     if argv is None:
         quiet_grpc_logs(sys.argv[1:])
     parser = build_parser()

@@ -76,6 +76,10 @@ _REFUSED = (
     "or check the host and port; to wait for a server that is still starting, pass "
     "wait_for_ready=True (connect then retries until timeout)."
 )
+_CHANNEL_NOT_ADDRESS = (
+    "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
+    "to connect to an address, use dmr.connect({address!r})."
+)
 _REFUSED_CHECK = 1.0  # seconds for the check, after a timeout, whether the port refuses
 _NEEDS_CREDENTIALS = (
     "Refusing a plaintext connection to the remote host {address}. Pass credentials= "
@@ -225,6 +229,10 @@ class Connection:
         *,
         max_in_flight: int | None = None,
     ) -> None:
+        if isinstance(channel, str):
+            raise errors.ArgumentTypeError(_CHANNEL_NOT_ADDRESS.format(address=channel))
+        if max_in_flight is not None:
+            _checks.check_count(max_in_flight, "max_in_flight")
         self._channel = channel
         self._owns_channel = False
         self.address: str | None = None
@@ -486,6 +494,7 @@ def _last_refused(channel: grpc.Channel) -> bool:
     return False
 
 
+@_checks.keywords_checked
 def connect(
     address: str,
     *,

@@ -82,6 +82,20 @@ _NOT_A_FACTORY = (
 )
 
 
+def check_factory(make_env: Any) -> None:
+    """Refuses a ``make_env`` that is not a factory or a class (an environment instance).
+
+    Raises:
+      ArgumentTypeError: naming ``make_env`` and what to pass (for an instance, its class).
+    """
+    if isinstance(make_env, dm_env.Environment) or not callable(make_env):
+        instance = isinstance(make_env, dm_env.Environment)
+        hint = f"{type(make_env).__name__} (the class), " if instance else ""
+        raise errors.ArgumentTypeError(
+            _NOT_A_FACTORY.format(kind=_checks.kind(make_env), hint=hint)
+        )
+
+
 def _factory(make_env: MakeEnv | type[dm_env.Environment]) -> MakeEnv:
     """``make_env`` itself, or for a class one that passes the settings as keyword arguments."""
     if not isinstance(make_env, type):
@@ -120,12 +134,7 @@ class Server:
         credentials: grpc.ServerCredentials | None = None,
         max_workers: int = 64,
     ) -> None:
-        if isinstance(make_env, dm_env.Environment) or not callable(make_env):
-            instance = isinstance(make_env, dm_env.Environment)
-            hint = f"{type(make_env).__name__} (the class), " if instance else ""
-            raise errors.ArgumentTypeError(
-                _NOT_A_FACTORY.format(kind=_checks.kind(make_env), hint=hint)
-            )
+        check_factory(make_env)
         _checks.check_address(address, listen=True)
         _checks.check_count(max_workers, "max_workers")
         self._registry = Registry(_factory(make_env))
@@ -245,6 +254,7 @@ class Server:
         return f"Server(address={self.address!r}, stopped={self._stopped})"
 
 
+@_checks.keywords_checked
 def serve(
     make_env: MakeEnv | type[dm_env.Environment],
     address: str = "127.0.0.1:0",
