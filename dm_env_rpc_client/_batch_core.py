@@ -486,7 +486,7 @@ def open_worlds(
     for index in range(count):
         address = addresses[index % len(addresses)]
         try:
-            conn = runner.run(open_stream(address))
+            conn = runner.run(open_stream(address, first=True))
             connections.append(conn)
             settings = None
             if world_names is not None:

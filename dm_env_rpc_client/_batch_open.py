@@ -54,6 +54,7 @@ def open_batch(
     on_world_failure: str,
     step_timeout: float | None,
     restart: RestartPolicy | None,
+    wait_for_ready: bool = False,
 ) -> Batch:
     """``BatchedEnvironment.connect`` (its arguments and errors are documented there)."""
     _restart.check_policy(on_world_failure)
@@ -86,14 +87,23 @@ def open_batch(
     runner = LoopThread(name="dm_env_rpc_client-batched")
     channels: dict[str, grpc.aio.Channel] = {}
 
-    async def open_stream(address: str, wait: float | None = timeout) -> LoopConnection:
+    async def open_stream(
+        address: str, wait: float | None = timeout, *, first: bool = False
+    ) -> LoopConnection:
+        """A stream to ``address``; a world's first (``first``) fails at once on a refusing port
+        unless ``wait_for_ready``; a restart's waits for its server to come back."""
         channel = channels.get(address)
         if channel is None:
             channel = channels[address] = create_channel(
                 address, credentials=credentials, options=options, insecure=insecure, aio=True
             )
         return await LoopConnection.open(
-            runner, address, channel=channel, timeout=wait, metadata=metadata
+            runner,
+            address,
+            channel=channel,
+            timeout=wait,
+            metadata=metadata,
+            wait_for_ready=wait_for_ready or not first,
         )
 
     connections: list[LoopConnection] = []

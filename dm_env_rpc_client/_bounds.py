@@ -112,12 +112,7 @@ def bounds(spec: TensorSpec) -> Bounds:
         the wrong size, NaN, or min > max.
       ArgumentTypeError: ``spec`` is not a TensorSpec.
     """
-    _checks.check_type(
-        spec,
-        dm_env_rpc_pb2.TensorSpec,
-        "spec",
-        "a dm_env_rpc TensorSpec (e.g. one of env.action_manager's specs)",
-    )
+    _checks.check_tensor_spec(spec)
     dtype = _numeric_dtype(spec)
     low, high = _range(dtype)
     minimum = _read_bound(spec, "min", dtype, low)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from dm_env_rpc_client import errors
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -198,3 +199,13 @@ def check_type(value: Any, expected: type | tuple[type, ...], name: str, what: s
     """
     if not isinstance(value, expected):
         raise errors.ArgumentTypeError(f"{name} is {what}, not {kind(value)}.")
+
+
+def check_tensor_spec(spec: Any, name: str = "spec") -> None:
+    """Refuses anything but a dm_env_rpc ``TensorSpec`` message.
+
+    Raises:
+      ArgumentTypeError: naming the argument and what goes there.
+    """
+    what = "a dm_env_rpc TensorSpec (e.g. one of env.action_manager's specs)"
+    check_type(spec, dm_env_rpc_pb2.TensorSpec, name, what)

@@ -169,7 +169,8 @@ def create_secure_channel_and_connect(
 ) -> Connection:
     """Connects as the reference package's function of this name does (its arguments, in order).
 
-    The same as ``dmr.connect(server_address, credentials=..., timeout=..., metadata=...)``.
+    The same as ``dmr.connect(server_address, credentials=..., timeout=..., metadata=...,
+    wait_for_ready=True)``: like the reference's, it waits for a server that is not up yet.
     Two differences from the reference: ``credentials`` None means the SDK's
     defaults (local credentials for loopback and ``unix:`` addresses; a remote
     host needs credentials), and ``timeout`` defaults to
@@ -187,4 +188,10 @@ def create_secure_channel_and_connect(
     Raises:
       ConnectTimeoutError: the server did not answer within ``timeout``.
     """
-    return connect(server_address, credentials=credentials, timeout=timeout, metadata=metadata)
+    return connect(
+        server_address,
+        credentials=credentials,
+        timeout=timeout,
+        metadata=metadata,
+        wait_for_ready=True,
+    )

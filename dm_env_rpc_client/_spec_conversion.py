@@ -77,12 +77,7 @@ def tensor_spec_to_dm_env_spec(spec: TensorSpec) -> dm_specs.Array:
     Raises:
       ArgumentTypeError: ``spec`` is not a TensorSpec.
     """
-    _checks.check_type(
-        spec,
-        dm_env_rpc_pb2.TensorSpec,
-        "spec",
-        "a dm_env_rpc TensorSpec (e.g. one of env.action_manager's specs)",
-    )
+    _checks.check_tensor_spec(spec)
     shape = tuple(spec.shape)
     dtype = DATA_TYPE_TO_NUMPY[spec.dtype]
     variable = any(dim < 0 for dim in shape)

@@ -6,6 +6,7 @@ the stream ends. Any number of tasks may ``await conn.send(...)`` at once; one
 writer task and one reader task serve them::
 
     import asyncio
+import time
     import dm_env_rpc_client as dmr
     from dm_env_rpc_client import dm_env_rpc_pb2
 
@@ -22,6 +23,7 @@ It never calls ``asyncio.run``: it works inside a running loop (Jupyter).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,11 +36,16 @@ from dm_env_rpc_client.connection import (
     _CLOSED,
     _CONNECT_TIMEOUT,
     _IN_FLIGHT_TIMEOUT,
+    _LAST_REFUSED,
+    _PROBE_METHOD,
+    _REFUSED,
+    _REFUSED_CHECK,
     _REQUEST_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     closed_error,
     create_channel,
+    refused,
 )
 
 
@@ -332,10 +339,15 @@ async def connect_async(
     options: Sequence[tuple[str, Any]] | None = None,
     insecure: bool = False,
     max_in_flight: int | None = None,
+    wait_for_ready: bool = False,
 ) -> AsyncConnection:
     """Connects to a dm_env_rpc server with asyncio (arguments as for ``connect``).
 
+    A port that refuses fails at once unless ``wait_for_ready=True``, as for ``connect``.
+
     Raises:
+      ArgumentError: an address of the wrong shape, or a bad timeout.
+      ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
@@ -350,6 +362,7 @@ async def connect_async(
         timeout=timeout,
         metadata=metadata,
         max_in_flight=max_in_flight,
+        wait_for_ready=wait_for_ready,
     )
 
 
@@ -361,22 +374,44 @@ async def open_when_ready(
     timeout: float | None = None,
     metadata: Sequence[tuple[str, str]] | None = None,
     max_in_flight: int | None = None,
+    wait_for_ready: bool = True,
 ) -> AsyncConnection:
     """Waits until ``channel`` is ready, then opens a stream on it.
 
     With ``owns_channel`` the connection closes the channel when it closes (and
-    a timeout closes it at once).
+    a timeout closes it at once). Without ``wait_for_ready``, a port that
+    refuses fails at once (any other failure of the first attempt waits).
 
     Raises:
+      ConnectRefusedError: the port refuses (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
     """
+    remaining = timeout
+    if not wait_for_ready:
+        started = time.monotonic()
+        try:
+            await channel.unary_unary(_PROBE_METHOD)(b"", timeout=timeout)
+        except grpc.RpcError as exc:
+            if refused(exc):
+                if owns_channel:
+                    await channel.close()
+                raise errors.ConnectRefusedError(_REFUSED.format(address=address)) from None
+        if timeout is not None:
+            remaining = max(timeout - (time.monotonic() - started), 0.0)
     try:
-        await asyncio.wait_for(channel.channel_ready(), timeout)
+        await asyncio.wait_for(channel.channel_ready(), remaining)
     except asyncio.TimeoutError:
+        try:  # one quick attempt more, to say whether the port refuses
+            await channel.unary_unary(_PROBE_METHOD)(b"", timeout=_REFUSED_CHECK)
+            last_refused = False
+        except grpc.RpcError as exc:
+            last_refused = refused(exc)
         if owns_channel:
             await channel.close()
         raise errors.ConnectTimeoutError(
-            _CONNECT_TIMEOUT.format(address=address, timeout=timeout, refused="")
+            _CONNECT_TIMEOUT.format(
+                address=address, timeout=timeout, refused=_LAST_REFUSED if last_refused else ""
+            )
         ) from None
     connection = await AsyncConnection.open(channel, metadata, max_in_flight=max_in_flight)
     connection._owns_channel = owns_channel

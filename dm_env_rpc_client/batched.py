@@ -140,6 +140,7 @@ class BatchedEnvironment(BatchCore):
         on_world_failure: str = _restart.RAISE,
         step_timeout: float | None = 30.0,
         restart: RestartPolicy | None = None,
+        wait_for_ready: bool = False,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
@@ -176,6 +177,9 @@ class BatchedEnvironment(BatchCore):
             this many seconds has failed (None: never; then a stopped server is
             found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
+          wait_for_ready: wait (up to ``timeout``) for servers that refuse
+            connections, still starting; by default a refusing port fails at once,
+            as for ``dmr.connect``. A restart always waits for its server.
 
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``
@@ -204,6 +208,7 @@ class BatchedEnvironment(BatchCore):
             on_world_failure=on_world_failure,
             step_timeout=step_timeout,
             restart=restart,
+            wait_for_ready=wait_for_ready,
         )
 
     def __len__(self) -> int:

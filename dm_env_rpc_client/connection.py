@@ -80,7 +80,7 @@ _CHANNEL_NOT_ADDRESS = (
     "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
     "to connect to an address, use dmr.connect({address!r})."
 )
-_REFUSED_CHECK = 1.0  # seconds for the check, after a timeout, whether the port refuses
+_REFUSED_CHECK = 0.5  # seconds for the check, after a timeout, whether the port refuses
 _NEEDS_CREDENTIALS = (
     "Refusing a plaintext connection to the remote host {address}. Pass credentials= "
     "(e.g. grpc.ssl_channel_credentials()) for TLS, or insecure=True to send plaintext."
@@ -450,7 +450,7 @@ def _close_open_connections() -> None:
         connection.close()
 
 
-def _refused(exc: grpc.RpcError) -> bool:
+def refused(exc: grpc.RpcError) -> bool:
     """Whether a failed call failed because the connection was refused."""
     code = exc.code()  # type: ignore[attr-defined]
     return code == grpc.StatusCode.UNAVAILABLE and "refused" in str(exc.details()).lower()  # type: ignore[attr-defined]
@@ -472,7 +472,7 @@ def _wait_ready(channel: grpc.Channel, timeout: float | None, wait_for_ready: bo
             probe(b"", timeout=timeout)
             return None
         except grpc.RpcError as exc:
-            if _refused(exc):
+            if refused(exc):
                 return "refused"
             if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
                 return "timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else None  # type: ignore[attr-defined]
@@ -490,7 +490,7 @@ def _last_refused(channel: grpc.Channel) -> bool:
     try:
         channel.unary_unary(_PROBE_METHOD)(b"", timeout=_REFUSED_CHECK)
     except grpc.RpcError as exc:
-        return _refused(exc)
+        return refused(exc)
     return False
 
 
@@ -544,13 +544,13 @@ def connect(
     channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)
     failure = _wait_ready(channel, timeout, wait_for_ready)
     if failure is not None:
-        refused = failure == "refused" or _last_refused(channel)
+        last_refused = failure == "refused" or _last_refused(channel)
         channel.close()
         if failure == "refused":
             raise errors.ConnectRefusedError(_REFUSED.format(address=address))
         raise errors.ConnectTimeoutError(
             _CONNECT_TIMEOUT.format(
-                address=address, timeout=timeout, refused=_LAST_REFUSED if refused else ""
+                address=address, timeout=timeout, refused=_LAST_REFUSED if last_refused else ""
             )
         )
     connection = Connection(channel, metadata, max_in_flight=max_in_flight)
