@@ -6,7 +6,6 @@ the stream ends. Any number of tasks may ``await conn.send(...)`` at once; one
 writer task and one reader task serve them::
 
     import asyncio
-import time
     import dm_env_rpc_client as dmr
     from dm_env_rpc_client import dm_env_rpc_pb2
 
@@ -23,29 +22,22 @@ It never calls ``asyncio.run``: it works inside a running loop (Jupyter).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 from google.protobuf import message
 
-from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client import _ready, errors, messages
 from dm_env_rpc_client._checks import check_seconds
 from dm_env_rpc_client.connection import (
     _CLOSED,
-    _CONNECT_TIMEOUT,
     _IN_FLIGHT_TIMEOUT,
-    _LAST_REFUSED,
-    _PROBE_METHOD,
-    _REFUSED,
-    _REFUSED_CHECK,
     _REQUEST_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     closed_error,
     create_channel,
-    refused,
 )
 
 
@@ -386,33 +378,12 @@ async def open_when_ready(
       ConnectRefusedError: the port refuses (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
     """
-    remaining = timeout
-    if not wait_for_ready:
-        started = time.monotonic()
-        try:
-            await channel.unary_unary(_PROBE_METHOD)(b"", timeout=timeout)
-        except grpc.RpcError as exc:
-            if refused(exc):
-                if owns_channel:
-                    await channel.close()
-                raise errors.ConnectRefusedError(_REFUSED.format(address=address)) from None
-        if timeout is not None:
-            remaining = max(timeout - (time.monotonic() - started), 0.0)
-    try:
-        await asyncio.wait_for(channel.channel_ready(), remaining)
-    except asyncio.TimeoutError:
-        try:  # one quick attempt more, to say whether the port refuses
-            await channel.unary_unary(_PROBE_METHOD)(b"", timeout=_REFUSED_CHECK)
-            last_refused = False
-        except grpc.RpcError as exc:
-            last_refused = refused(exc)
+    verdict = await _ready.wait_ready_async(channel, timeout, wait_for_ready)
+    if verdict is not None:
+        error = await _ready.connect_error_async(verdict, address, timeout, channel)
         if owns_channel:
             await channel.close()
-        raise errors.ConnectTimeoutError(
-            _CONNECT_TIMEOUT.format(
-                address=address, timeout=timeout, refused=_LAST_REFUSED if last_refused else ""
-            )
-        ) from None
+        raise error
     connection = await AsyncConnection.open(channel, metadata, max_in_flight=max_in_flight)
     connection._owns_channel = owns_channel
     connection.address = address

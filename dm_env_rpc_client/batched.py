@@ -177,9 +177,7 @@ class BatchedEnvironment(BatchCore):
             this many seconds has failed (None: never; then a stopped server is
             found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
-          wait_for_ready: wait (up to ``timeout``) for servers that refuse
-            connections, still starting; by default a refusing port fails at once,
-            as for ``dmr.connect``. A restart always waits for its server.
+          wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
 
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``

@@ -42,6 +42,7 @@ from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._args import (
     SETTING_HELP,
     UsageError,
+    check_no_url_scheme,
     parse_setting,
     positive_float,
     positive_int,
@@ -90,10 +91,6 @@ _IN_PROCESS = (
     "--in-process starts the embedded server in this process, and --address names servers "
     "that run already: give one or the other."
 )
-_SCHEME = (
-    "--address {address!r} has a URL scheme: gRPC addresses have none. Give {bare!r}; for "
-    "TLS add --tls (or --root-certificates PEM), for plaintext to a remote host --insecure."
-)
 
 
 def _settings(pairs: Sequence[tuple[str, Any]] | None) -> dict[str, Any]:
@@ -127,9 +124,7 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
-    scheme, sep, rest = address.partition("://")
-    if sep and scheme.lower() in ("http", "https", "grpc", "grpcs", "tcp"):
-        raise UsageError(_SCHEME.format(address=address, bare=rest.rstrip("/")))
+    check_no_url_scheme(address)
     if "://" in address or address.startswith(
         ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
     ):

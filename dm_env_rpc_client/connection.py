@@ -25,7 +25,6 @@ import contextlib
 import ipaddress
 import queue
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
@@ -33,7 +32,7 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf import message
 
-from dm_env_rpc_client import _checks, errors, messages
+from dm_env_rpc_client import _checks, _ready, errors, messages
 
 # Channel options: unlimited message sizes; quick reconnect backoff so connect() notices a
 # server that comes up late; and keepalive, so that a half-open connection (a stopped server, a
@@ -66,21 +65,10 @@ DEFAULT_TIMEOUT = 60.0  # seconds a request waits for its response unless told o
 _CLOSED = "The connection is closed; open a new one with dmr.connect()."
 _STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
 _REOPEN = "; open a new connection."
-_CONNECT_TIMEOUT = (
-    "Could not connect to {address} within {timeout} s. Check that the server is running "
-    "and the address is right, or pass a longer timeout.{refused}"
-)
-_LAST_REFUSED = " The last attempt was refused: nothing accepts connections there."
-_REFUSED = (
-    "Nothing accepts connections at {address} (connection refused). Start the server there, "
-    "or check the host and port; to wait for a server that is still starting, pass "
-    "wait_for_ready=True (connect then retries until timeout)."
-)
 _CHANNEL_NOT_ADDRESS = (
     "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
     "to connect to an address, use dmr.connect({address!r})."
 )
-_REFUSED_CHECK = 0.5  # seconds for the check, after a timeout, whether the port refuses
 _NEEDS_CREDENTIALS = (
     "Refusing a plaintext connection to the remote host {address}. Pass credentials= "
     "(e.g. grpc.ssl_channel_credentials()) for TLS, or insecure=True to send plaintext."
@@ -91,7 +79,6 @@ _IN_FLIGHT_TIMEOUT = (
 )
 _END = object()
 _OPEN: weakref.WeakSet[Connection] = weakref.WeakSet()  # open connections, closed at exit
-_PROBE_METHOD = "/dm_env_rpc_client.Probe/Ready"  # no server serves it: any answer means ready
 
 
 class ConnectionLike(Protocol):
@@ -450,50 +437,6 @@ def _close_open_connections() -> None:
         connection.close()
 
 
-def refused(exc: grpc.RpcError) -> bool:
-    """Whether a failed call failed because the connection was refused."""
-    code = exc.code()  # type: ignore[attr-defined]
-    return code == grpc.StatusCode.UNAVAILABLE and "refused" in str(exc.details()).lower()  # type: ignore[attr-defined]
-
-
-def _wait_ready(channel: grpc.Channel, timeout: float | None, wait_for_ready: bool) -> str | None:
-    """None once the server answers; else why not: ``"refused"`` or ``"timeout"``.
-
-    A unary call to a method no server has returns as soon as a server answers
-    anything (UNIMPLEMENTED). Without ``wait_for_ready`` the first call fails
-    at once when the port refuses; any other failure (a TLS handshake, a
-    resolver) falls back to waiting. ``grpc.channel_ready_future`` would do
-    too, but its connectivity poll makes the channel's close take 0.2 s.
-    """
-    probe = channel.unary_unary(_PROBE_METHOD)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    if not wait_for_ready:
-        try:
-            probe(b"", timeout=timeout)
-            return None
-        except grpc.RpcError as exc:
-            if refused(exc):
-                return "refused"
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-                return "timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else None  # type: ignore[attr-defined]
-    remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-    try:
-        probe(b"", timeout=remaining, wait_for_ready=True)
-    except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
-            return "timeout"
-    return None
-
-
-def _last_refused(channel: grpc.Channel) -> bool:
-    """After a timeout: whether the port refuses connections now (one quick attempt)."""
-    try:
-        channel.unary_unary(_PROBE_METHOD)(b"", timeout=_REFUSED_CHECK)
-    except grpc.RpcError as exc:
-        return refused(exc)
-    return False
-
-
 @_checks.keywords_checked
 def connect(
     address: str,
@@ -542,17 +485,11 @@ def connect(
     if max_in_flight is not None:
         _checks.check_count(max_in_flight, "max_in_flight")
     channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)
-    failure = _wait_ready(channel, timeout, wait_for_ready)
-    if failure is not None:
-        last_refused = failure == "refused" or _last_refused(channel)
+    verdict = _ready.wait_ready(channel, timeout, wait_for_ready)
+    if verdict is not None:
+        error = _ready.connect_error(verdict, address, timeout, channel)
         channel.close()
-        if failure == "refused":
-            raise errors.ConnectRefusedError(_REFUSED.format(address=address))
-        raise errors.ConnectTimeoutError(
-            _CONNECT_TIMEOUT.format(
-                address=address, timeout=timeout, refused=_LAST_REFUSED if last_refused else ""
-            )
-        )
+        raise error
     connection = Connection(channel, metadata, max_in_flight=max_in_flight)
     connection._owns_channel = True
     connection.address = address
