@@ -43,6 +43,18 @@ def test_the_guide_list_and_the_site_nav_name_every_page() -> None:
     assert sorted([*listed, "index.md"]) == [p.name for p in PAGES]
 
 
+def test_the_cli_page_lists_every_run_option() -> None:
+    from dm_env_rpc_client import cli
+
+    parser = cli.build_parser()
+    text = (DOCS / "cli.md").read_text()
+    table = text[text.index("| option | meaning |") :].split("\n\n")[0]
+    run = parser.parse_args(["run"]).parsers["run"]
+    flags = [f for action in run._actions for f in action.option_strings if f.startswith("--")]
+    missing = [f for f in flags if f not in ("--help", "--debug") and f"`{f}" not in table]
+    assert missing == [], "add these options to docs/cli.md's table of run options"
+
+
 def test_every_output_block_follows_a_python_block() -> None:
     """An output block anywhere else would never be checked."""
     for page in PAGES:
