@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _checks, _restart
+from dm_env_rpc_client import _checks, _restart, errors
 from dm_env_rpc_client._batch_core import (
     _NAMES_COUNT,
     _SEED_TWICE,
@@ -29,6 +29,7 @@ from dm_env_rpc_client._step_encoder import StepEncoder
 from dm_env_rpc_client.connection import create_channel
 
 Batch = TypeVar("Batch", bound=BatchCore)
+_NO_ADDRESS = "addresses is empty: give at least one server address, e.g. ['127.0.0.1:50051']."
 _ONE_NAME = (
     "requested_observations takes a list of observation names, not the string {name!r}: "
     "pass [{name!r}]."
@@ -78,7 +79,7 @@ def open_batch(
         if len(world_names) != count:
             raise ValueError(_NAMES_COUNT.format(names=len(world_names), count=count))
     if not addresses or count < 1:
-        raise ValueError("Give at least one address and one world.")
+        raise errors.ArgumentValueError(_NO_ADDRESS)
     if seed is not None and world_names is None and seed_setting is not None:
         if seed_setting in (create_world_settings or {}):
             raise ValueError(_SEED_TWICE.format(name=seed_setting))

@@ -61,7 +61,6 @@ _NOT_A_BATCH = (
     "connect to servers, pass their addresses as addresses=: GymnasiumVectorEnv(addresses="
     "{addresses!r}, num_envs=N) makes N worlds over them."
 )
-_NO_ADDRESSES = "addresses= is empty: give at least one server address, e.g. ['127.0.0.1:50051']."
 _REQUESTED_WITH_BATCH = (
     "requested_observations= goes with addresses=; a BatchedEnvironment shows what its "
     "worlds were joined with: pass it to BatchedEnvironment.connect instead."
@@ -116,7 +115,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
     Raises:
       ArgumentTypeError: ``batch`` is not a BatchedEnvironment (addresses name ``addresses=``).
       ArgumentValueError: neither or both of ``batch`` and ``addresses``, a bad address,
-        ``num_envs`` or timeout, or ``requested_observations`` with ``batch``.
+        ``num_envs`` or timeout (``BatchedEnvironment.connect`` checks them), or
+        ``requested_observations`` with ``batch``.
       UnknownNameError: a requested observation the worlds do not have.
       SpecError: a tensor has no gymnasium space (the message says how to leave it out).
       WorldError: a world could not be created or joined.
@@ -152,13 +152,6 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             )
         if (batch is None) == (addresses is None):
             raise errors.ArgumentValueError(_ONE_SOURCE.format(what="both" if batch else "neither"))
-        for address in [addresses] if isinstance(addresses, str) else addresses or ():
-            _checks.check_address(address, "addresses")
-        if addresses is not None and not addresses:
-            raise errors.ArgumentValueError(_NO_ADDRESSES)
-        if num_envs is not None:
-            _checks.check_count(num_envs, "num_envs")
-        _checks.check_seconds(timeout)
         self._owned = batch is None
         if batch is None:
             assert addresses is not None

@@ -124,7 +124,7 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
     Raises:
       ArgumentTypeError: ``env`` is not a DmEnvAdaptor (an address string names ``address=``).
       ArgumentValueError: neither or both of ``env`` and ``address``, a bad address or
-        timeout, or a bad render mode.
+        timeout (``dmr.connect`` checks them), or a bad render mode.
       ValueError: a bad render observation.
       SpecError: a shown tensor has no gymnasium space (the message says how to leave it out).
       DmEnvRpcClientError: connecting, creating or joining failed.
@@ -156,9 +156,6 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
             )
         if (env is None) == (address is None):
             raise errors.ArgumentValueError(_ONE_SOURCE.format(what="both" if env else "neither"))
-        if address is not None:
-            _checks.check_address(address)
-        _checks.check_seconds(timeout)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise errors.ArgumentValueError(
                 _RENDER_MODE.format(modes=self.metadata["render_modes"], mode=render_mode)
