@@ -16,6 +16,10 @@ from typing import Any
 import grpc
 
 _BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
+_SCHEME = (
+    "--address {address!r} has a URL scheme: gRPC addresses have none. Give {bare!r}; for "
+    "TLS add --tls (or --root-certificates PEM), for plaintext to a remote host --insecure."
+)
 
 SETTING_HELP = (
     "KEY=VALUE; repeat the flag for more. Values parse as int, float, true/false, "
@@ -79,6 +83,17 @@ class UsageError(Exception):
     """A bad flag value or combination found after parsing: one line, exit code 2."""
 
 
+def check_no_url_scheme(address: str) -> None:
+    """Refuses ``http://host:port`` and its kind (``https``, ``grpc``, ``grpcs``, ``tcp``).
+
+    Raises:
+      UsageError: naming the address, the address without the scheme, and the TLS flags.
+    """
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme.lower() in ("http", "https", "grpc", "grpcs", "tcp"):
+        raise UsageError(_SCHEME.format(address=address, bare=rest.rstrip("/")))
+
+
 def read_pem(path: str | None, flag: str) -> bytes | None:
     """The bytes of the PEM file given to ``flag`` (None when not given).
 
@@ -129,9 +144,9 @@ def launch_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_launch_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Exits (argparse's usage error) for launch flags that do not go together."""
+def check_launch_flags(args: argparse.Namespace) -> None:
+    """Raises ``UsageError`` for launch flags that do not go together."""
     if args.launch and args.address:
-        parser.error("give --launch or --address, not both")
+        raise UsageError("give --launch or --address, not both")
     if args.num_servers is not None and not args.launch:
-        parser.error("--num-servers goes with --launch")
+        raise UsageError("--num-servers goes with --launch")

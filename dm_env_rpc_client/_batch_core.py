@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart, errors
+from dm_env_rpc_client import _checks, _restart, errors
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of
@@ -71,6 +71,12 @@ class _Failure:
         self.cause, self.lost, self.removed = cause, lost, removed
 
 
+_NOT_ENVS = (
+    "BatchedEnvironment(envs) takes joined worlds (DmEnvAdaptors), not {envs}; to connect to "
+    "server addresses, use BatchedEnvironment.connect(addresses, num_envs)."
+)
+
+
 class BatchCore:
     """The state of a batch and its loop side (see the module docs); ``BatchedEnvironment`` is the face."""
 
@@ -83,6 +89,8 @@ class BatchCore:
     ) -> None:
         if not envs:
             raise ValueError("A BatchedEnvironment needs at least one world.")
+        if isinstance(envs, str) or not all(isinstance(env, DmEnvAdaptor) for env in envs):
+            raise errors.ArgumentTypeError(_NOT_ENVS.format(envs=_checks.kind(envs)))
         self.envs = list(envs)
         self.addresses = (
             list(addresses)
@@ -136,11 +144,10 @@ class BatchCore:
         self._watchdog: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
-        # Balance (``_balance``, under "restart"): the balancer, and the worlds it picked to move.
-        self._balancer: Any = None
-        self.servers: Any = None  # the LaunchedServers it was connected to, if any
-        self.relaunches: list[Any] = []  # theirs (the same list)
-        self.moves: list[Any] = []  # the balancer's (the same list)
+        self._balancer: Any = None  # under "restart": the balance of worlds over servers
+        self.servers: Any = None  # public: the LaunchedServers it was connected to, if any,
+        self.relaunches: list[Any] = []  # their Relaunch records (the same list),
+        self.moves: list[Any] = []  # and each WorldMove made for balance (_balance)
         self._moving: dict[int, Any] = {}
         self._actions_rng = np.random.default_rng()  # random_actions(); connect(seed=) seeds it
 
@@ -501,7 +508,7 @@ def open_worlds(
     for index in range(count):
         address = addresses[index % len(addresses)]
         try:
-            conn = runner.run(open_stream(address))
+            conn = runner.run(open_stream(address, first=True))
             connections.append(conn)
             settings = None
             if world_names is not None:

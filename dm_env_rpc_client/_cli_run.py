@@ -42,7 +42,9 @@ from typing import Any
 import numpy as np
 
 from dm_env_rpc_client import errors
+from dm_env_rpc_client._args import check_launch_flags
 from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
+from dm_env_rpc_client.launch import LaunchedServers, launch
 from dm_env_rpc_client.random_actions import random_action
 from dm_env_rpc_client.recording import Recording
 
@@ -352,6 +354,19 @@ class EpisodeTally:
             f"{r.outcome}"
             for r in self.batch.relaunches
         ]
+
+
+def launched(args: Any) -> LaunchedServers | None:
+    """The servers of ``run --launch`` (started here; None without ``--launch``).
+
+    Raises:
+      UsageError: launch flags that do not go together.
+      ServerLaunchError, ValueError: from ``dmr.launch``.
+    """
+    check_launch_flags(args)
+    if not args.launch:
+        return None
+    return launch(args.launch, args.num_servers or 1, ready_timeout=max(60.0, args.timeout))
 
 
 def _steps_lost(batch: BatchedEnvironment, world: int) -> int:

@@ -47,8 +47,7 @@ late response can ever answer a later request. What follows is the policy's:
 - ``on_world_failure="restart"``: the world alone is made again (``_restart``);
   its next returned step is FIRST with ``truncated`` set, answering the steps it
   had in flight; a world that cannot be restored within the bounds is removed
-  (``live_ids``). Healthy worlds keep stepping meanwhile. Failed-over worlds go
-  home at an episode boundary (``moves``; ``_balance``; ``docs/launching.md``).
+  (``live_ids``). Healthy worlds keep stepping meanwhile.
 
 A server's error for one request (``DmEnvRpcError``) and an observation that
 cannot be decoded are not failures: they raise ``WorldError`` for that step,
@@ -71,7 +70,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart, errors
+from dm_env_rpc_client import _checks, _restart, errors
 from dm_env_rpc_client._batch_core import (
     _FAILED,
     _LIVE,
@@ -87,7 +86,6 @@ from dm_env_rpc_client._batch_core import (
 from dm_env_rpc_client._batch_open import open_batch
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
-from dm_env_rpc_client.launch import LaunchedServers
 from dm_env_rpc_client.random_actions import random_batch
 
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
@@ -119,14 +117,13 @@ class BatchedEnvironment(BatchCore):
       world_seeds: the seed each world was created with (``connect(seed=...)``),
         None where it got none.
       failures: a ``WorldFailure`` per world failure, oldest first.
-      servers, relaunches: the ``LaunchedServers`` it runs on and their ``Relaunch``es.
-      moves: a ``WorldMove`` per world moved to even out the load (``_balance``).
     """
 
     @classmethod
+    @_checks.keywords_checked
     def connect(
         cls,
-        addresses: str | Sequence[str] | LaunchedServers,
+        addresses: str | Sequence[str],
         num_envs: int | None = None,
         *,
         create_world_settings: Mapping[str, Any] | None = None,
@@ -143,6 +140,7 @@ class BatchedEnvironment(BatchCore):
         on_world_failure: str = _restart.RAISE,
         step_timeout: float | None = 30.0,
         restart: RestartPolicy | None = None,
+        wait_for_ready: bool = False,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
@@ -179,6 +177,7 @@ class BatchedEnvironment(BatchCore):
             this many seconds has failed (None: never; then a stopped server is
             found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
+          wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
 
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``
@@ -207,6 +206,7 @@ class BatchedEnvironment(BatchCore):
             on_world_failure=on_world_failure,
             step_timeout=step_timeout,
             restart=restart,
+            wait_for_ready=wait_for_ready,
         )
 
     def __len__(self) -> int:

@@ -4,13 +4,11 @@ Commands:
 
 - ``run``: random-action stepping over one or more worlds, pipelined; with no
   ``--address`` it starts the embedded Catch server itself, in a child process
-  sized for the worlds (``--in-process`` keeps it in this one). Prints a
-  summary (``--json``: one JSON object): steps, episodes, returns, steps per
-  second, round-trip latency, seeds, recording.
-  With ``--ray [auto|ADDRESS|local] --num-shards K`` the worlds are stepped by
-  K Ray actors (``integrations/_ray_cli.py``; needs the ``ray`` extra).
-  ``--launch "CMD {port}" --num-servers K`` starts K servers (``dmr.launch``),
-  relaunches any that dies, and lists the relaunches in the summary.
+  sized for the worlds (``--in-process`` keeps it in this one), or K servers of
+  ``--launch "CMD {port}" --num-servers K`` (``dmr.launch``; relaunched if they
+  die). Prints a summary (``--json``: one JSON object): steps, episodes, returns,
+  steps/s, latency, seeds, recording, relaunches. ``--ray [auto|ADDRESS|local]
+  --num-shards K``: K Ray actors step the worlds (``integrations/_ray_cli.py``).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
@@ -44,19 +42,18 @@ from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._args import (
     SETTING_HELP,
     UsageError,
-    check_launch_flags,
+    check_no_url_scheme,
     launch_flags,
     parse_setting,
     positive_float,
     positive_int,
     tls_credentials,
 )
-from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
+from dm_env_rpc_client._cli_run import RunStats, launched, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import connect, is_local
 from dm_env_rpc_client.environment import create_and_join_world, join_world, specs_table
-from dm_env_rpc_client.launch import launch
 from dm_env_rpc_client.recording import Recording, prepare_folder
 from dm_env_rpc_client.server import serve
 from dm_env_rpc_client.server._subprocess import server_subprocess
@@ -90,6 +87,11 @@ _WORLD_COUNT = (
     "--world names {names} worlds but --num-envs asks for {count}; give one name per world."
 )
 _WORLD_CREATE = "--world joins existing worlds: --create-setting does not apply to them."
+_ARGV = "argv is a list of arguments, not the string {argv!r}: pass {split!r}."
+_IN_PROCESS = (
+    "--in-process starts the embedded server in this process, and --address names servers "
+    "that run already: give one or the other."
+)
 
 
 def _settings(pairs: Sequence[tuple[str, Any]] | None) -> dict[str, Any]:
@@ -123,6 +125,7 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
+    check_no_url_scheme(address)
     if "://" in address or address.startswith(
         ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
     ):
@@ -175,11 +178,7 @@ def check_address(address: str, kwargs: dict[str, Any], timeout: float, quiet: b
 
 
 @contextlib.contextmanager
-def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[Any]:
-    if args.launch:  # the servers themselves, so that the batch reports their relaunches
-        with launch(args.launch, args.num_servers or 1, ready_timeout=max(60.0, args.timeout)) as s:
-            yield s
-        return
+def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[list[str]]:
     if args.address:
         for address in dict.fromkeys(args.address):
             check_address(address, kwargs, args.timeout, args.quiet or args.json)
@@ -244,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
             stats = run_on_ray(args, kwargs, stop, progress)
         report(stats, args)
         return _exit_code(stats, received)
-    with _addresses(args, kwargs) as addresses:
+    with launched(args) or _addresses(args, kwargs) as addresses:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             batch = BatchedEnvironment.connect(
@@ -404,7 +403,6 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument(
         "--address", nargs="+", metavar="HOST:PORT", help="servers (default: embedded Catch)"
     )
-    launch_flags(run_parser)
     run_parser.add_argument(
         "--world", nargs="+", metavar="NAME", help="join these existing worlds, one each"
     )
@@ -464,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="with --ray: shard actors, each stepping its share of the worlds (default: 2)",
     )
+    launch_flags(run_parser)
     _connection_flags(run_parser)
     run_parser.set_defaults(handler=run)
 
@@ -496,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    check_launch_flags(parser, args)
+    if args.in_process and args.address:
+        parser.error(_IN_PROCESS)
     if args.world:
         if args.num_envs is not None and args.num_envs != len(args.world):
             parser.error(_WORLD_COUNT.format(names=len(args.world), count=args.num_envs))
@@ -513,6 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     As a program (``argv`` None), gRPC's C-core log lines are silenced unless
     ``--debug`` is given; called from Python with a list, nothing is.
     """
+    if isinstance(argv, str):
+        raise errors.ArgumentTypeError(_ARGV.format(argv=argv, split=argv.split()))
     if argv is None:
         quiet_grpc_logs(sys.argv[1:])
     parser = build_parser()

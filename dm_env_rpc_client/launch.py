@@ -51,7 +51,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from dm_env_rpc_client import _launch_process as _process
 from dm_env_rpc_client import errors
@@ -135,8 +135,11 @@ class LaunchedServer:
         return self.process.pid
 
 
-class LaunchedServers:
+class LaunchedServers(Sequence[str]):
     """Servers started by ``launch``; a context manager that stops them. See the module docs.
+
+    It is also the sequence of their addresses (``servers[0]``, ``len(servers)``,
+    ``list(servers)``), so it goes wherever addresses go.
 
     Attributes:
       servers: one ``LaunchedServer`` per server.
@@ -173,6 +176,18 @@ class LaunchedServers:
     def addresses(self) -> list[str]:
         """Each server's ``host:port``, in order."""
         return [server.address for server in self.servers]
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        return self.addresses[index]
+
+    def __len__(self) -> int:
+        return len(self.servers)
 
     @property
     def closed(self) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from dm_env_rpc_client._args import UsageError, tls_credentials
+from dm_env_rpc_client._args import UsageError, check_launch_flags, tls_credentials
 from dm_env_rpc_client._cli_run import RunStats
 from dm_env_rpc_client.integrations._ray_fleet import ServerFleet
 from dm_env_rpc_client.integrations._ray_shards import run_sharded
@@ -62,6 +62,7 @@ def run_on_ray(
     """
     if args.world:
         raise UsageError(_NO_WORLDS)
+    check_launch_flags(args)
     worlds = args.num_envs or 4
     if args.num_shards > worlds:
         raise UsageError(_TOO_MANY_SHARDS.format(shards=args.num_shards, worlds=worlds))
