@@ -14,27 +14,42 @@ ratio that matters (target: at least 0.8). Every step sent is accounted for:
 answered, or dropped by a failure (``WorldFailure.steps_lost``), so the lost
 count must be 0. Restart latency is each restart's ``downtime``: from detection
 to the world's new FIRST step being filed.
+
+``--servers launched`` (also run by default) starts the 2 foreign servers with
+``dmr.launch`` instead, and the chaos thread only SIGKILLs server 1: the
+launcher relaunches it on its port. Its table adds relaunch latency (death seen
+to serving again, ``Relaunch.downtime``) and the worlds per server once the
+chaos stops and the batch has recovered (``_balance``: at most one apart).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import signal
 import statistics
+import sys
 import threading
 import time
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import SERVERS, any_server_process_info, print_table, server_processes
+from _common import (
+    FOREIGN_SERVER,
+    SERVERS,
+    any_server_process_info,
+    print_table,
+    server_processes,
+)
 
 # isort: split
 import numpy as np
 
 from dm_env_rpc_client._restart import RestartPolicy
 from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.launch import RelaunchPolicy, launch
 
 WORLDS = 16
 WINDOW = 8
@@ -70,10 +85,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=25.0, help="length of each phase")
     parser.add_argument("--every", type=float, default=10.0, help="seconds between kills")
-    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
+    kinds = [*SERVERS, "launched"]
+    parser.add_argument("--servers", nargs="+", choices=kinds, default=kinds)
     args = parser.parse_args()
     for server_key in args.servers:
-        _run(server_key, args)
+        if server_key == "launched":
+            _run_launched(args)
+        else:
+            _run(server_key, args)
 
 
 def _run(server_key: str, args: argparse.Namespace) -> None:
@@ -154,6 +173,75 @@ def _run(server_key: str, args: argparse.Namespace) -> None:
                 f"{sorted({str(f.new_address) for f in failures})} (server 1 is {addresses[1]})"
             )
         print(f"live worlds at the end: {len(envs.live_ids)} of {WORLDS}")
+
+
+def _run_launched(args: argparse.Namespace) -> None:
+    """The launched-servers row: server 1 SIGKILLed every ``every`` s, relaunched by ``launch``."""
+    command = [sys.executable, str(FOREIGN_SERVER), "--env", "catch", "--port", "{port}"]
+    relaunch = RelaunchPolicy(attempts=5, backoff=0.2)
+    policy = RestartPolicy(attempts=10, total=30.0, backoff=0.2, max_backoff=1.0)
+    with (
+        launch(command, 2, relaunch=relaunch) as servers,
+        BatchedEnvironment.connect(
+            servers, WORLDS, on_world_failure="restart", step_timeout=5.0, restart=policy
+        ) as envs,
+    ):
+        envs.reset()
+        stop = threading.Event()
+        kills: list[float] = []
+
+        def chaos() -> None:
+            while not stop.wait(args.every):
+                with contextlib.suppress(OSError):
+                    os.kill(servers.servers[1].pid, signal.SIGKILL)
+                    kills.append(time.monotonic())
+
+        counts = [0] * WORLDS
+        killer = threading.Thread(target=chaos, name="chaos", daemon=True)
+        started = time.perf_counter()
+        killer.start()
+        sent, received = step_for(envs, args.seconds, counts)
+        stop.set()
+        killer.join(timeout=60)
+        stormy_seconds = time.perf_counter() - started
+        # Recovery: step on (bounded) until server 1 is back and the worlds are even.
+        deadline = time.monotonic() + 60
+        recovered = float("nan")
+        settle = time.perf_counter()
+        while time.monotonic() < deadline:
+            per_server = collections.Counter(envs.addresses)
+            loads = [per_server[a] for a in servers.addresses]
+            if servers.alive(1) and max(loads) - min(loads) <= 1 and len(envs.live_ids) == WORLDS:
+                recovered = time.perf_counter() - settle
+                break
+            more_sent, more_received = step_for(envs, 0.5, counts)
+            sent, received = sent + more_sent, received + more_received
+        failures = list(envs.failures)
+        answered_by_first = sum(1 for f in failures if f.outcome == "restarted" and f.steps_lost)
+        lost = sent - received - (sum(f.steps_lost for f in failures) - answered_by_first)
+        relaunched = [r.downtime for r in envs.relaunches if r.outcome == "relaunched"]
+        restarts = [f.downtime for f in failures if f.outcome == "restarted"]
+
+        def ms(values: list[float], q: float) -> str:
+            return f"{percentile(values, q) * 1e3:,.0f}" if values else "n/a"
+
+        per_server = collections.Counter(envs.addresses)
+        print_table(
+            f"{WORLDS} Catch worlds on 2 launched reference-package servers (dmr.launch), "
+            f"{WINDOW} in flight/world, server 1 SIGKILLed every {args.every:.0f} s for "
+            f"{stormy_seconds:.0f} s",
+            [
+                "kills", "relaunches", "relaunch p50 ms", "relaunch p99 ms",
+                "world restarts", "restart p50 ms", "restart p99 ms", "moves home",
+                "steps lost", "worlds per server after recovery", "recovery s",
+            ],
+            [[
+                len(kills), len(relaunched), ms(relaunched, 0.5), ms(relaunched, 0.99),
+                len(restarts), ms(restarts, 0.5), ms(restarts, 0.99), len(envs.moves),
+                lost, " / ".join(str(per_server[a]) for a in servers.addresses),
+                f"{recovered:.1f}",
+            ]],
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -26,6 +26,11 @@ from dm_env_rpc_client.integrations._ray_fleet import ServerFleet, ServerInfo
 from dm_env_rpc_client.launch import LaunchedServers, Relaunch, RelaunchPolicy, launch
 
 
+def _launched_env(settings: Any) -> Any:
+    """The ``make_env`` a ``LaunchedFleet`` hands ``ServerFleet``: its servers are commands."""
+    raise NotImplementedError("a LaunchedFleet's servers are launched commands")
+
+
 class _LaunchHost:
     """The actor body: one launched server on the actor's node."""
 
@@ -94,7 +99,7 @@ class LaunchedFleet(ServerFleet):
             "relaunch": relaunch,
         }
         super().__init__(
-            None,  # type: ignore[arg-type]  # no make_env: the actors launch the command
+            _launched_env,  # never called: the actors launch the command
             num_servers,
             strategy=strategy,
             num_cpus=num_cpus,
