@@ -517,6 +517,8 @@ class BatchedEnvironment(BatchCore):
         if self._runner is not None and not self._runner.closed:
             with contextlib.suppress(errors.DmEnvRpcClientError):
                 self._runner.run(self._stop_tasks(), timeout=max(0.1, timeout / 4))
+        if self._runner is not None:
+            self._leave_all(max(0.1, deadline - time.monotonic()))
         for index, env in enumerate(self.envs):
             if self._state[index] != _LIVE:
                 continue  # its stream is closed or gone: nothing to leave
