@@ -34,7 +34,7 @@ from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of
 from dm_env_rpc_client._step_encoder import StepEncoder
 from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.aio import AsyncConnection
-from dm_env_rpc_client.connection import ConnectionLike
+from dm_env_rpc_client.connection import ConnectionLike, wait_response
 from dm_env_rpc_client.environment import DmEnvAdaptor
 
 _WORLD_FAILED = "World {index} at {address} failed: {error}"
@@ -349,12 +349,21 @@ class BatchCore:
         """
         timesteps, done = [], []
         failed: tuple[int, errors.DmEnvRpcClientError] | None = None
+        if self._runner is not None:  # every world's requests in flight at once
+            answers = self._reset_pipelined(ids, timeout)
+        else:
+            answers = {}
+            for index in ids:
+                try:
+                    answers[index] = self.envs[index].reset(timeout=timeout)
+                except errors.DmEnvRpcClientError as exc:
+                    answers[index] = exc
         for index in ids:
-            try:
-                timesteps.append(self.envs[index].reset(timeout=timeout))
-            except errors.DmEnvRpcClientError as exc:
-                failed = failed or (index, exc)
+            answer = answers[index]
+            if isinstance(answer, errors.DmEnvRpcClientError):
+                failed = failed or (index, answer)
             else:
+                timesteps.append(answer)
                 done.append(index)
         states = [self.envs[i]._last_state or 0 for i in done]  # RUNNING after a reset
         reset = _flagged(batch_of(timesteps, done), None, states) if done else None
@@ -364,6 +373,48 @@ class BatchCore:
             raise error from failed[1]
         assert reset is not None  # ids is never empty
         return reset
+
+    def _reset_pipelined(self, ids: list[int], timeout: float | None) -> dict[int, Any]:
+        """``DmEnvAdaptor.reset`` for every world of ``ids`` at once: their TimeSteps or errors.
+
+        Every world's ResetRequest is sent before any answer is awaited, then
+        every world's first step, so resetting takes two round trips, not two per
+        world (the first steps wait for the resets: a reset may change the specs
+        the step is made from). Each response is awaited ``timeout`` seconds
+        (default: the adaptor's) from when it was sent.
+        """
+        outcome: dict[int, Any] = {}
+        resets = {}
+        request = dm_env_rpc_pb2.ResetRequest()
+        for index in ids:
+            env = self.envs[index]
+            try:
+                env._check_open()
+                resets[index] = env.connection.send_async(request)
+            except errors.DmEnvRpcClientError as exc:
+                outcome[index] = exc
+        started = time.monotonic()
+        for index, future in resets.items():
+            env = self.envs[index]
+            wait = _remaining(started, env._timeout if timeout is None else timeout)
+            try:
+                env._reset_done(wait_response(future, wait, request))
+            except errors.DmEnvRpcClientError as exc:
+                outcome[index] = exc
+        steps = {index: self.envs[index]._send_step({}) for index in resets if index not in outcome}
+        started = time.monotonic()
+        for index, (step, future) in steps.items():
+            env = self.envs[index]
+            wait = _remaining(started, env._timeout if timeout is None else timeout)
+            try:
+                outcome[index] = env.step_response(wait_response(future, wait, step))
+            except errors.RequestTimeoutError as exc:
+                # As DmEnvAdaptor.step: its late answer still moves the state machine on.
+                future.add_done_callback(env._advance_late)
+                outcome[index] = exc
+            except errors.DmEnvRpcClientError as exc:
+                outcome[index] = exc
+        return outcome
 
     def _decode(
         self, env_ids: list[int], step_types: list[Any], responses: list[Any]
@@ -419,6 +470,11 @@ class BatchCore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _remaining(started: float, timeout: float | None) -> float | None:
+    """What is left of ``timeout`` seconds from ``started`` (monotonic); None waits for ever."""
+    return None if timeout is None else max(0.0, started + timeout - time.monotonic())
 
 
 def _is_bad(outcome: Any) -> bool:

@@ -1,7 +1,7 @@
 """BatchedEnvironment at scale: connecting and closing all at once, shared spec machinery, limits.
 
-The limits are tested on real servers: the SDK's server refusing streams past
-its ``max_workers``, the reference-package peer (``bench/_foreign_server.py``)
+The limits are tested on real servers (the SDK's server refusing streams past
+its ``max_workers`` is in test_batched_seeds): the reference-package peer (``bench/_foreign_server.py``)
 whose thread pool leaves a stream past its size unanswered, and a client
 process whose file-descriptor limit (RLIMIT_NOFILE) is lowered.
 """
@@ -80,18 +80,6 @@ def test_worlds_alike_share_spec_machinery_but_not_state(catch_server: Server) -
         assert second._last_state is None and third._last_state is None
         timestep = second.reset()
         assert timestep.first()
-
-
-def test_a_server_stream_limit_fails_connect_whole_and_names_it() -> None:
-    with serve(lambda settings: Catch(**settings), max_workers=2) as server:
-        with pytest.raises(errors.WorldError) as raised:
-            dmr.BatchedEnvironment.connect([server.address], 3, timeout=10)
-        assert "at most 2 streams" in str(raised.value)
-        assert "--max-workers" in str(raised.value)
-        # all or nothing: the two worlds that were opened were closed again
-        assert wait_for(lambda: server._streams == 0)
-        with dmr.BatchedEnvironment.connect([server.address], 2, timeout=10) as batch:
-            assert len(batch.reset().env_ids) == 2
 
 
 def test_a_thread_pool_servers_stream_limit_is_named_after_the_timeout() -> None:
