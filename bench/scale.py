@@ -15,6 +15,7 @@ world (at least ``--min-steps``) after a warm-up of 3 per world. Reported:
 - client CPU per step: the client process's CPU (all threads) over the timed
   steps; ``--threads`` adds each thread's share (from /proc/self/task);
 - RSS per world: the client's RSS after the run minus before connect, over n;
+  server RSS per world: the same for the 4 servers' processes, summed;
 - steps/s, p50 and p99 latency (send to response, ``envs.latencies``);
 - spread: the most steps any world took over the fewest (1.00 is even).
 
@@ -54,9 +55,15 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
+def rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * PAGE
+
+
+def servers_rss() -> int:
+    """The RSS of the server processes (pids in $SCALE_SERVER_PIDS), summed."""
+    pids = os.environ.get("SCALE_SERVER_PIDS", "").split()
+    return sum(rss_bytes(pid) for pid in pids)
 
 
 def thread_cpu() -> dict[str, float]:
@@ -77,7 +84,7 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
 
     import dm_env_rpc_client as dmr
 
-    rss0 = rss_bytes()
+    rss0, server_rss0 = rss_bytes(), servers_rss()
     started = time.perf_counter()
     batch = dmr.BatchedEnvironment.connect(
         addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
@@ -118,6 +125,7 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
     after = thread_cpu() if threads else {}
     taken = int(counts.sum())
     rss = rss_bytes() - rss0
+    server_rss = servers_rss() - server_rss0
     latencies = np.array(batch.latencies) * 1e3
     while batch.pending():  # the steps still in flight, so close does not count them
         batch.recv(batch.pending(), timeout=60)
@@ -134,6 +142,7 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
         "close_s": close_s,
         "cpu_us": cpu / taken * 1e6,
         "rss_kb": rss / worlds / 1024,
+        "server_rss_kb": server_rss / worlds / 1024,
         "steps_s": taken / wall,
         "p50_ms": float(np.percentile(latencies, 50)),
         "p99_ms": float(np.percentile(latencies, 99)),
@@ -144,13 +153,15 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
 
 
 def run_child(
-    addresses: list[str], worlds: int, steps: int, threads: bool, profile: str | None = None
+    servers: list[Any], worlds: int, steps: int, threads: bool, profile: str | None = None
 ) -> dict[str, Any]:
+    addresses = [server.address for server in servers]
+    environment = {**os.environ, "SCALE_SERVER_PIDS": " ".join(str(s.pid) for s in servers)}
     command = [sys.executable, __file__, "--child", str(worlds), str(steps), *addresses]
     if threads:
         command.append("--threads")
     # The child inherits this process's CPUs (``pin`` put it on the client's).
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=environment)
     spy = None
     if profile:  # py-spy samples the client, every thread, for its whole life
         spy_command = ["py-spy", "record", "-p", str(process.pid), "-f", "raw", "-r", "250"]
@@ -200,13 +211,12 @@ def main() -> None:
                 )
                 for _ in range(SERVER_COUNT)
             ]
-            addresses = [server.address for server in servers]
             pin([server.pid for server in servers])
             base = None
             for worlds in args.worlds:
                 steps = max(args.min_steps, args.steps_per_world * worlds)
                 profile = args.profile and f"{args.profile}-{kind}"
-                result = run_child(addresses, worlds, steps, args.threads, profile)
+                result = run_child(servers, worlds, steps, args.threads, profile)
                 base = base or result["cpu_us"]
                 rows.append(
                     [
@@ -217,6 +227,7 @@ def main() -> None:
                         f"{result['cpu_us']:.1f} µs",
                         f"{result['cpu_us'] / base:.2f}x",
                         f"{result['rss_kb']:.0f} KB",
+                        f"{result['server_rss_kb']:.0f} KB",
                         f"{result['steps_s']:,.0f}",
                         f"{result['p50_ms']:.1f} ms",
                         f"{result['p99_ms']:.1f} ms",
@@ -243,6 +254,7 @@ def main() -> None:
             "client CPU/step",
             "vs 64",
             "RSS/world",
+            "server RSS/world",
             "steps/s",
             "p50",
             "p99",
