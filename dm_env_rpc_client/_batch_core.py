@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart, errors
+from dm_env_rpc_client import _restart, errors, messages
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
@@ -446,22 +446,34 @@ class BatchCore:
     def _leave_all(self, timeout: float) -> None:
         """Leaves (and destroys) every live world at once, waiting at most ``timeout`` s.
 
-        All worlds' requests are sent before any answer is awaited, so closing
-        takes about one round trip, not one per world. As ``DmEnvAdaptor.close``,
-        a world whose server refuses to leave still gets its DestroyWorldRequest,
-        and a dead or hung server ends the wait without an error.
+        One call on the loop writes every world's requests before any answer is
+        awaited, so closing takes about one round trip, not one per world. As
+        ``DmEnvAdaptor.close``, a world whose server refuses to leave still gets
+        its DestroyWorldRequest, and a dead or hung server ends the wait quietly.
         """
-        answers = []
-        for index, env in enumerate(self.envs):
-            if self._state[index] != _LIVE or env._closed:
-                continue
+        live = [
+            (index, env)
+            for index, env in enumerate(self.envs)
+            if self._state[index] == _LIVE and not env._closed
+        ]
+        for _, env in live:
             env._closed = True
-            conn = env.connection
-            answers.append(conn.send_async(dm_env_rpc_pb2.LeaveWorldRequest()))
-            if env._destroy_on_close and env.world_name is not None:
-                request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=env.world_name)
-                answers.append(conn.send_async(request))
-        concurrent.futures.wait(answers, timeout)
+        leave = messages.envelope(dm_env_rpc_pb2.LeaveWorldRequest())
+
+        async def leave_all() -> None:
+            answers = []
+            for index, env in live:
+                stream = self._streams[index]
+                answers.append(stream._submit(*leave))
+                if env._destroy_on_close and env.world_name is not None:
+                    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=env.world_name)
+                    answers.append(stream._submit(*messages.envelope(request)))
+            if answers:
+                await asyncio.wait(answers, timeout=timeout)
+
+        assert self._runner is not None
+        with contextlib.suppress(errors.DmEnvRpcClientError):
+            self._runner.run(leave_all(), timeout=timeout + 1.0)
 
     async def _stop_tasks(self) -> None:
         if self._watchdog is not None:

@@ -38,6 +38,7 @@ from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._restart import RestartPolicy
 from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client._step_encoder import StepEncoder
+from dm_env_rpc_client.aio import AsyncConnection
 from dm_env_rpc_client.connection import create_channel
 from dm_env_rpc_client.environment import DmEnvAdaptor
 
@@ -130,6 +131,10 @@ def open_batch(
             channel = channels[address] = create_channel(
                 address, credentials=credentials, options=batch_options, insecure=insecure, aio=True
             )
+        if channel.get_state() == grpc.ChannelConnectivity.READY:  # no wait for each stream
+            connection = await AsyncConnection.open(channel, metadata)
+            connection.address = address
+            return LoopConnection(runner, connection)
         return await LoopConnection.open(
             runner, address, channel=channel, timeout=wait, metadata=metadata
         )
