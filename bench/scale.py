@@ -19,8 +19,8 @@ world (at least ``--min-steps``) after a warm-up of 3 per world. Reported:
 - steps/s, p50 and p99 latency (send to response, ``envs.latencies``);
 - spread: the most steps any world took over the fewest (1.00 is even).
 
-The ratio row divides each size's client CPU per step by 64 worlds'. The
-client runs on its own CPU and the servers on the other (``--pin``, default).
+The "vs" column divides each size's client CPU per step by the first size's
+(64 worlds by default). The client runs on its own CPU and the servers on the other (``--pin``, default).
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def main() -> None:
             "connect",
             "close",
             "client CPU/step",
-            "vs 64",
+            f"vs {args.worlds[0]:,}",
             "RSS/world",
             "server RSS/world",
             "steps/s",
