@@ -369,8 +369,7 @@ def _open_error(
         text = _STREAM_LIMIT.format(
             error=text, answered=answered[address], address=address, wanted=wanted
         )
-    kind = errors.WorldTimeoutError if isinstance(error, TimeoutError) else errors.WorldError
-    world_error = kind(
+    world_error = errors.WorldError(
         _WORLD_FAILED.format(index=index, address=address, error=text), index, address
     )
     world_error.__cause__ = error
