@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart, errors, messages
+from dm_env_rpc_client import _checks, _restart, errors, messages
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
@@ -66,6 +66,12 @@ class _Failure:
         self.cause, self.lost, self.removed = cause, lost, removed
 
 
+_NOT_ENVS = (
+    "BatchedEnvironment(envs) takes joined worlds (DmEnvAdaptors), not {envs}; to connect to "
+    "server addresses, use BatchedEnvironment.connect(addresses, num_envs)."
+)
+
+
 class BatchCore:
     """The state of a batch and its loop side (see the module docs); ``BatchedEnvironment`` is the face."""
 
@@ -78,6 +84,8 @@ class BatchCore:
     ) -> None:
         if not envs:
             raise ValueError("A BatchedEnvironment needs at least one world.")
+        if isinstance(envs, str) or not all(isinstance(env, DmEnvAdaptor) for env in envs):
+            raise errors.ArgumentTypeError(_NOT_ENVS.format(envs=_checks.kind(envs)))
         self.envs = list(envs)
         self.addresses = (
             list(addresses)
