@@ -127,6 +127,25 @@ class Balancer:
             self.down.discard(address)
             self.plan()
 
+    def adopt(self, index: int, restored: _restart.Restored) -> None:
+        """World ``index`` is ``restored`` now (made again elsewhere, or moved); it is live."""
+        core, env = self.core, restored.env
+        core.envs[index] = env
+        core._connections[index] = restored.connection
+        core._streams[index] = restored.connection.async_connection
+        core.addresses[index] = restored.address
+        if env._wire_specs == core._joined_specs[index]:
+            core._joined_specs[index] = env._wire_specs
+        with core._cond:
+            core._state[index] = _LIVE
+
+    def flush_held(self, index: int) -> None:
+        """Writes the steps held while world ``index`` was being made again, in order."""
+        core = self.core
+        held, core._held[index] = core._held[index], []
+        for data, sent in held:
+            core._write(index, data, sent)
+
     def restored(self, index: int) -> None:
         """World ``index``'s restart ended: its failure gets its server's relaunch, if any,
         and the load is planned again."""
@@ -217,6 +236,6 @@ class Balancer:
             cause.__cause__ = gave_up.last_error
             await core._restore(index, cause, 0, old)
             return
-        core._adopt(index, restored)
+        self.adopt(index, restored)
         self.moves.append(WorldMove(index, source, target, when, time.monotonic() - started))
-        core._flush_held(index)
+        self.flush_held(index)
