@@ -88,9 +88,14 @@ def main() -> None:
 
         def Process(self, request_iterator: Any, context: Any) -> Any:
             def logged() -> Any:
+                steps = 0
                 for request in request_iterator:
                     if request.WhichOneof("payload") == "create_world":
                         print("stand-in: world created", flush=True)
+                    if request.WhichOneof("payload") == "step":
+                        steps += 1
+                        if steps == 20:
+                            print("stand-in: world stepping", flush=True)
                     yield request
 
             return super().Process(logged(), context)

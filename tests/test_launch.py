@@ -221,12 +221,6 @@ def test_no_launched_server_outlives_its_parent(how):
 _CLI_ARGS = ("--num-servers", "2", "--num-envs", "4", "--steps", "10000000", "--json")
 
 
-@pytest.mark.xfail(
-    reason="since merging main (i28-scale) at ed844ed the run command exits 1 with WorldError "
-    "'Stream removed (Socket closed)' after a launched server is SIGKILLed; passed 3/3 before "
-    "the merge (2d48a91); to be fixed",
-    strict=False,
-)
 def test_the_run_command_launches_relaunches_and_lists_the_relaunch():
     tag = _tag()
     command = " ".join(_command(tag))
@@ -255,7 +249,7 @@ def test_the_run_command_launches_relaunches_and_lists_the_relaunch():
         servers, logs = map(list, zip(*sorted(servers_up().items()), strict=True))
 
         def created() -> int:
-            return sum(pathlib.Path(log).read_text().count("world created") for log in logs)
+            return sum(pathlib.Path(log).read_text().count("world stepping") for log in logs)
 
         if not wait_for(lambda: created() == 4, timeout=60):  # the run is stepping its worlds
             run.kill()
