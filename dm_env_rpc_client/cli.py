@@ -49,10 +49,12 @@ from dm_env_rpc_client._args import (
 )
 from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
+from dm_env_rpc_client._record_cli import add_flags as add_dataset_flags
+from dm_env_rpc_client._record_cli import open_recording
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import connect, is_local
 from dm_env_rpc_client.environment import create_and_join_world, join_world, specs_table
-from dm_env_rpc_client.recording import Recording, prepare_folder
+from dm_env_rpc_client.recording import prepare_folder
 from dm_env_rpc_client.server import serve
 from dm_env_rpc_client.server._subprocess import server_subprocess
 from dm_env_rpc_client.server.catch import Catch
@@ -255,9 +257,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {warning.message}", file=sys.stderr)
         failed = True
         try:
-            recording = (
-                Recording(args.record, len(batch), batch.world_seeds) if args.record else None
-            )
+            recording = open_recording(args, batch, create_settings) if args.record else None
             with (
                 _stop_on_signals() as (stop, received),
                 tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
@@ -425,8 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--record",
         metavar="DIR",
         type=_record_folder,
-        help="write each episode as .npz into DIR, which must be empty or new",
+        help="record the episodes into DIR, which must be empty or new (see --format)",
     )
+    add_dataset_flags(run_parser)
     run_parser.add_argument(
         "--on-failure",
         choices=("restart", "raise"),
