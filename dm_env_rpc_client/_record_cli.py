@@ -5,18 +5,32 @@
 (``integrations.minari``, the ``minari`` extra) or an RLDS dataset
 (``integrations.rlds``, the ``rlds`` extra). The integrations are imported only
 when their format is asked for. The run's settings go in the dataset's metadata.
+
+On Ray (``sharded``), every shard records its worlds' episodes as ``.npz``
+parts, which come back to the driver (``_ray_shards``); the driver then writes
+them, world by world and episode by episode, into one dataset in ``DIR``. The
+spaces and specs come from one world made on the first server (or on an
+embedded Catch, which the fleet runs) before the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
-from collections.abc import Sequence
+import pathlib
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from dm_env_rpc_client import errors
+from dm_env_rpc_client._cli_run import RunStats
 from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.recording import Recording
+from dm_env_rpc_client.connection import connect
+from dm_env_rpc_client.environment import create_and_join_world
+from dm_env_rpc_client.recording import Recording, iter_episodes
+from dm_env_rpc_client.server import serve
+from dm_env_rpc_client.server.catch import Catch
 
 FORMATS = ("npz", "minari", "rlds")
 _NO_EXTRA = "--format {format} needs the {format} extra: pip install 'dm_env_rpc_client[{format}]'."
@@ -112,3 +126,51 @@ def open_writer(
         return RldsWriter.for_environment(args.record, env, settings=run_settings)
     except ImportError as exc:
         raise errors.RecordingError(_NO_EXTRA.format(format=args.format)) from exc
+
+
+@contextlib.contextmanager
+def _template_world(
+    args: argparse.Namespace, channel: dict[str, Any], create_settings: dict[str, Any]
+) -> Iterator[tuple[Any, str]]:
+    """One world of the run's kind, for its specs: on the first server, or an embedded Catch."""
+    with contextlib.ExitStack() as stack:
+        if args.address:
+            address = args.address[0]
+        else:
+            address = stack.enter_context(serve(lambda settings: Catch(**settings))).address
+        connection = stack.enter_context(connect(address, timeout=args.timeout, **channel))
+        env, _ = create_and_join_world(connection, create_world_settings=create_settings)
+        stack.callback(env.close)
+        yield env, address
+
+
+def sharded(
+    args: argparse.Namespace,
+    channel: dict[str, Any],
+    create_settings: dict[str, Any],
+    run: Callable[[], RunStats],
+) -> RunStats:
+    """``run()`` (a Ray run recording ``.npz`` parts), then its parts as one ``--format`` dataset.
+
+    Raises:
+      RecordingError: as ``open_recording``, before the run.
+    """
+    if not args.record or args.format == "npz":
+        return run()
+    final = args.record
+    with (
+        _template_world(args, channel, create_settings) as (env, address),
+        tempfile.TemporaryDirectory(prefix="dm_env_rpc_parts-") as parts,
+    ):
+        addresses = list(args.address or [address])
+        writer = open_writer(args, env, settings(args, addresses), create_settings)
+        try:
+            args.record = str(pathlib.Path(parts, "episodes"))
+            stats = run()
+            for episode in iter_episodes(args.record):  # by world, then episode
+                writer.write(episode)
+        finally:
+            args.record = final
+            writer.close()
+    stats.recorded = final
+    return stats

@@ -51,6 +51,7 @@ from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client._record_cli import add_flags as add_dataset_flags
 from dm_env_rpc_client._record_cli import open_recording
+from dm_env_rpc_client._record_cli import sharded as record_sharded
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import connect, is_local
 from dm_env_rpc_client.environment import create_and_join_world, join_world, specs_table
@@ -234,7 +235,9 @@ def run(args: argparse.Namespace) -> int:
             _stop_on_signals() as (stop, received),
             tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
         ):
-            stats = run_on_ray(args, kwargs, stop, progress)
+            stats = record_sharded(
+                args, kwargs, create_settings, lambda: run_on_ray(args, kwargs, stop, progress)
+            )
         report(stats, args)
         return _exit_code(stats, received)
     with _addresses(args, kwargs) as addresses:

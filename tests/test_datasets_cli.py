@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import run_child
 
 from dm_env_rpc_client.cli import main
 
@@ -155,3 +156,26 @@ def test_an_unknown_format_is_refused(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         main([*RUN, "--record", str(tmp_path / "x"), "--format", "bogus"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(240)
+def test_ray_shards_give_one_dataset_matching_a_single_process_run(tmp_path, capsys) -> None:
+    """Each shard records .npz parts; the driver writes one dataset: the same episodes."""
+    pytest.importorskip("ray", reason="needs the ray extra")
+    common = ["run", "--num-envs", "4", "--steps", "300", "--seed", "2", "--quiet", "--json"]
+    for fmt, read, shards in (("minari", _minari_episodes, 3), ("rlds", _rlds_episodes, 2)):
+        assert (
+            main([*common, "--in-process", "--record", str(tmp_path / fmt), "--format", fmt]) == 0
+        )
+        capsys.readouterr()
+        folder = tmp_path / f"{fmt}-ray"
+        ray_flags = ["--ray", "local", "--num-shards", str(shards)]
+        record = ["--record", str(folder), "--format", fmt]
+        command = [sys.executable, "-m", "dm_env_rpc_client", *common, *ray_flags, *record]
+        child = run_child(command, timeout=100)
+        assert child.returncode == 0, child.stderr
+        summary = json.loads(child.stdout)
+        single, sharded = read(tmp_path / fmt), read(folder)
+        assert sharded == single and len(sharded) == summary["recorded_episodes"] > 0
+        assert summary["recorded_to"] == str(folder)
+        assert {world for world, _ in sharded} == {0, 1, 2, 3}
