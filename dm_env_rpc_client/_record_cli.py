@@ -91,7 +91,7 @@ def open_recording(
     """
     addresses = [str(a) for a in dict.fromkeys(batch.addresses)]
     writer = open_writer(args, batch, settings(args, addresses), create_settings)
-    return Recording(args.record, len(batch), batch.world_seeds, writer=writer)
+    return Recording(args.record, len(batch), batch.world_seeds, writer=writer, background=True)
 
 
 def open_writer(

@@ -56,6 +56,7 @@ import dm_env
 import numpy as np
 
 from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client._background_writer import BackgroundWriter
 
 _NOT_EMPTY = (
     "The recording folder {path} already holds {count} entries (e.g. {example!r}); "
@@ -308,6 +309,9 @@ class Recording:
       writer: where the episodes go (default: ``.npz`` files in ``directory``);
         a writer made for ``directory`` (``MinariWriter``, ``RldsWriter``) is
         closed with the recording.
+      background: write on a thread of its own (``BackgroundWriter``), while the
+        batch steps (``run --record`` does); ``episodes`` then counts the episodes
+        handed over, all written by ``close``, and ``truncate`` returns None.
 
     Raises:
       RecordingError: the folder is not empty, not a folder, or cannot be created.
@@ -321,6 +325,7 @@ class Recording:
         *,
         first_world: int = 0,
         writer: EpisodeWriter | None = None,
+        background: bool = False,
     ) -> None:
         if writer is None:
             self.directory = prepare_folder(directory)
@@ -328,6 +333,9 @@ class Recording:
         else:
             self.directory = pathlib.Path(directory)
         self.writer = writer
+        self._background: BackgroundWriter | None = None
+        if background:
+            writer = self._background = BackgroundWriter(writer)
         seeds = list(seeds) if seeds is not None else [None] * worlds
         self._recorders = [
             EpisodeRecorder(world=first_world + world, seed=seeds[world], writer=writer)
@@ -366,7 +374,7 @@ class Recording:
             for recorder in self._recorders:
                 recorder.truncate()
         finally:
-            self.writer.close()
+            (self._background or self.writer).close()
 
     @property
     def episodes(self) -> int:

@@ -1,12 +1,12 @@
 """Episodes as Arrow record batches in the layout Minari's ``arrow`` storage reads.
 
-One record batch per episode of ``T`` transitions, ``T + 1`` rows, written under
-``data/<episode id>/`` (directory partitioning on ``episode_id``):
+One record batch per episode of ``T`` transitions, ``T + 1`` rows, written as
+``data/<episode id>/part-0.arrow`` (an Arrow IPC file; the folder's name is the
+episode id, as Minari's directory partitioning on ``episode_id`` has it):
 
 ==================  =====================================================================
 column              rows
 ==================  =====================================================================
-``episode_id``      int32, the partition key
 ``observations``    the ``T + 1`` observations
 ``actions``         the ``T`` actions, then one null-like padding row
 ``rewards``         float64: ``rewards[t]`` follows ``actions[t]``; 0.0 padding
@@ -68,7 +68,6 @@ def encode(space: spaces.Space[Any], values: Any, rows: int) -> pa.Array:
 
 
 def episode_batch(
-    episode_id: int,
     observation_space: spaces.Space[Any],
     action_space: spaces.Space[Any],
     observations: Any,
@@ -86,7 +85,6 @@ def episode_batch(
     truncations[transitions - 1] = truncated
     return pa.RecordBatch.from_pydict(
         {
-            "episode_id": pa.array(np.full(rows, episode_id, np.int32)),
             "observations": encode(observation_space, observations, rows),
             "actions": encode(action_space, actions, rows),
             "rewards": pa.array(np.concatenate([np.asarray(rewards, np.float64), [0.0]])),

@@ -42,7 +42,7 @@ from typing import Any
 
 try:
     import minari
-    import pyarrow.dataset as pa_dataset
+    import pyarrow as pa
     from gymnasium import spaces
     from gymnasium.envs.registration import EnvSpec
     from minari.serialization import serialize_space
@@ -197,7 +197,6 @@ class MinariWriter:
         transitions = len(episode)
         end = "cut" if episode.truncated else "interrupted" if episode.interrupted else "terminated"
         batch = _minari_arrow.episode_batch(
-            self.episodes + len(self._pending),
             self.observation_space,
             self.action_space,
             episode.observation,
@@ -224,17 +223,11 @@ class MinariWriter:
         self._last_commit = time.monotonic()
         if not self._pending:
             return
-        batches = [batch for batch, _ in self._pending]
-        pa_dataset.write_dataset(
-            batches,
-            self.data,
-            format="arrow",
-            partitioning=["episode_id"],
-            existing_data_behavior="overwrite_or_ignore",
-            basename_template="part-{i}.arrow",
-        )
-        for _, meta in self._pending:
+        for batch, meta in self._pending:
             folder = self.data / str(meta["id"])
+            folder.mkdir(exist_ok=True)
+            with pa.ipc.new_file(str(folder / "part-0.arrow"), batch.schema) as file:
+                file.write_batch(batch)
             _write_json(folder / METADATA, meta)
             self._bytes += sum(f.stat().st_size for f in folder.iterdir())
             self.steps += meta["total_steps"]
