@@ -72,6 +72,8 @@ RLDS_REQUIRES = ["envlogger==1.2"]
 # The training tier (pytest -m training): learners on top of the integrations. torch is
 # not listed: .ci/run installs torch==2.13.0 (the CPU build) first, which these then use.
 TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3>=2.4", *RLLIB_REQUIRES]
+# docs/datasets.md's offline learner: TorchRL (0.14.1 resolves beside torch==2.13.0) on Minari.
+TRAINING_REQUIRES += [*MINARI_REQUIRES, "torchrl>=0.14.1,<0.15"]
 
 # The tests run the notebook, build the site, run the Ray tests (a local Ray, about 20 s)
 # and drive the gymnasium bridge.
