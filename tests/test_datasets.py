@@ -133,7 +133,7 @@ def test_rlds_round_trip_with_interrupted_episodes(catch_server, tmp_path) -> No
 def test_minari_refuses_a_variable_shape_observation_before_any_step(tmp_path) -> None:
     with dmr.serve(make_variable) as server, dmr.connect(server.address) as connection:
         env, _ = dmr.create_and_join_world(connection, create_world_settings={})
-        with pytest.raises(errors.RecordingError, match=r"'?\w+'?.*Leave it out") as caught:
+        with pytest.raises(errors.RecordingError, match=r"'echo' is of variable shape") as caught:
             MinariWriter.for_environment(tmp_path / "variable", env)
         env.close()
     assert "--format npz" in str(caught.value)
@@ -166,3 +166,12 @@ def test_writers_refuse_a_folder_that_holds_files(tmp_path, catch_server) -> Non
     with pytest.raises(errors.RecordingError, match="already holds"):
         MinariWriter(tmp_path / "full", spaces.Dict({}), spaces.Dict({}))
     assert pathlib.Path(tmp_path / "full" / "x").exists()
+
+
+def test_minari_refuses_a_string_observation_by_name(tmp_path) -> None:
+    from gymnasium import spaces
+
+    observations = spaces.Dict({"camera": spaces.Dict({"caption": spaces.Text(8)})})
+    with pytest.raises(errors.RecordingError, match=r"'camera.caption'.*--format npz"):
+        MinariWriter(tmp_path / "text", observations, spaces.Dict({}))
+    assert not (tmp_path / "text").exists()

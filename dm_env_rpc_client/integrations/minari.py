@@ -60,9 +60,8 @@ METADATA = "metadata.json"
 ENTRY_POINT = "dm_env_rpc_client.integrations.gymnasium:GymnasiumEnv"
 DEFAULT_ALGORITHM = "uniform random actions (dm-env-rpc-client run)"
 _VARIABLE = (
-    "The {kind} {name!r} cannot go in a Minari dataset: {reason} "
-    "Leave it out (requested_observations=[...] in Python), or record with --format npz "
-    "or --format rlds, which keep it."
+    "{error} A Minari dataset cannot hold it either: leave it out, or record with "
+    "--format npz or --format rlds, which keep it."
 )
 
 
@@ -77,9 +76,7 @@ def _space(tensor_specs: Any, names: Sequence[str], kind: str) -> spaces.Dict:
     try:
         space = spaces_from_specs(tensor_specs, names=names, kind=kind)
     except errors.SpecError as exc:
-        raise errors.RecordingError(
-            _VARIABLE.format(kind=kind, name=names, reason=str(exc).split(". ")[0] + ".")
-        ) from exc
+        raise errors.RecordingError(_VARIABLE.format(error=exc)) from exc
     _minari_arrow.check_space(space, kind)
     return space
 
