@@ -55,7 +55,7 @@ from typing import Any, Protocol
 import dm_env
 import numpy as np
 
-from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client import _checks, errors, specs
 from dm_env_rpc_client._background_writer import BackgroundWriter
 
 _NOT_EMPTY = (
@@ -210,6 +210,7 @@ class EpisodeRecorder:
         seed: int | None = None,
         writer: EpisodeWriter | None = None,
     ) -> None:
+        _checks.check_count(world, "world", low=0)
         if writer is None:
             if directory is None:
                 raise TypeError("EpisodeRecorder needs a directory or a writer.")
@@ -327,6 +328,7 @@ class Recording:
         writer: EpisodeWriter | None = None,
         background: bool = False,
     ) -> None:
+        _checks.check_count(worlds, "worlds")
         if writer is None:
             self.directory = prepare_folder(directory)
             writer = NpzWriter(self.directory)
@@ -435,12 +437,21 @@ def _ragged(values: np.ndarray, shapes: np.ndarray) -> list[np.ndarray]:
     return parts
 
 
+_A_FOLDER = (
+    "path {path} is a folder: pass one of its episode files (.npz), or read them all with "
+    "dmr.iter_episodes(folder)."
+)
+
+
 def load_episode(path: str | pathlib.Path) -> Episode:
     """Reads one recorded episode back; observations and actions are nested dicts.
 
     Raises:
       FileNotFoundError: there is no such file.
+      RecordingError: ``path`` is a folder (``iter_episodes`` reads a folder).
     """
+    if pathlib.Path(path).is_dir():
+        raise errors.RecordingError(_A_FOLDER.format(path=path))
     with np.load(path, allow_pickle=False) as data:
         groups: dict[str, dict[str, Any]] = {"observation": {}, "action": {}}
         for key in data.files:
