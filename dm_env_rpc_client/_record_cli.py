@@ -82,13 +82,15 @@ def settings(args: argparse.Namespace, addresses: Sequence[str]) -> dict[str, An
 
 def open_recording(
     args: argparse.Namespace, batch: BatchedEnvironment, create_settings: dict[str, Any]
-) -> Recording:
-    """The ``Recording`` of ``--record DIR`` in ``--format``.
+) -> Recording | None:
+    """The ``Recording`` of ``--record DIR`` in ``--format`` (None without ``--record``).
 
     Raises:
       RecordingError: the format's extra is missing, the folder is not empty, or
         a tensor cannot be stored in the format (named, before any step).
     """
+    if not args.record:
+        return None
     addresses = [str(a) for a in dict.fromkeys(batch.addresses)]
     writer = open_writer(args, batch, settings(args, addresses), create_settings)
     return Recording(args.record, len(batch), batch.world_seeds, writer=writer, background=True)

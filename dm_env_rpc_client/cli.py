@@ -38,7 +38,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client import _record_cli, errors, specs
 from dm_env_rpc_client._args import (
     SETTING_HELP,
     UsageError,
@@ -50,9 +50,6 @@ from dm_env_rpc_client._args import (
 )
 from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
-from dm_env_rpc_client._record_cli import add_flags as add_dataset_flags
-from dm_env_rpc_client._record_cli import open_recording
-from dm_env_rpc_client._record_cli import sharded as record_sharded
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import connect, is_local
 from dm_env_rpc_client.environment import create_and_join_world, join_world, specs_table
@@ -242,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
             _stop_on_signals() as (stop, received),
             tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
         ):
-            stats = record_sharded(
+            stats = _record_cli.sharded(
                 args, kwargs, create_settings, lambda: run_on_ray(args, kwargs, stop, progress)
             )
         report(stats, args)
@@ -267,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {warning.message}", file=sys.stderr)
         failed = True
         try:
-            recording = open_recording(args, batch, create_settings) if args.record else None
+            recording = _record_cli.open_recording(args, batch, create_settings)
             with (
                 _stop_on_signals() as (stop, received),
                 tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
@@ -437,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_record_folder,
         help="record the episodes into DIR, which must be empty or new (see --format)",
     )
-    add_dataset_flags(run_parser)
+    _record_cli.add_flags(run_parser)
     run_parser.add_argument(
         "--on-failure",
         choices=("restart", "raise"),
