@@ -78,7 +78,9 @@ def check_lifecycle(probe: Probe) -> None:
             if step is None:
                 return
             if step.state not in (STATE.RUNNING, *ENDED):
-                probe.record("lifecycle.step", "fail", f"a step answered state {step.state}")
+                probe.record(
+                    "lifecycle.step", "fail", f"a step answered state {state_name(step.state)}"
+                )
             observed = observed and observations_ok(probe, specs, valid, every, step)
         probe.record("lifecycle.step", "pass", "5 steps")
         if observed:
@@ -101,10 +103,12 @@ def check_lifecycle(probe: Probe) -> None:
             and probe.expect("lifecycle.reset-world", conn, actions.step()) is not None
         ):
             probe.record("lifecycle.reset-world", "pass")
-        if probe.expect("lifecycle.leave", conn, pb.LeaveWorldRequest()) is not None:
+        if probe.expect("lifecycle.leave", conn, pb.LeaveWorldRequest()) is None:
+            probe.record("lifecycle.destroy", "skip", "needs a world left: LeaveWorld failed")
+        else:
             probe.record("lifecycle.leave", "pass")
-        if probe.expect("lifecycle.destroy", conn, pb.DestroyWorldRequest(world_name=name)):
-            probe.record("lifecycle.destroy", "pass")
+            if probe.expect("lifecycle.destroy", conn, pb.DestroyWorldRequest(world_name=name)):
+                probe.record("lifecycle.destroy", "pass")
 
 
 def _joined(

@@ -17,6 +17,7 @@ import numpy as np
 from dm_env_rpc_client import errors, tensors
 from dm_env_rpc_client._bounds import bounds
 from dm_env_rpc_client._dtypes import _FIELD_TO_DATA_TYPE, DATA_TYPE_TO_NUMPY
+from dm_env_rpc_client._nesting import flatten
 from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
 from dm_env_rpc_client.connection import Connection, connect
 from dm_env_rpc_client.random_actions import random_action
@@ -78,6 +79,14 @@ def uid_not_in(uids: Any) -> int:
     return next(uid for uid in range(len(taken) + 1) if uid not in taken)
 
 
+def _pack_settings(settings: Mapping[str, Any]) -> dict[str, pb.Tensor]:
+    """World settings as Tensors: nested dicts become dotted keys; Tensors stay as they are."""
+    return {
+        key: value if isinstance(value, pb.Tensor) else tensors.pack_tensor(value)
+        for key, value in flatten(settings).items()
+    }
+
+
 class Probe:
     """What the checks share: the address, the limits, the settings and the verdicts so far."""
 
@@ -93,8 +102,8 @@ class Probe:
     ) -> None:
         self.address = address
         self.timeout = timeout
-        self.create_settings = {k: tensors.pack_tensor(v) for k, v in create_settings.items()}
-        self.join_settings = {k: tensors.pack_tensor(v) for k, v in join_settings.items()}
+        self.create_settings = _pack_settings(create_settings)
+        self.join_settings = _pack_settings(join_settings)
         self.rng = np.random.default_rng(seed)
         self.connect_kwargs = connect_kwargs
         self.verdicts: dict[str, Verdict] = {}

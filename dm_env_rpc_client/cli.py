@@ -10,6 +10,8 @@ Commands:
   With ``--ray [auto|ADDRESS|local] --num-shards K`` the worlds are stepped by
   K Ray actors (``integrations/_ray_cli.py``; needs the ``ray`` extra).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
+- ``check ADDRESS``: checks a server against the protocol (``conformance``), one
+  line per rule (``--json``: one JSON object); exit code 0 if it conforms, 1 if not.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
 
@@ -47,6 +49,7 @@ from dm_env_rpc_client._args import (
     positive_int,
     tls_credentials,
 )
+from dm_env_rpc_client._cli_check import add_check_command, check_command
 from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client.batched import BatchedEnvironment
@@ -467,6 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
     _settings_flags(specs_parser)
     _connection_flags(specs_parser)
     specs_parser.set_defaults(handler=show_specs)
+
+    check_parser = add_check_command(commands, _connection_flags, _settings_flags)
+    check_parser.set_defaults(handler=lambda a: check_command(a, _channel_kwargs(a), check_address))
 
     # Imported here, not at module level: `python -m dm_env_rpc_client.server` must not find
     # its __main__ already imported by the package.
