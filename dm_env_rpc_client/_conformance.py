@@ -332,7 +332,7 @@ def _latency(probe: Probe, conn: Connection, specs: Any, latency_steps: int) -> 
         "pass",
         f"p50 {p50:.3f} ms, p99 {p99:.3f} ms over {latency_steps} steps, one at a time",
     )
-    return {"p50_ms": p50, "p99_ms": p99, "steps": float(latency_steps)}
+    return {"p50_ms": p50, "p99_ms": p99, "steps": latency_steps}
 
 
 def run_checks(

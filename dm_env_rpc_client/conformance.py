@@ -26,7 +26,7 @@ others), with random valid actions drawn from the world's specs:
   second is refused with an error (then the rule is skipped), never left hanging.
 - ``episodes.first-after-last``: the step after a TERMINATED or INTERRUPTED one
   answers RUNNING (a new sequence begins).
-- ``latency.step``: round trips of single steps, p50 and p99 (``Report.latency``).
+- ``latency.step``: round trips of single steps, p50 and p99 (``ConformanceReport.latency``).
 
 Every request waits at most ``timeout`` seconds: a server that does not answer
 is a failed rule, never a hung check. A rule that could not be checked (its

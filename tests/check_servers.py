@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from faulty import process_server
 
 from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
 
@@ -94,14 +95,15 @@ class _World:
         self.names: set[str] = set()
         self.counter = itertools.count(1)
         self.lock = threading.Lock()
-        self.stopping = threading.Event()  # set when the server stops: hung handlers return
 
 
 class _Stream:
     """One client's state: the world joined, whether the next step starts a sequence."""
 
-    def __init__(self, worlds: _World, fault: str | None) -> None:
+    def __init__(self, worlds: _World, fault: str | None, context: grpc.ServicerContext) -> None:
         self.worlds, self.fault, self.specs = worlds, fault, _specs(fault)
+        self.ended = threading.Event()  # set when the stream ends (cancelled, server stopped)
+        context.add_callback(self.ended.set)
         self.joined: str | None = None
         self.first = True
         self.count = 0
@@ -152,7 +154,7 @@ class _Stream:
             return _error(9, "join a world first")
         self.steps += 1
         if self.fault == "latency.step" and self.steps > HANG_AFTER_STEPS:
-            self.worlds.stopping.wait()  # never answers while the server runs
+            self.ended.wait()  # never answers while the stream lasts
         state = pb.RUNNING
         if self.first:
             problem = self._check_actions(request.actions)
@@ -259,7 +261,7 @@ def raw_server(fault: str | None = None) -> Iterator[str]:
     worlds = _World()
 
     def process(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        stream = _Stream(worlds, fault)
+        stream = _Stream(worlds, fault, context)
         if fault == "pipeline.order":
             yield from _swapped(requests, stream)
             return
@@ -269,28 +271,11 @@ def raw_server(fault: str | None = None) -> Iterator[str]:
             if fault == "errors.stream-survives" and response.HasField("error"):
                 return  # ends the stream after any error answer
 
-    handler = grpc.method_handlers_generic_handler(
-        "dm_env_rpc.v1.Environment",
-        {
-            "Process": grpc.stream_stream_rpc_method_handler(
-                process,
-                request_deserializer=pb.EnvironmentRequest.FromString,
-                response_serializer=pb.EnvironmentResponse.SerializeToString,
-            )
-        },
-    )
     # multi-client.concurrent fault: one worker thread serves one stream at a time, and a
     # second client waits, unanswered, until the first leaves.
     workers = 1 if fault == "multi-client.concurrent" else 8
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        worlds.stopping.set()
-        server.stop(grace=None).wait(5)
+    with process_server(process, max_workers=workers) as address:
+        yield address
 
 
 @contextlib.contextmanager

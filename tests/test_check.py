@@ -63,6 +63,8 @@ def test_a_server_that_breaks_one_rule_fails_exactly_that_rule(rule: str) -> Non
     failed = {f.rule: f.detail for f in report.failures}
     assert list(failed) == [rule], report.text()
     assert failed[rule]  # says what the server did
+    if rule in ("multi-client.concurrent", "latency.step"):  # these servers hang: a finding
+        assert f"no answer within {TIMEOUT:g} s" in failed[rule]
     assert not report.conforms
     # The rules it could not check say why; everything else passed.
     skipped = [f for f in report.findings if f.status == "skip"]
