@@ -14,10 +14,11 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from dm_env_rpc_client._args import positive_float, positive_int
+from dm_env_rpc_client._args import UsageError, positive_float, positive_int
 from dm_env_rpc_client.conformance import DEFAULT_CHECK_TIMEOUT, check_server
 
 CONFORMS, DOES_NOT_CONFORM = 0, 1
+_WORLD_CREATE = "--world joins an existing world: --create-setting does not apply to it."
 
 DESCRIPTION = (
     "Checks a dm_env_rpc server against the protocol: the lifecycle (create, join, step, "
@@ -38,6 +39,9 @@ def add_check_command(
     )
     parser.add_argument("address", metavar="HOST:PORT", help="the server")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--world", metavar="NAME", help="join this existing world instead of creating worlds"
+    )
     parser.add_argument(
         "--latency-steps",
         type=positive_int,
@@ -77,6 +81,8 @@ def check_command(
     ``check_address(address, channel_kwargs, timeout, quiet)`` first fails fast on an
     address that cannot work (``cli.check_address``).
     """
+    if args.world is not None and args.create_setting:
+        raise UsageError(_WORLD_CREATE)
     check_address(args.address, channel_kwargs, args.timeout, True)
     report = check_server(
         args.address,
@@ -86,6 +92,7 @@ def check_command(
         latency_steps=args.latency_steps,
         episode_steps=args.episode_steps,
         seed=args.seed,
+        world_name=args.world,
         **channel_kwargs,
     )
     print(report.to_json() if args.json else report.text())

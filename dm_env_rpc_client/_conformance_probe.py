@@ -99,6 +99,7 @@ class Probe:
         join_settings: dict[str, Any],
         seed: int,
         connect_kwargs: dict[str, Any],
+        world_name: str | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
@@ -106,6 +107,7 @@ class Probe:
         self.join_settings = _pack_settings(join_settings)
         self.rng = np.random.default_rng(seed)
         self.connect_kwargs = connect_kwargs
+        self.given_world = world_name  # join this world instead of creating worlds
         self.verdicts: dict[str, Verdict] = {}
         self.broken: set[int] = set()  # ids of connections whose stream timed out or ended
 
@@ -153,17 +155,24 @@ class Probe:
             return None
 
     def world(self, conn: Connection) -> tuple[str, pb.ActionObservationSpecs]:
-        """Creates and joins a world on ``conn``; raises ``NoWorld`` saying why not."""
+        """Creates (unless one is given) and joins a world on ``conn``; raises ``NoWorld``."""
         try:
-            name = self.send(conn, pb.CreateWorldRequest(settings=self.create_settings)).world_name
+            name = self.given_world
+            if name is None:
+                create = pb.CreateWorldRequest(settings=self.create_settings)
+                name = self.send(conn, create).world_name
             join = pb.JoinWorldRequest(world_name=name, settings=self.join_settings)
             return name, self.send(conn, join).specs
         except errors.DmEnvRpcClientError as exc:
             raise NoWorld(f"could not make a world to check it on ({self.describe(exc)})") from exc
 
     def cleanup(self, conn: Connection, world_name: str) -> None:
-        """Leaves and destroys the world, ignoring failures (they are not this check's rules)."""
-        for request in (pb.LeaveWorldRequest(), pb.DestroyWorldRequest(world_name=world_name)):
+        """Leaves the world and destroys it (not a given one), ignoring failures (they are not
+        this check's rules)."""
+        requests: list[Any] = [pb.LeaveWorldRequest()]
+        if self.given_world is None:
+            requests.append(pb.DestroyWorldRequest(world_name=world_name))
+        for request in requests:
             with contextlib.suppress(errors.DmEnvRpcClientError):
                 self.send(conn, request)
 

@@ -149,6 +149,7 @@ def check_server(
     latency_steps: int = 200,
     episode_steps: int = 1000,
     seed: int = 0,
+    world_name: str | None = None,
     **connect_kwargs: Any,
 ) -> ConformanceReport:
     """Checks the dm_env_rpc server at ``address`` against the protocol.
@@ -164,6 +165,9 @@ def check_server(
       episode_steps: steps to wait for an episode to end for
         ``episodes.first-after-last`` (skipped if none ends).
       seed: seeds the random actions.
+      world_name: join this existing world instead of creating worlds (for servers
+        with a fixed world); ``lifecycle.create`` and ``lifecycle.destroy`` are then
+        skipped, and the world is left but not destroyed.
       **connect_kwargs: passed to ``dmr.connect`` (``credentials``, ``insecure``,
         ``options``, ``metadata``).
 
@@ -185,6 +189,7 @@ def check_server(
         join_settings=dict(join_world_settings or {}),
         seed=seed,
         connect_kwargs=connect_kwargs,
+        world_name=world_name,
     )
     verdicts, latency = _conformance.run_checks(probe, latency_steps, episode_steps)
     findings = [Finding(rule, cast(Status, verdicts[rule][0]), verdicts[rule][1]) for rule in RULES]

@@ -18,6 +18,7 @@ import grpc
 import pytest
 from check_servers import FAULTS, raw_server, reference_server
 
+import dm_env_rpc_client as dmr
 from dm_env_rpc_client import cli
 from dm_env_rpc_client.conformance import RULES, ConformanceReport, check_server
 from dm_env_rpc_client.server import Server
@@ -79,6 +80,27 @@ def test_a_server_that_refuses_a_second_client_with_an_error_conforms() -> None:
     assert "refused a second client" in finding.detail
     assert "RESOURCE_EXHAUSTED" in finding.detail
     assert report.conforms
+
+
+def test_a_given_world_is_joined_not_made(catch_server: Server) -> None:
+    with dmr.connect(catch_server.address, timeout=10) as conn:
+        name = dmr.create_world(conn, {"rows": 6})
+        report = check_server(catch_server.address, world_name=name, **QUICK)
+        skipped = _not_passed(report)
+        # The embedded server lets one connection at a time join a world: a refusal, a skip.
+        assert skipped.pop("multi-client.concurrent").startswith(
+            "skip: the server refused a second client: FAILED_PRECONDITION"
+        )
+        assert skipped == {
+            "lifecycle.create": f"skip: the world {name!r} is given: not made here",
+            "lifecycle.destroy": f"skip: the world {name!r} is given: not made here",
+        }
+        dmr.destroy_world(conn, name)  # still there: the checks left it, and did not destroy it
+
+
+def test_check_command_world_and_create_settings_contradict(capsys) -> None:
+    assert cli.main(["check", "127.0.0.1:1", "--world", "w", "--create-setting", "rows=5"]) == 2
+    assert "--world joins an existing world" in capsys.readouterr().err
 
 
 def _closed_port() -> int:
