@@ -56,6 +56,7 @@ def check_lifecycle(probe: Probe) -> None:
         join = pb.JoinWorldRequest(world_name=name, settings=probe.join_settings)
         joined = probe.expect("lifecycle.join", conn, join)
         if joined is None:
+            probe.cleanup(conn, name)  # the world made for it goes: the next checks make theirs
             return
         specs = joined.specs
         probe.record(
@@ -68,6 +69,7 @@ def check_lifecycle(probe: Probe) -> None:
         every = sorted(specs.observations)
         first = probe.expect("lifecycle.step", conn, pb.StepRequest(requested_observations=every))
         if first is None:
+            probe.cleanup(conn, name)
             return
         if first.state != STATE.RUNNING:
             probe.record(
@@ -81,6 +83,7 @@ def check_lifecycle(probe: Probe) -> None:
         for _ in range(3):
             step = probe.expect("lifecycle.step", conn, actions.step(every))
             if step is None:
+                probe.cleanup(conn, name)
                 return
             if step.state not in (STATE.RUNNING, *ENDED):
                 probe.record(
