@@ -243,7 +243,7 @@ def _swapped(requests: Iterator[Any], stream: _Stream) -> Iterator[Any]:
     threading.Thread(target=read, daemon=True).start()
     while (request := waiting.get()) is not None:
         try:
-            second = waiting.get(timeout=0.02)
+            second = waiting.get(timeout=0.005)  # sequential requests wait this long
         except queue.Empty:
             yield stream.answer(request)
             continue
