@@ -1,7 +1,8 @@
 """The ``check`` command: checks a server against the protocol and prints the report.
 
-``add_check_command(commands, connection_flags, settings_flags)`` adds the
-subcommand (the flag helpers come from ``cli``, which owns them);
+``add_check_command(commands, connection_flags, settings_flags, channel_kwargs,
+check_address)`` adds the subcommand, its handler ``check_command`` (the helpers
+come from ``cli``, which owns them);
 ``check_command(args, channel_kwargs, check_address)`` runs it on
 ``args.address`` and returns the exit code: 0 when the server conforms, 1 when
 it does not. A caller that starts the server first (``--launch``) sets
@@ -32,8 +33,14 @@ def add_check_command(
     commands: Any,
     connection_flags: Callable[[argparse.ArgumentParser], None],
     settings_flags: Callable[[argparse.ArgumentParser], None],
+    channel_kwargs: Callable[[argparse.Namespace], dict[str, Any]],
+    check_address: Callable[[str, dict[str, Any], float, bool], None],
 ) -> argparse.ArgumentParser:
-    """Adds ``check`` to the CLI's subparsers; returns its parser (the caller sets its handler)."""
+    """Adds ``check`` to the CLI's subparsers, handled by ``check_command``; returns its parser.
+
+    ``channel_kwargs(args)`` makes ``dmr.connect``'s keyword arguments from the TLS flags,
+    and ``check_address`` fails fast on an address that cannot work (both ``cli``'s).
+    """
     parser: argparse.ArgumentParser = commands.add_parser(
         "check", help="check a server against the protocol", description=DESCRIPTION
     )
@@ -68,6 +75,7 @@ def add_check_command(
     parser.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
+    parser.set_defaults(handler=lambda a: check_command(a, channel_kwargs(a), check_address))
     return parser
 
 

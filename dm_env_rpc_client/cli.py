@@ -10,8 +10,7 @@ Commands:
   With ``--ray [auto|ADDRESS|local] --num-shards K`` the worlds are stepped by
   K Ray actors (``integrations/_ray_cli.py``; needs the ``ray`` extra).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
-- ``check ADDRESS``: checks a server against the protocol (``conformance``), one
-  line per rule (``--json``: one JSON object); exit code 0 if it conforms, 1 if not.
+- ``check ADDRESS``: checks a server against the protocol (``_cli_check``); 0 if it conforms.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
 
@@ -44,12 +43,13 @@ from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._args import (
     SETTING_HELP,
     UsageError,
+    check_no_url_scheme,
     parse_setting,
     positive_float,
     positive_int,
     tls_credentials,
 )
-from dm_env_rpc_client._cli_check import add_check_command, check_command
+from dm_env_rpc_client._cli_check import add_check_command
 from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client.batched import BatchedEnvironment
@@ -88,6 +88,11 @@ _WORLD_COUNT = (
     "--world names {names} worlds but --num-envs asks for {count}; give one name per world."
 )
 _WORLD_CREATE = "--world joins existing worlds: --create-setting does not apply to them."
+_ARGV = "argv is a list of arguments, not the string {argv!r}: pass {split!r}."
+_IN_PROCESS = (
+    "--in-process starts the embedded server in this process, and --address names servers "
+    "that run already: give one or the other."
+)
 
 
 def _settings(pairs: Sequence[tuple[str, Any]] | None) -> dict[str, Any]:
@@ -121,6 +126,7 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
+    check_no_url_scheme(address)
     if "://" in address or address.startswith(
         ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
     ):
@@ -471,9 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_flags(specs_parser)
     specs_parser.set_defaults(handler=show_specs)
 
-    check_parser = add_check_command(commands, _connection_flags, _settings_flags)
-    check_parser.set_defaults(handler=lambda a: check_command(a, _channel_kwargs(a), check_address))
-
+    add_check_command(commands, _connection_flags, _settings_flags, _channel_kwargs, check_address)
     # Imported here, not at module level: `python -m dm_env_rpc_client.server` must not find
     # its __main__ already imported by the package.
     from dm_env_rpc_client.server import __main__ as server_main
@@ -492,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.in_process and args.address:
+        parser.error(_IN_PROCESS)
     if args.world:
         if args.num_envs is not None and args.num_envs != len(args.world):
             parser.error(_WORLD_COUNT.format(names=len(args.world), count=args.num_envs))
@@ -508,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     As a program (``argv`` None), gRPC's C-core log lines are silenced unless
     ``--debug`` is given; called from Python with a list, nothing is.
     """
+    if isinstance(argv, str):
+        raise errors.ArgumentTypeError(_ARGV.format(argv=argv, split=argv.split()))
     if argv is None:
         quiet_grpc_logs(sys.argv[1:])
     parser = build_parser()

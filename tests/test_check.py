@@ -113,7 +113,7 @@ def test_nothing_listening_fails_connect_and_skips_the_rest() -> None:
     report = check_server(f"127.0.0.1:{_closed_port()}", timeout=0.5)
     by_rule = report.by_rule()
     assert by_rule["connect"].status == "fail"
-    assert "Could not connect" in by_rule["connect"].detail
+    assert "Nothing accepts connections" in by_rule["connect"].detail
     assert {f.status for f in report.findings[1:]} == {"skip"}
     assert report.latency == {}
 
