@@ -41,12 +41,14 @@ exit code 0 when the server conforms and 1 when it does not.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, cast
 
-from dm_env_rpc_client import _conformance
+from dm_env_rpc_client import _checks, _conformance
 from dm_env_rpc_client._conformance_probe import RULES
+from dm_env_rpc_client.connection import connect
 
 __all__ = ["RULES", "ConformanceReport", "Finding", "check_server"]
 
@@ -175,13 +177,19 @@ def check_server(
       A ``ConformanceReport`` with one ``Finding`` per rule of ``RULES``.
 
     Raises:
-      ValueError: ``timeout``, ``latency_steps`` or ``episode_steps`` not positive.
+      ArgumentValueError: a bad address, ``timeout`` not above 0, ``latency_steps`` or
+        ``episode_steps`` below 1.
+      ArgumentTypeError: a keyword neither this nor ``dmr.connect`` takes.
     """
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive seconds, not {timeout!r}.")
-    for name, value in (("latency_steps", latency_steps), ("episode_steps", episode_steps)):
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, not {value!r}.")
+    _checks.check_address(address)
+    _checks.check_seconds(timeout, allow_none=False)
+    _checks.check_count(latency_steps, "latency_steps")
+    _checks.check_count(episode_steps, "episode_steps")
+    takes = inspect.signature(connect).parameters
+    for name in connect_kwargs:
+        if name not in takes:
+            known = [*inspect.signature(check_server).parameters, *takes]
+            raise _checks.unknown_keyword("check_server", name, known)
     probe = _conformance.Probe(
         address,
         timeout=timeout,
