@@ -150,13 +150,19 @@ def sharded(
     args: argparse.Namespace,
     channel: dict[str, Any],
     create_settings: dict[str, Any],
-    run: Callable[[], RunStats],
+    run_on_ray: Callable[..., RunStats],
+    *run_args: Any,
 ) -> RunStats:
-    """``run()`` (a Ray run recording ``.npz`` parts), then its parts as one ``--format`` dataset.
+    """``run_on_ray(args, channel, *run_args)`` (recording ``.npz`` parts), then its parts as
+    one ``--format`` dataset.
 
     Raises:
       RecordingError: as ``open_recording``, before the run.
     """
+
+    def run() -> RunStats:
+        return run_on_ray(args, channel, *run_args)
+
     if not args.record or args.format == "npz":
         return run()
     final = args.record
