@@ -60,9 +60,14 @@ GYMNASIUM_REQUIRES = ["gymnasium>=1.2.2"]
 # RLlib's env creator (integrations.ray.rllib_env_creator): RLlib over the gymnasium bridge.
 RLLIB_REQUIRES = ["ray[rllib]>=2.40", *GYMNASIUM_REQUIRES]
 
+# dm_env_rpc_client.integrations.sb3: Stable-Baselines3's VecEnv over BatchedEnvironment.
+# SB3 needs torch: install torch==2.13.0 (the CPU build) first. Tested with 2.9.2.
+SB3_REQUIRES = ["stable-baselines3>=2.4", *GYMNASIUM_REQUIRES]
+
 # The training tier (pytest -m training): learners on top of the integrations. torch is
 # not listed: .ci/run installs torch==2.13.0 (the CPU build) first, which these then use.
-TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3>=2.4", *RLLIB_REQUIRES]
+# stable-baselines3 is pinned to the version the tier was run with.
+TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3==2.9.2", *RLLIB_REQUIRES]
 
 # The tests run the notebook, build the site, run the Ray tests (a local Ray, about 20 s)
 # and drive the gymnasium bridge.
@@ -86,6 +91,7 @@ setuptools.setup(
         "ray": RAY_REQUIRES,
         "rllib": RLLIB_REQUIRES,
         "gymnasium": GYMNASIUM_REQUIRES,
+        "sb3": SB3_REQUIRES,
         "training": TRAINING_REQUIRES,
     },
     entry_points={"console_scripts": ["dm-env-rpc-client=dm_env_rpc_client.cli:main"]},
