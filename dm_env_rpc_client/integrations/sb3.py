@@ -216,13 +216,13 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
         self._broken: BaseException | None = None
         self._sent: Any = None
         self._worlds = [RemoteWorld(self, index, render_mode) for index in self._ids]
-        super().__init__(len(self._ids), self._observations.space, self._action_map.space)
+        super().__init__(len(self._ids), self._obs_adapter.space, self._action_map.space)
 
     def _setup(self, batch: BatchedEnvironment, discrete: bool, render_mode: str | None) -> None:
         template = batch.envs[0]
         wire = template._wire_specs
         names = list(specs.flatten(template.observation_spec()))
-        self._observations = SpaceAdapter(wire.observations, names, "observation", True)
+        self._obs_adapter = SpaceAdapter(wire.observations, names, "observation", True)
         actions = SpaceAdapter(
             wire.actions, list(specs.flatten(template.action_spec())), "action", True
         )
@@ -230,8 +230,8 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
             raise errors.SpecError(
                 _ONE_ACTION.format(count=len(actions.names), names=", ".join(actions.names))
             )
-        for name in self._observations.names:
-            if isinstance(leaf(self._observations.dict_space, name), AnyText):
+        for name in self._obs_adapter.names:
+            if isinstance(leaf(self._obs_adapter.dict_space, name), AnyText):
                 raise errors.SpecError(_TEXT.format(name=name))
         self._ids = list(range(len(batch)))
         self._action_name = actions.single
@@ -239,8 +239,8 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
         self._action_map = ActionMap(actions.space, count, discrete)
         self._buffers = {
             name: np.zeros((count, *space.shape), space.dtype)
-            for name in self._observations.names
-            for space in [leaf(self._observations.dict_space, name)]
+            for name in self._obs_adapter.names
+            for space in [leaf(self._obs_adapter.dict_space, name)]
         }
         self._render_name = None
         if render_mode is not None:
@@ -250,7 +250,7 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
                 if buffer.dtype == np.uint8 and buffer.ndim == 4 and buffer.shape[-1] == 3
             ]
             if not images:
-                raise ValueError(_NO_IMAGE.format(names=self._observations.names))
+                raise ValueError(_NO_IMAGE.format(names=self._obs_adapter.names))
             self._render_name = images[0]
 
     @property
@@ -420,13 +420,13 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
             buffer[index] = leaf(observation, name)
 
     def _row(self, source: Mapping[str, np.ndarray], position: int) -> Any:
-        single = self._observations.single
+        single = self._obs_adapter.single
         if single is not None:
             return np.array(source[single][position])
         return specs.unflatten({name: np.array(source[name][position]) for name in self._buffers})
 
     def _observation(self) -> VecEnvObs:
-        single = self._observations.single
+        single = self._obs_adapter.single
         if single is not None:
             return self._buffers[single].copy()
         return specs.unflatten({name: buffer.copy() for name, buffer in self._buffers.items()})
