@@ -373,7 +373,7 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
                 index = int(ids[position])
                 rewards[index], dones[index] = got.reward[position], True
                 infos[index]["terminal_observation"] = self._row(observations, position)
-                infos[index]["TimeLimit.truncated"] = states[position] == State.INTERRUPTED
+                infos[index]["TimeLimit.truncated"] = bool(states[position] == State.INTERRUPTED)
                 resets.append(index)
                 ended.add(index)
             for position in map(int, np.flatnonzero(step_types == _FIRST)):
