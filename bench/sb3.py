@@ -98,6 +98,21 @@ def training(name: str, addresses: list[str], count: int) -> Any:
     return run, envs.close
 
 
+def _print(rows: list[list[Any]], count: int, ppo_steps: int) -> None:
+    print_table(
+        f"SB3 VecEnvs over {count} Catch worlds on 2 server processes",
+        [
+            "servers",
+            "variant",
+            "env steps/s",
+            "(c) steps/s vs this",
+            f"PPO wall s ({ppo_steps:,} steps)",
+            "(c) PPO speed vs this",
+        ],
+        rows,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, default=8)
@@ -142,18 +157,7 @@ def main() -> None:
                     f"{ppo.ratio(OURS, name):.2f}x",
                 ]
             )
-    print_table(
-        f"SB3 VecEnvs over {count} Catch worlds on 2 server processes",
-        [
-            "servers",
-            "variant",
-            "env steps/s",
-            "(c) steps/s vs this",
-            f"PPO wall s ({args.ppo_steps:,} steps)",
-            "(c) PPO speed vs this",
-        ],
-        rows,
-    )
+        _print(rows, count, args.ppo_steps)  # so far (the last one holds every server)
     print(
         f"\nMedians over {args.rounds} interleaved rounds; env steps/s over {args.steps:,} world "
         f"steps; PPO: model.learn({args.ppo_steps:,}) after a {N_STEPS * count:,}-step warm-up "
