@@ -38,7 +38,7 @@ class ActionMap:
         self.dtype = np.dtype(space.dtype)
         self.space: Any = space
         self.offset: Any = None  # added to SB3's values before sending; None: sent as given
-        if not (discrete and isinstance(space, spaces.Box) and space.dtype.kind in "iu"):
+        if not (discrete and isinstance(space, spaces.Box) and self.dtype.kind in "iu"):
             return
         low, high = space.low.astype(np.int64), space.high.astype(np.int64)
         counts = high - low + 1
