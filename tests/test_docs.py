@@ -40,9 +40,9 @@ def test_the_guide_list_and_the_site_nav_name_every_page() -> None:
     """docs/index.md's guide list, in mkdocs.yml's order (the README lists them too)."""
     index = (DOCS / "index.md").read_text()
     guide = index[index.index("## Guide") :]
-    listed = re.findall(r"^- \[[^]]+\]\(([a-z_]+\.md)\)", guide, re.M)
+    listed = re.findall(r"^- \[[^]]+\]\(([a-z0-9_]+\.md)\)", guide, re.M)
     nav = re.findall(
-        r"^ {6}- [^:]+: ([a-z_]+\.md)$", (DOCS.parent / "mkdocs.yml").read_text(), re.M
+        r"^ {6}- [^:]+: ([a-z0-9_]+\.md)$", (DOCS.parent / "mkdocs.yml").read_text(), re.M
     )
     assert listed[:-1] == nav  # the guide list ends with the API reference
     assert sorted([*listed, "index.md"]) == [p.name for p in PAGES]
