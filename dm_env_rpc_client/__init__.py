@@ -13,7 +13,7 @@ the command line and the embedded server.
 """
 
 from dm_env_rpc_client._foreign import ForeignConnection, create_secure_channel_and_connect
-from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client._proto import dm_env_rpc_pb2, dm_env_rpc_pb2_grpc, properties_pb2
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
 from dm_env_rpc_client.aio_environment import (
@@ -55,6 +55,7 @@ from dm_env_rpc_client.errors import (
     DmEnvRpcError,
     DuplicateNameError,
     EmptyTensorError,
+    ErrorCode,
     IntegerRangeError,
     InvalidArgumentError,
     NotFoundError,
@@ -131,6 +132,7 @@ __all__ = [
     "EmptyTensorError",
     "Episode",
     "EpisodeRecorder",
+    "ErrorCode",
     "ForeignConnection",
     "IntegerRangeError",
     "InvalidArgumentError",
@@ -175,6 +177,7 @@ __all__ = [
     "destroy_world",
     "destroy_world_async",
     "dm_env_rpc_pb2",
+    "dm_env_rpc_pb2_grpc",
     "dm_env_spec_to_tensor_spec",
     "get_tensor_type",
     "iter_episodes",

@@ -33,6 +33,9 @@ import grpc
 from google.protobuf import message
 
 from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+
+Metadata = Sequence[tuple[str, str]]  # gRPC metadata, as the reference names it
 
 # Channel options: unlimited message sizes; quick reconnect backoff so connect() notices a
 # server that comes up late; and keepalive, so that a half-open connection (a stopped server, a
@@ -93,7 +96,11 @@ class ConnectionLike(Protocol):
 
 
 def is_local(address: str) -> bool:
-    """Whether an address is a unix socket or a loopback host."""
+    """Whether an address is a unix socket, a loopback host, or ``0.0.0.0``/``[::]``.
+
+    A connection to the unspecified address reaches this host (over loopback),
+    so it gets local credentials too, as the reference's default gives it.
+    """
     if address.startswith(("unix:", "unix-abstract:")):
         return True
     host = address.rsplit(":", 1)[0] if ":" in address else address
@@ -101,9 +108,10 @@ def is_local(address: str) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return False
+    return ip.is_loopback or ip.is_unspecified
 
 
 def create_channel(
@@ -212,7 +220,7 @@ class Connection:
     def __init__(
         self,
         channel: grpc.Channel,
-        metadata: Sequence[tuple[str, str]] | None = None,
+        metadata: Metadata | None = None,
         *,
         max_in_flight: int | None = None,
     ) -> None:
@@ -225,6 +233,7 @@ class Connection:
         )
         self._closed_error: errors.ConnectionClosedError | None = None
         self._close_called = False
+        self._destroyed: set[str] = set()  # worlds an adaptor's close() destroyed
         self._limit = max_in_flight
         self._slots = threading.BoundedSemaphore(max_in_flight) if max_in_flight else None
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -307,8 +316,39 @@ class Connection:
           with ``DmEnvRpcError`` for a server error, ``ProtocolError`` for a
           mismatched response, ``ConnectionClosedError`` when the stream ends.
         """
+        if self._destroyed:
+            done = self._answer_destroyed(request)
+            if done is not None:
+                return done
         data, expected = messages.envelope(request)
         return self._queue(data, expected, response_type, timeout, None, None)
+
+    def _destroyed_on_close(self, world_name: str) -> None:
+        """Notes that an adaptor's ``close()`` destroyed ``world_name`` over this connection.
+
+        Code written for the reference package, whose adaptor never destroys its
+        world, destroys it itself after ``env.close()``: that one
+        DestroyWorldRequest is answered here, as done, instead of with the
+        server's NOT_FOUND. A CreateWorldRequest forgets the notes (the server
+        may give the name again).
+        """
+        with self._lock:
+            self._destroyed.add(world_name)
+
+    def _answer_destroyed(self, request: message.Message) -> concurrent.futures.Future[Any] | None:
+        """The finished Future of a DestroyWorldRequest for a world ``close()`` destroyed."""
+        kind = type(request)
+        with self._lock:
+            if kind is dm_env_rpc_pb2.CreateWorldRequest:
+                self._destroyed.clear()
+            elif kind is dm_env_rpc_pb2.DestroyWorldRequest and (
+                request.world_name in self._destroyed  # type: ignore[attr-defined]
+            ):
+                self._destroyed.discard(request.world_name)  # type: ignore[attr-defined]
+                future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                future.set_result(dm_env_rpc_pb2.DestroyWorldResponse())
+                return future
+        return None
 
     def _submit_bytes(
         self,
@@ -453,7 +493,7 @@ def connect(
     *,
     credentials: grpc.ChannelCredentials | None = None,
     timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
-    metadata: Sequence[tuple[str, str]] | None = None,
+    metadata: Metadata | None = None,
     options: Sequence[tuple[str, Any]] | None = None,
     insecure: bool = False,
     max_in_flight: int | None = None,
