@@ -12,7 +12,7 @@ See the guide in ``docs/`` for tensors, connections, environments, batching,
 the command line and the embedded server.
 """
 
-from dm_env_rpc_client._foreign import ForeignConnection, create_secure_channel_and_connect
+from dm_env_rpc_client._foreign import ForeignConnection
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, dm_env_rpc_pb2_grpc, properties_pb2
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
@@ -34,6 +34,7 @@ from dm_env_rpc_client.connection import (
     Connection,
     ConnectionLike,
     connect,
+    create_secure_channel_and_connect,
 )
 from dm_env_rpc_client.display import show
 from dm_env_rpc_client.environment import (

@@ -1,7 +1,5 @@
 """What stands where a connection goes: the SDK's, the reference package's, or a mistake.
 
-Also the reference's ``create_secure_channel_and_connect``, under its name.
-
 The world helpers and ``DmEnvAdaptor`` take a ``Connection``; ``as_connection``
 also lets through any object with the reference ``dm-env-rpc`` package's shape
 (a blocking ``send(request)`` returning the inner response), wrapped as a
@@ -33,13 +31,8 @@ from typing import Any
 import grpc
 from google.protobuf import any_pb2, message
 
-from dm_env_rpc_client import errors
-from dm_env_rpc_client.connection import (
-    DEFAULT_CONNECT_TIMEOUT,
-    Connection,
-    ConnectionLike,
-    connect,
-)
+from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client.connection import Connection, ConnectionLike
 
 _NOT_A_CONNECTION = (
     "{caller} takes a connection: dmr.connect(address), or an object with the reference "
@@ -101,9 +94,8 @@ def note_destroyed(connection: Any, world_name: str) -> None:
     sends its own DestroyWorldRequest after ``env.close()``; the connection
     answers that one request itself (``Connection._destroyed_on_close``).
     """
-    note = getattr(type(connection), "_destroyed_on_close", None)
-    if note is not None and is_sdk_class(type(connection)):
-        note(connection, world_name)
+    if issubclass(type(connection), Connection):  # a mock's class is none, even with spec=
+        connection._destroyed_on_close(world_name)
 
 
 class _Status:
@@ -171,7 +163,7 @@ class ForeignConnection:
 
     def _send(self, request: message.Message) -> Any:
         try:
-            return self.wrapped.send(request)
+            return self.wrapped.send(messages.as_reference_request(request))
         except errors.DmEnvRpcClientError:
             raise  # an SDK connection's own errors (a ConnectionClosedError is a grpc.RpcError)
         except grpc.RpcError as exc:
@@ -233,8 +225,8 @@ def as_connection(connection: Any, caller: str, *, takes_address: bool = False) 
     elif inspect.iscoroutinefunction(send):
         hint = _ASYNC_HINT
     elif callable(send):
-        if is_sdk_class(type(connection)):
-            return connection  # type: ignore[no-any-return]
+        if is_sdk_class(type(connection)) or issubclass(type(connection), Connection):
+            return connection  # type: ignore[no-any-return]  # compatible() sees overrides
         return ForeignConnection(connection)
     else:
         hint = ""
@@ -246,33 +238,3 @@ def as_connection(connection: Any, caller: str, *, takes_address: bool = False) 
             hint=hint,
         )
     )
-
-
-def create_secure_channel_and_connect(
-    server_address: str,
-    credentials: grpc.ChannelCredentials | None = None,
-    timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
-    metadata: Any = None,
-) -> Connection:
-    """Connects as the reference package's function of this name does (its arguments, in order).
-
-    The same as ``dmr.connect(server_address, credentials=..., timeout=..., metadata=...)``.
-    Two differences from the reference: ``credentials`` None means the SDK's
-    defaults (local credentials for loopback, ``0.0.0.0``/``[::]`` (this host) and
-    ``unix:`` addresses, as the reference's default; a remote host needs
-    credentials), and ``timeout`` defaults to
-    ``DEFAULT_CONNECT_TIMEOUT`` (30 s) instead of waiting forever.
-
-    Args:
-      server_address: ``host:port`` or ``unix:path``.
-      credentials: channel credentials, e.g. ``grpc.ssl_channel_credentials()``.
-      timeout: seconds to wait for the server; None waits indefinitely.
-      metadata: gRPC metadata for the stream.
-
-    Returns:
-      A ``Connection`` that owns its channel.
-
-    Raises:
-      ConnectTimeoutError: the server did not answer within ``timeout``.
-    """
-    return connect(server_address, credentials=credentials, timeout=timeout, metadata=metadata)
