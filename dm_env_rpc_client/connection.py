@@ -70,6 +70,9 @@ class ConnectionLike(Protocol):
     def close(self) -> None: ...
 
 
+ConnectionType = ConnectionLike  # the reference's name for it, for annotations
+
+
 def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
     """The ConnectionClosedError for a stream that ended (exc None: ended cleanly)."""
     if exc is None:
