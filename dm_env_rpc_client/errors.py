@@ -151,9 +151,7 @@ class ErrorCode(int):
     ``code()`` returns the ``grpc.StatusCode``, as a ``grpc.RpcError``'s ``code()``
     does. It hashes as the ``grpc.StatusCode`` (a set or dict of ``grpc.StatusCode``
     finds it; one of ints does not), and ``is`` never holds: compare with ``==``.
-
-    Args:
-      status: the ``grpc.StatusCode``.
+    Made from a ``grpc.StatusCode``: ``ErrorCode(grpc.StatusCode.NOT_FOUND)``.
     """
 
     status: grpc.StatusCode
