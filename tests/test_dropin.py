@@ -648,8 +648,8 @@ def loaders() -> dict[str, types.ModuleType]:
     """The loader as published (on the reference package) and with its imports switched."""
     try:
         from dm_memorytasks import _load_environment as published
-    except ImportError:
-        pytest.skip(_NO_LOADER)
+    except ImportError as exc:  # the loader, or what it imports (docker, portpicker)
+        pytest.skip(f"{_NO_LOADER} ({exc})")
     assert published.__file__ is not None
     with open(published.__file__, encoding="utf-8") as source_file:
         source = source_file.read()
