@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from dm_env_rpc_client import errors
+from dm_env_rpc_client import _checks, errors
 
 # Channel options: unlimited message sizes; quick reconnect backoff so connect() notices a
 # server that comes up late; and keepalive, so that a half-open connection (a stopped server, a
@@ -80,6 +80,7 @@ def create_channel(
     Raises:
       DmEnvRpcConnectionError: for plaintext to a remote host without ``insecure=True``.
     """
+    _checks.check_address(address)
     merged = dict(DEFAULT_OPTIONS)
     merged.update(dict(options or ()))
     opts = list(merged.items())

@@ -131,6 +131,8 @@ class ForeignConnection:
     """
 
     def __init__(self, connection: Any) -> None:
+        if not callable(getattr(connection, "send", None)):
+            as_connection(connection, "ForeignConnection")  # raises, saying what to pass
         self.wrapped = connection
         self.address = getattr(connection, "address", None)
 
@@ -215,7 +217,7 @@ def as_connection(connection: Any, caller: str, *, takes_address: bool = False) 
       object with ``send``), driven through ``send(request)`` alone.
 
     Raises:
-      TypeError: for anything else, saying what to pass.
+      ArgumentTypeError: for anything else, saying what to pass.
     """
     send = getattr(connection, "send", None)
     if inspect.isawaitable(connection):
@@ -230,7 +232,7 @@ def as_connection(connection: Any, caller: str, *, takes_address: bool = False) 
         return ForeignConnection(connection)
     else:
         hint = ""
-    raise TypeError(
+    raise errors.ArgumentTypeError(
         _NOT_A_CONNECTION.format(
             caller=caller,
             address=", or an address string 'host:port'" if takes_address else "",

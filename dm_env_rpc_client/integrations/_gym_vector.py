@@ -44,7 +44,7 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client import _checks, errors, specs
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.batched import BatchedEnvironment
@@ -56,6 +56,11 @@ _FIRST = 0  # dm_env.StepType.FIRST
 
 _ONE_SOURCE = "Give GymnasiumVectorEnv either a BatchedEnvironment or addresses=, not {what}."
 _NUM_ENVS = "num_envs={num_envs} but the BatchedEnvironment has {count} worlds."
+_NOT_A_BATCH = (
+    "GymnasiumVectorEnv's first argument, batch, is a BatchedEnvironment, not {kind}. To "
+    "connect to servers, pass their addresses as addresses=: GymnasiumVectorEnv(addresses="
+    "{addresses!r}, num_envs=N) makes N worlds over them."
+)
 _REQUESTED_WITH_BATCH = (
     "requested_observations= goes with addresses=; a BatchedEnvironment shows what its "
     "worlds were joined with: pass it to BatchedEnvironment.connect instead."
@@ -108,7 +113,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         (credentials, ``on_world_failure``, ``restart``, ...).
 
     Raises:
-      ValueError: neither or both of ``batch`` and ``addresses``, or
+      ArgumentTypeError: ``batch`` is not a BatchedEnvironment (addresses name ``addresses=``).
+      ArgumentValueError: neither or both of ``batch`` and ``addresses``, a bad address,
+        ``num_envs`` or timeout (``BatchedEnvironment.connect`` checks them), or
         ``requested_observations`` with ``batch``.
       UnknownNameError: a requested observation the worlds do not have.
       SpecError: a tensor has no gymnasium space (the message says how to leave it out).
@@ -136,8 +143,15 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         unwrap_single: bool = False,
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        if batch is not None and not isinstance(batch, BatchedEnvironment):
+            example = [batch] if isinstance(batch, str) else batch
+            if not isinstance(batch, (str, list, tuple)):
+                example = ["127.0.0.1:50051"]
+            raise errors.ArgumentTypeError(
+                _NOT_A_BATCH.format(kind=_checks.kind(batch), addresses=list(example))
+            )
         if (batch is None) == (addresses is None):
-            raise ValueError(_ONE_SOURCE.format(what="both" if batch else "neither"))
+            raise errors.ArgumentValueError(_ONE_SOURCE.format(what="both" if batch else "neither"))
         self._owned = batch is None
         if batch is None:
             assert addresses is not None
@@ -151,9 +165,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                 **dict(connect_kwargs or {}),
             )
         elif num_envs is not None and num_envs != len(batch):
-            raise ValueError(_NUM_ENVS.format(num_envs=num_envs, count=len(batch)))
+            raise errors.ArgumentValueError(_NUM_ENVS.format(num_envs=num_envs, count=len(batch)))
         elif requested_observations is not None:
-            raise ValueError(_REQUESTED_WITH_BATCH)
+            raise errors.ArgumentValueError(_REQUESTED_WITH_BATCH)
         self._batch = batch
         self._timeout = timeout
         self._seed_setting = seed_setting
