@@ -155,12 +155,18 @@ class ErrorCode(int):
     ``code()`` returns the ``grpc.StatusCode``, as a ``grpc.RpcError``'s ``code()``
     does. It hashes as the ``grpc.StatusCode`` (a set or dict of ``grpc.StatusCode``
     finds it; one of ints does not), and ``is`` never holds: compare with ``==``.
-    Made from a ``grpc.StatusCode``: ``ErrorCode(grpc.StatusCode.NOT_FOUND)``.
+    Made from a ``grpc.StatusCode`` or its int: ``ErrorCode(grpc.StatusCode.NOT_FOUND)``.
     """
 
     status: grpc.StatusCode
 
-    def __new__(cls, status: grpc.StatusCode) -> ErrorCode:
+    def __new__(cls, status: grpc.StatusCode | int) -> ErrorCode:
+        if isinstance(status, bool) or not isinstance(status, (grpc.StatusCode, int)):
+            raise ArgumentTypeError(
+                f"ErrorCode takes a grpc.StatusCode or its int, e.g. "
+                f"ErrorCode(grpc.StatusCode.NOT_FOUND); got {type(status).__name__} {status!r}."
+            )
+        status = _status_code(status)
         code = super().__new__(cls, status.value[0])
         code.status = status
         return code

@@ -599,6 +599,9 @@ def test_error_code_also_equals_the_grpc_status_code() -> None:
     # Deliberate: it hashes as the grpc.StatusCode (it cannot as both), and `is` never holds.
     assert code in {grpc.StatusCode.FAILED_PRECONDITION} and code not in {9}
     assert code is not grpc.StatusCode.FAILED_PRECONDITION
+    assert dmr.ErrorCode(9) == code
+    with pytest.raises(dmr.ArgumentTypeError, match=r"ErrorCode takes a grpc.StatusCode or its"):
+        dmr.ErrorCode("FAILED_PRECONDITION")  # type: ignore[arg-type]
 
 
 # --- where the SDK deliberately differs ---------------------------------------------------------
