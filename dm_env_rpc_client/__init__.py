@@ -29,6 +29,7 @@ from dm_env_rpc_client.aio_environment import (
 )
 from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
 from dm_env_rpc_client.cli import main as cli_main
+from dm_env_rpc_client.conformance import ConformanceReport, check_server
 from dm_env_rpc_client.connection import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -125,6 +126,7 @@ __all__ = [
     "BatchedTimeStep",
     "Bounds",
     "BoundsError",
+    "ConformanceReport",
     "ConnectRefusedError",
     "ConnectTimeoutError",
     "Connection",
@@ -176,6 +178,7 @@ __all__ = [
     "WorldFailure",
     "WorldTimeoutError",
     "bounds",
+    "check_server",
     "cli_main",
     "connect",
     "connect_async",

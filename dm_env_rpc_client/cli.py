@@ -10,6 +10,7 @@ Commands:
   With ``--ray [auto|ADDRESS|local] --num-shards K`` the worlds are stepped by
   K Ray actors (``integrations/_ray_cli.py``; needs the ``ray`` extra).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
+- ``check ADDRESS``: checks a server against the protocol (``_cli_check``); 0 if it conforms.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
 
@@ -48,6 +49,7 @@ from dm_env_rpc_client._args import (
     positive_int,
     tls_credentials,
 )
+from dm_env_rpc_client._cli_check import add_check_command
 from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client.batched import BatchedEnvironment
@@ -475,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_flags(specs_parser)
     specs_parser.set_defaults(handler=show_specs)
 
+    add_check_command(commands, _connection_flags, _settings_flags, _channel_kwargs, check_address)
     # Imported here, not at module level: `python -m dm_env_rpc_client.server` must not find
     # its __main__ already imported by the package.
     from dm_env_rpc_client.server import __main__ as server_main
