@@ -34,6 +34,11 @@ TEST_REQUIRES = [
     "types-protobuf",
     # Test-only interoperability peer; the library never imports it.
     "dm-env-rpc==1.1.7",
+    # What the dm-memorytasks 1.0.3 loader imports (tests/test_dropin.py runs it). The loader
+    # itself pins dm-env-rpc<1.1.0, which pip cannot resolve beside the peer above, so the
+    # README's test command installs it apart, with --no-deps.
+    "docker>=7",
+    "portpicker>=1.6",
     # A throwaway certificate authority for the TLS tests.
     "trustme>=1.1",
 ]
