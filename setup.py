@@ -34,6 +34,11 @@ TEST_REQUIRES = [
     "types-protobuf",
     # Test-only interoperability peer; the library never imports it.
     "dm-env-rpc==1.1.7",
+    # What the dm-memorytasks 1.0.3 loader imports (tests/test_dropin.py runs it). The loader
+    # itself pins dm-env-rpc<1.1.0, which pip cannot resolve beside the peer above, so the
+    # README's test command installs it apart, with --no-deps.
+    "docker>=7",
+    "portpicker>=1.6",
     # A throwaway certificate authority for the TLS tests.
     "trustme>=1.1",
 ]
@@ -69,9 +74,14 @@ MINARI_REQUIRES = ["minari[arrow]>=0.5.4,<0.6", "pillow>=9", *GYMNASIUM_REQUIRES
 # setuptools!=50.0.0, and integrations.rlds gives its codec NumPy 2's np.str_ as np.unicode_.
 RLDS_REQUIRES = ["envlogger==1.2"]
 
+# dm_env_rpc_client.integrations.sb3: Stable-Baselines3's VecEnv over BatchedEnvironment.
+# SB3 needs torch: install torch==2.13.0 (the CPU build) first. Tested with 2.9.2.
+SB3_REQUIRES = ["stable-baselines3>=2.4", *GYMNASIUM_REQUIRES]
+
 # The training tier (pytest -m training): learners on top of the integrations. torch is
 # not listed: .ci/run installs torch==2.13.0 (the CPU build) first, which these then use.
-TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3>=2.4", *RLLIB_REQUIRES]
+# stable-baselines3 is pinned to the version the tier was run with.
+TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3==2.9.2", *RLLIB_REQUIRES]
 # docs/datasets.md's offline learner: TorchRL (0.14.1 resolves beside torch==2.13.0) on Minari.
 TRAINING_REQUIRES += [*MINARI_REQUIRES, "torchrl>=0.14.1,<0.15"]
 
@@ -97,6 +107,7 @@ setuptools.setup(
         "ray": RAY_REQUIRES,
         "rllib": RLLIB_REQUIRES,
         "gymnasium": GYMNASIUM_REQUIRES,
+        "sb3": SB3_REQUIRES,
         "training": TRAINING_REQUIRES,
         "minari": MINARI_REQUIRES,
         "rlds": RLDS_REQUIRES,

@@ -190,6 +190,7 @@ NOT_ENTRY_POINTS = {
     "CreateAndJoinResult": "a record create_and_join_world returns",
     "DataType": "the protocol's enum (its own ValueError names the value)",
     "Episode": "a record load_episode returns",
+    "ErrorCode": "the code server errors carry (its own TypeError: tests/test_dropin.py)",
     "PropertySpec": "a record the properties extension returns",
     "WorldFailure": "a record the batch's failures hold",
     "show": "takes any value: it shows what it is given",
