@@ -2,17 +2,20 @@
 
 Every ``step`` sends all the worlds' actions in one pipelined batch and waits
 for their answers (``step_async`` / ``step_wait`` split the two, so inference
-can overlap the servers' work). Autoreset is gymnasium's NEXT_STEP, which is
-what the protocol does already: the step after a world's LAST step is the
-FIRST step of its next sequence, and that step's action is ignored. So a world
-that ended is carried into its next episode by the next ``step``, with no
+can overlap the servers' work). Autoreset is gymnasium's NEXT_STEP by default,
+which is what the protocol does already: the step after a world's LAST step is
+the FIRST step of its next sequence, and that step's action is ignored. So a
+world that ended is carried into its next episode by the next ``step``, with no
 extra round trip, and that step reports reward 0 and neither terminated nor
-truncated.
+truncated. ``autoreset_mode=AutoresetMode.SAME_STEP`` or ``DISABLED`` give
+gymnasium's other two modes (``_gym_autoreset``), and
+``reset(options={"reset_mask": mask})`` resets only the masked worlds.
 
 Each world's ``terminated`` is its server state TERMINATED, ``truncated`` its
 state INTERRUPTED. ``infos`` follow gymnasium's vector format: ``discount``
-(masked by ``_discount``, False on a FIRST step) and ``env_id`` (the world's
-index in the batch) with its ``_env_id`` mask.
+(1.0 on a FIRST step and after a reset, as ``GymnasiumEnv`` reports it; masked
+by ``_discount``, False only for a world without a step) and ``env_id`` (the
+world's index in the batch) with its ``_env_id`` mask.
 
 No step a world answered is lost (``_gym_uneven``):
 
@@ -21,7 +24,10 @@ No step a world answered is lost (``_gym_uneven``):
   short), with ``restarted`` (mask ``_restarted``) True and its
   ``WorldFailure`` in ``failure`` (mask ``_failure``); its observation is the
   new episode's first, and the next vector step is its autoreset step, as
-  after any truncation (that step's action is not sent);
+  after any truncation (that step's action is not sent). In SAME_STEP that
+  first observation is also the row's observation (and ``final_obs``: the cut
+  episode has no last one), and the next step is a real step; in DISABLED the
+  world is reset by ``reset_mask`` like any world that ended;
 - when a world has no step for a vector step (it failed under the default
   ``on_world_failure="raise"``, was removed, missed the timeout, or the server
   refused its step), ``step_wait`` raises that ``WorldError``, and the next
@@ -48,11 +54,13 @@ from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.integrations import _gym_autoreset as autoreset
 from dm_env_rpc_client.integrations._gym_spaces import AnyText, SpaceAdapter, leaf
 from dm_env_rpc_client.integrations._gym_uneven import Uneven
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = 0  # dm_env.StepType.FIRST
+_RESET_INFO = "discount"  # GymnasiumEnv's reset info: {"discount": 1.0}, the keys of a step's
 
 _ONE_SOURCE = "Give GymnasiumVectorEnv either a BatchedEnvironment or addresses=, not {what}."
 _NUM_ENVS = "num_envs={num_envs} but the BatchedEnvironment has {count} worlds."
@@ -106,10 +114,13 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         space, not a ``Dict``.
       connect_kwargs: more arguments for ``BatchedEnvironment.connect``
         (credentials, ``on_world_failure``, ``restart``, ...).
+      autoreset_mode: gymnasium's ``AutoresetMode`` (or its value, ``"SameStep"``):
+        NEXT_STEP (the protocol's own), SAME_STEP or DISABLED; also in
+        ``metadata["autoreset_mode"]`` and the ``autoreset_mode`` attribute.
 
     Raises:
-      ValueError: neither or both of ``batch`` and ``addresses``, or
-        ``requested_observations`` with ``batch``.
+      ValueError: neither or both of ``batch`` and ``addresses``,
+        ``requested_observations`` with ``batch``, or an unknown autoreset mode.
       UnknownNameError: a requested observation the worlds do not have.
       SpecError: a tensor has no gymnasium space (the message says how to leave it out).
       WorldError: a world could not be created or joined.
@@ -135,7 +146,10 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         seed_setting: str | None = "seed",
         unwrap_single: bool = False,
         connect_kwargs: Mapping[str, Any] | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
     ) -> None:
+        self.autoreset_mode = autoreset.autoreset_mode(autoreset_mode)
+        self.metadata = {**type(self).metadata, "autoreset_mode": self.autoreset_mode}
         if (batch is None) == (addresses is None):
             raise ValueError(_ONE_SOURCE.format(what="both" if batch else "neither"))
         self._owned = batch is None
@@ -189,6 +203,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         ]
         self._infos_env_id = np.arange(self.num_envs, dtype=np.int64)
         self._uneven = Uneven(batch, self.num_envs)
+        self._ended = np.zeros(self.num_envs, bool)  # DISABLED: ended, not reset since
+        self._latest: Any = None  # the observations last returned (for reset_mask)
+        self._sent: Any = None  # the SDK actions last sent (SAME_STEP's autoreset steps)
 
     @property
     def batch(self) -> BatchedEnvironment:
@@ -210,13 +227,17 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
           seed: world ``i`` gets ``seed + i`` (as gymnasium's vector envs do), or
             one seed (or None) per world; each goes to its server as the reset
             setting ``seed_setting``.
-          options: ``{"settings": {...}}`` adds reset settings for every world.
+          options: ``{"settings": {...}}`` adds reset settings for every world;
+            ``{"reset_mask": mask}`` (a bool array, one per world) resets only
+            the worlds where it is True (gymnasium 1.1 and newer): the others
+            keep their episode and their last observation.
 
         Returns:
-          ``(observations, infos)``, batched; ``infos`` holds ``env_id``.
+          ``(observations, infos)``, batched; ``infos`` holds ``discount`` (1.0)
+          and ``env_id``, masked by the worlds reset.
 
         Raises:
-          ValueError: a seed list of the wrong length.
+          ValueError: a seed list of the wrong length, or a bad ``reset_mask``.
           WorldError: a world failed or refused the reset.
         """
         super().reset(seed=seed if isinstance(seed, int) else None)
@@ -228,13 +249,22 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             seeds = list(seed)
         else:
             raise ValueError(_SEEDS.format(count=self.num_envs, seed=seed))
+        mask = (options or {}).get("reset_mask")
+        if mask is not None:
+            mask = autoreset.reset_mask(mask, self.num_envs)
+        targets = self._ids if mask is None else np.flatnonzero(mask).tolist()
         if self._waiting or self._batch.pending():
             self._drop_in_flight(self._timeout)
         self._waiting, self._partial = False, None
-        self._uneven.clear()
+        if mask is None:
+            self._uneven.clear()
+        for index in targets:
+            self._uneven.held.pop(index, None)
+            self._uneven.cut.discard(index)
         extra = dict((options or {}).get("settings", {}))
         timesteps = []
-        for index, env in enumerate(self._batch.envs):
+        for index in targets:
+            env = self._batch.envs[index]
             settings = dict(extra)
             if seeds[index] is not None and self._seed_setting is not None:
                 settings[self._seed_setting] = seeds[index]
@@ -252,8 +282,29 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                     timesteps.append(env.reset(self._timeout, settings=extra))
             except errors.DmEnvRpcClientError as exc:
                 raise self._batch._wrap(index, exc) from exc
-        observations = self._from_batch(batch_of(timesteps, self._ids).observation)
-        return observations, {"env_id": self._infos_env_id.copy(), "_env_id": self._all()}
+        self._ended[targets] = False
+        observations = self._from_batch(batch_of(timesteps, targets).observation)
+        reset = self._all() if mask is None else mask.copy()
+        if mask is not None:
+            rows = autoreset.rows(self.observation_space, self._latest_or_empty())
+            for index, row in zip(
+                targets, autoreset.rows(self.observation_space, observations), strict=True
+            ):
+                rows[index] = row
+            observations = autoreset.stacked(self.single_observation_space, rows)
+        self._latest = observations
+        infos = {
+            _RESET_INFO: np.where(reset, 1.0, 0.0),
+            f"_{_RESET_INFO}": reset,
+            "env_id": self._infos_env_id.copy(),
+            "_env_id": reset.copy(),
+        }
+        return observations, infos
+
+    def _latest_or_empty(self) -> Any:
+        if self._latest is None:
+            return autoreset.empty(self.single_observation_space, self.num_envs)
+        return self._latest
 
     def _all(self) -> np.ndarray:
         return np.ones(self.num_envs, dtype=bool)
@@ -282,6 +333,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                 _AGAIN if self._partial is None else _AFTER_ERROR.format(index=self._partial_index),
                 "step",
             )
+        if self.autoreset_mode == AutoresetMode.DISABLED:
+            autoreset.check_not_ended(self._ended)
         sdk_actions = self._actions.to_sdk(actions)
         for name, space in self._action_checks:
             try:
@@ -301,6 +354,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                 raise errors.SpecValidationError(
                     _BAD_ACTION.format(name=name, space=space, count=self.num_envs, value=shown)
                 )
+        self._sent = sdk_actions
         if not self._uneven.held and not self._batch.pending():
             self._batch.send(sdk_actions, self._ids)
         else:
@@ -345,7 +399,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             else:
                 flagged = got.truncated is not None and got.truncated.any()
                 if len(got.env_ids) == self.num_envs and not flagged:
-                    return self._vector_step(got)
+                    return self._finish(self._vector_step(got), None)
         return self._uneven_step(*self._uneven.collect(got, error, deadline), error)
 
     def _vector_step(self, batch: BatchedTimeStep) -> VectorStep:
@@ -353,8 +407,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         states = np.asarray(batch.state)  # BatchedEnvironment always fills it
         not_first = batch.step_type != _FIRST
         infos = {
-            "discount": batch.discount,
-            "_discount": not_first,
+            "discount": np.where(not_first, batch.discount, 1.0),
+            "_discount": self._all(),
             "env_id": batch.env_ids,
             "_env_id": self._all(),
         }
@@ -377,14 +431,50 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         if out.restarted.any():
             infos.update(restarted=out.restarted, _restarted=self._all())
             infos.update(failure=out.failures, _failure=out.restarted.copy())
-        result = (observations, rewards, terminations, truncations, infos)
+        missing = np.array([e is not None for e in out.errors])
+        infos["_discount"] = ~missing
+        result = self._finish((observations, rewards, terminations, truncations, infos), missing)
         if not failed:
             return result
-        infos.update(error=out.errors, _error=np.array([e is not None for e in out.errors]))
+        infos.update(error=out.errors, _error=missing)
         first = first if first is not None else failed[min(failed)]
         self._partial, self._partial_index, self._waiting = result, first.index, True
         message = _TAKE_THE_REST.format(error=str(first).rstrip("."))
         raise type(first)(message, first.index, first.address) from first
+
+    def _finish(self, result: VectorStep, missing: np.ndarray | None) -> VectorStep:
+        """The vector step in the env's autoreset mode (``missing``: worlds without a step)."""
+        observations, rewards, terminations, truncations, infos = result
+        ended = terminations | truncations
+        if self.autoreset_mode == AutoresetMode.DISABLED:
+            self._ended = ended.copy()
+            for index in np.flatnonzero(ended).tolist():  # a restarted world: reset_mask resets it
+                self._uneven.held.pop(index, None)
+        elif self.autoreset_mode == AutoresetMode.SAME_STEP:
+            if missing is not None:
+                ended &= ~missing
+            if ended.any():
+                observations = self._same_step(observations, infos, np.flatnonzero(ended).tolist())
+        self._latest = observations
+        return observations, rewards, terminations, truncations, infos
+
+    def _same_step(self, observations: Any, infos: dict[str, Any], ended: list[int]) -> Any:
+        """SAME_STEP: the ended worlds' next FIRST steps replace their rows (``_gym_autoreset``)."""
+        firsts = {i: self._uneven.held.pop(i)[0] for i in ended if i in self._uneven.held}
+        others = [i for i in ended if i not in firsts]
+        if others:  # their autoreset steps, in one pipelined batch (the actions are ignored)
+            rows = split_actions(self._sent, self.num_envs, self._actions.names)
+            self._batch.send([rows[i] for i in others], others)
+            got = self._batch.recv(env_ids=others, timeout=self._timeout)
+            firsts.update({i: got.at(p) for p, i in enumerate(got.env_ids.tolist())})
+        items = autoreset.rows(self.observation_space, observations)
+        new = self._from_batch(batch_of(list(firsts.values()), list(firsts)).observation)
+        for index, first in zip(firsts, autoreset.rows(self.observation_space, new), strict=True):
+            final_info = {_RESET_INFO: infos[_RESET_INFO][index]}
+            self._add_info(infos, {"final_obs": items[index], "final_info": final_info}, index)
+            items[index] = first
+            infos[_RESET_INFO][index] = 1.0  # the reset's info, as SyncVectorEnv merges it
+        return autoreset.stacked(self.single_observation_space, items)
 
     def _drop_in_flight(self, timeout: float | None) -> None:
         """Receives and drops every step still in flight (before a reset)."""
