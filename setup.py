@@ -63,10 +63,14 @@ RLLIB_REQUIRES = ["ray[rllib]>=2.40", *GYMNASIUM_REQUIRES]
 # The training tier (pytest -m training): learners on top of the integrations. torch is
 # not listed: .ci/run installs torch==2.13.0 (the CPU build) first, which these then use.
 TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3>=2.4", *RLLIB_REQUIRES]
+# TorchRL over the gymnasium bridge (tests/test_gym_torchrl.py); both resolve beside torch==2.13.0.
+TRAINING_REQUIRES += ["torchrl==0.14.1", "tensordict==0.14.3"]
 
 # The tests run the notebook, build the site, run the Ray tests (a local Ray, about 20 s)
 # and drive the gymnasium bridge.
 TEST_REQUIRES += NOTEBOOK_REQUIRES + DOCS_REQUIRES + RAY_REQUIRES + GYMNASIUM_REQUIRES
+# Minari's own DataCollector checks the gymnasium bridge's infos (tests/test_gym_defects.py).
+TEST_REQUIRES += ["minari[hdf5]==0.5.4"]
 
 setuptools.setup(
     name="dm_env_rpc_client",
