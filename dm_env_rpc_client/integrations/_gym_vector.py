@@ -204,6 +204,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         self._infos_env_id = np.arange(self.num_envs, dtype=np.int64)
         self._uneven = Uneven(batch, self.num_envs)
         self._ended = np.zeros(self.num_envs, bool)  # DISABLED: ended, not reset since
+        self._at_last = np.zeros(self.num_envs, bool)  # the world's latest step was LAST
         self._latest: Any = None  # the observations last returned (for reset_mask)
         self._sent: Any = None  # the SDK actions last sent (SAME_STEP's autoreset steps)
 
@@ -262,27 +263,15 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             self._uneven.held.pop(index, None)
             self._uneven.cut.discard(index)
         extra = dict((options or {}).get("settings", {}))
-        timesteps = []
+        # A world whose last step was LAST starts its next sequence with its autoreset step
+        # (all of them in one pipelined batch); the others, or seeded, take a ResetRequest.
+        stepped = [i for i in targets if self._at_last[i] and seeds[i] is None and not extra]
+        firsts = self._autoreset_steps(stepped) if stepped else {}
         for index in targets:
-            env = self._batch.envs[index]
-            settings = dict(extra)
-            if seeds[index] is not None and self._seed_setting is not None:
-                settings[self._seed_setting] = seeds[index]
-            try:
-                try:
-                    timesteps.append(env.reset(self._timeout, settings=settings))
-                except errors.InvalidArgumentError as exc:
-                    if seeds[index] is None or not refused_setting(exc, self._seed_setting):
-                        raise
-                    warnings.warn(
-                        _SEED_REFUSED.format(index=index, name=self._seed_setting, error=exc),
-                        stacklevel=2,
-                    )
-                    self._seed_setting = None
-                    timesteps.append(env.reset(self._timeout, settings=extra))
-            except errors.DmEnvRpcClientError as exc:
-                raise self._batch._wrap(index, exc) from exc
-        self._ended[targets] = False
+            if index not in firsts:
+                firsts[index] = self._reset_world(index, seeds[index], extra)
+        self._ended[targets] = self._at_last[targets] = False
+        timesteps = [firsts[index] for index in targets]
         observations = self._from_batch(batch_of(timesteps, targets).observation)
         reset = self._all() if mask is None else mask.copy()
         if mask is not None:
@@ -300,6 +289,38 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             "_env_id": reset.copy(),
         }
         return observations, infos
+
+    def _reset_world(self, index: int, seed: int | None, extra: dict[str, Any]) -> Any:
+        """A ResetRequest to world ``index`` with ``extra`` settings and its seed."""
+        env = self._batch.envs[index]
+        settings = dict(extra)
+        if seed is not None and self._seed_setting is not None:
+            settings[self._seed_setting] = seed
+        try:
+            try:
+                return env.reset(self._timeout, settings=settings)
+            except errors.InvalidArgumentError as exc:
+                if seed is None or not refused_setting(exc, self._seed_setting):
+                    raise
+                warnings.warn(
+                    _SEED_REFUSED.format(index=index, name=self._seed_setting, error=exc),
+                    stacklevel=3,
+                )
+                self._seed_setting = None
+                return env.reset(self._timeout, settings=extra)
+        except errors.DmEnvRpcClientError as exc:
+            raise self._batch._wrap(index, exc) from exc
+
+    def _autoreset_steps(self, ids: list[int]) -> dict[int, Any]:
+        """Sends worlds at a LAST step their next step in one pipelined batch: their FIRST steps.
+
+        The action is the one each was last sent; the server ignores it (the
+        step after LAST starts the next sequence).
+        """
+        rows = split_actions(self._sent, self.num_envs, self._actions.names)
+        self._batch.send([rows[i] for i in ids], ids)
+        got = self._batch.recv(env_ids=ids, timeout=self._timeout)
+        return {i: got.at(position) for position, i in enumerate(got.env_ids.tolist())}
 
     def _latest_or_empty(self) -> Any:
         if self._latest is None:
@@ -433,7 +454,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             infos.update(failure=out.failures, _failure=out.restarted.copy())
         missing = np.array([e is not None for e in out.errors])
         infos["_discount"] = ~missing
-        result = self._finish((observations, rewards, terminations, truncations, infos), missing)
+        result = (observations, rewards, terminations, truncations, infos)
+        result = self._finish(result, missing | out.cut | out.restarted)
         if not failed:
             return result
         infos.update(error=out.errors, _error=missing)
@@ -442,19 +464,25 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         message = _TAKE_THE_REST.format(error=str(first).rstrip("."))
         raise type(first)(message, first.index, first.address) from first
 
-    def _finish(self, result: VectorStep, missing: np.ndarray | None) -> VectorStep:
-        """The vector step in the env's autoreset mode (``missing``: worlds without a step)."""
+    def _finish(self, result: VectorStep, not_last: np.ndarray | None) -> VectorStep:
+        """The vector step in the env's autoreset mode.
+
+        ``not_last``: the worlds truncated without a LAST step of their own (no
+        step, restarted, being restarted).
+        """
         observations, rewards, terminations, truncations, infos = result
         ended = terminations | truncations
+        self._at_last = ended if not_last is None else ended & ~not_last
         if self.autoreset_mode == AutoresetMode.DISABLED:
             self._ended = ended.copy()
             for index in np.flatnonzero(ended).tolist():  # a restarted world: reset_mask resets it
                 self._uneven.held.pop(index, None)
         elif self.autoreset_mode == AutoresetMode.SAME_STEP:
-            if missing is not None:
-                ended &= ~missing
-            if ended.any():
-                observations = self._same_step(observations, infos, np.flatnonzero(ended).tolist())
+            restarted = [i for i in np.flatnonzero(ended).tolist() if i in self._uneven.held]
+            ready = np.flatnonzero(self._at_last).tolist() + restarted
+            if ready:
+                observations = self._same_step(observations, infos, sorted(ready))
+            self._at_last = np.zeros(self.num_envs, bool)
         self._latest = observations
         return observations, rewards, terminations, truncations, infos
 
@@ -462,11 +490,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         """SAME_STEP: the ended worlds' next FIRST steps replace their rows (``_gym_autoreset``)."""
         firsts = {i: self._uneven.held.pop(i)[0] for i in ended if i in self._uneven.held}
         others = [i for i in ended if i not in firsts]
-        if others:  # their autoreset steps, in one pipelined batch (the actions are ignored)
-            rows = split_actions(self._sent, self.num_envs, self._actions.names)
-            self._batch.send([rows[i] for i in others], others)
-            got = self._batch.recv(env_ids=others, timeout=self._timeout)
-            firsts.update({i: got.at(p) for p, i in enumerate(got.env_ids.tolist())})
+        if others:
+            firsts.update(self._autoreset_steps(others))
         items = autoreset.rows(self.observation_space, observations)
         new = self._from_batch(batch_of(list(firsts.values()), list(firsts)).observation)
         for index, first in zip(firsts, autoreset.rows(self.observation_space, new), strict=True):
