@@ -71,3 +71,17 @@ def test_gym_wrapper_of_a_vector_env_and_a_collector(catch_server: Server, mode:
         assert frames == 120 and dones >= 24 and rewards == dones
     finally:
         env.close()
+
+
+def test_the_docs_torchrl_example_runs() -> None:
+    """docs/gymnasium.md's TorchRL example (its ```python3 block) runs as it is."""
+    _torchrl()
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "gymnasium.md").read_text()
+    (block,) = re.findall(r"^```python3\n(.*?)^```", page, re.M | re.S)
+    namespace: dict[str, Any] = {"__name__": "docs_gymnasium_torchrl"}
+    exec(compile(block, "gymnasium.md[torchrl]", "exec"), namespace)
+    assert namespace["frames"] == 640
+    assert namespace["rollout"]["next", "done"].sum().item() == 1
