@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import dm_env
@@ -210,4 +211,83 @@ def test_a_restarted_world_behaves_per_mode(server_process: Any, mode: Any) -> N
         assert observations["board"][1, 0].max() == 1.0
         observations, _, _, truncations, _ = envs.step(zeros)
         assert observations["board"][1, 1].max() == 1.0 and not truncations.any()
+    envs.close()
+
+
+_released = threading.Event()
+
+
+class _Ending(Catch):
+    """World 0: its autoreset (a reset after its first one) releases world 1's step."""
+
+    resets = 0
+
+    def reset(self) -> dm_env.TimeStep:
+        _Ending.resets += 1
+        if _Ending.resets > 1:
+            _released.set()
+        return super().reset()
+
+
+class _Waiting(Catch):
+    """World 1: its second step waits for world 0's autoreset step to reach its server."""
+
+    steps = 0
+    released = False
+
+    def step(self, action: Any) -> dm_env.TimeStep:
+        _Waiting.steps += 1
+        if _Waiting.steps == 2:
+            _Waiting.released = _released.wait(timeout=5)
+        return super().step(action)
+
+
+def test_same_step_sends_the_autoreset_step_as_the_last_step_lands() -> None:
+    """World 0's reset reaches its server while world 1's step of that vector step is pending."""
+    _released.clear()
+    _Ending.resets, _Waiting.steps, _Waiting.released = 0, 0, False
+    with (
+        serve(lambda settings: _Ending(**settings)) as first,
+        serve(lambda settings: _Waiting(**settings)) as second,
+    ):
+        envs = GymnasiumVectorEnv(
+            addresses=[first.address, second.address],
+            num_envs=2,
+            create_world_settings={"rows": 3},  # episodes of two steps
+            autoreset_mode=AutoresetMode.SAME_STEP,
+            timeout=20,
+        )
+        envs.reset(seed=0)
+        zeros = {"paddle": np.zeros(2, np.int8)}
+        envs.step(zeros)
+        observations, _, terminations, _, infos = envs.step(zeros)
+        assert _Waiting.released  # world 1 answered only after world 0's reset arrived
+        assert terminations.all() and infos["_final_obs"].all()
+        assert (observations["board"][:, 0].max(axis=1) == 1.0).all()  # both start again
+        envs.close()
+
+
+def test_same_step_keeps_the_healthy_worlds_steps_when_one_fails(server_process: Any) -> None:
+    servers = [server_process("catch"), server_process("catch")]
+    envs = GymnasiumVectorEnv(
+        addresses=[server.address for server in servers],
+        num_envs=2,
+        create_world_settings={"rows": 3},
+        timeout=10,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    envs.reset(seed=0)
+    zeros = {"paddle": np.zeros(2, np.int8)}
+    envs.step(zeros)
+    servers[1].kill()
+    with pytest.raises(errors.WorldError, match=r"step_wait\(\) returns them"):
+        envs.step(zeros)
+    observations, rewards, terminations, truncations, infos = envs.step_wait()
+    # World 0 ended: its row starts the next episode, its last board is in final_obs.
+    assert terminations.tolist() == [True, False] and abs(rewards[0]) == 1.0
+    assert infos["_final_obs"].tolist() == [True, False]
+    assert observations["board"][0, 0].max() == 1.0
+    assert infos["final_obs"][0]["board"][-1].max() == 1.0  # the ball reached the bottom row
+    # World 1 has a stand-in row, truncated, and no autoreset.
+    assert truncations.tolist() == [False, True] and infos["_error"].tolist() == [False, True]
     envs.close()

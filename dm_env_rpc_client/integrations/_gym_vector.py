@@ -207,6 +207,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         self._at_last = np.zeros(self.num_envs, bool)  # the world's latest step was LAST
         self._latest: Any = None  # the observations last returned (for reset_mask)
         self._sent: Any = None  # the SDK actions last sent (SAME_STEP's autoreset steps)
+        self._firsts: dict[int, Any] = {}  # SAME_STEP: autoreset steps received as LAST landed
 
     @property
     def batch(self) -> BatchedEnvironment:
@@ -317,10 +318,13 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         The action is the one each was last sent; the server ignores it (the
         step after LAST starts the next sequence).
         """
-        rows = split_actions(self._sent, self.num_envs, self._actions.names)
-        self._batch.send([rows[i] for i in ids], ids)
+        self._send_autoresets(ids)
         got = self._batch.recv(env_ids=ids, timeout=self._timeout)
         return {i: got.at(position) for position, i in enumerate(got.env_ids.tolist())}
+
+    def _send_autoresets(self, ids: list[int]) -> None:
+        rows = split_actions(self._sent, self.num_envs, self._actions.names)
+        self._batch.send([rows[i] for i in ids], ids)
 
     def _latest_or_empty(self) -> Any:
         if self._latest is None:
@@ -412,7 +416,14 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         wait = self._timeout if timeout is None else timeout
         deadline = None if wait is None else time.monotonic() + wait
         got, error = None, None
-        if not self._uneven.held:
+        if self.autoreset_mode == AutoresetMode.SAME_STEP and not self._uneven.held:
+            got, self._firsts, error = autoreset.receive_resetting(
+                self._batch, self.num_envs, self._send_autoresets, wait
+            )
+            flagged = got is not None and got.truncated is not None and got.truncated.any()
+            if error is None and got is not None and not flagged:
+                return self._finish(self._vector_step(got), None)
+        elif not self._uneven.held:
             try:
                 got = self._batch.recv(env_ids=self._ids, timeout=wait)
             except errors.WorldError as exc:
@@ -489,6 +500,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
     def _same_step(self, observations: Any, infos: dict[str, Any], ended: list[int]) -> Any:
         """SAME_STEP: the ended worlds' next FIRST steps replace their rows (``_gym_autoreset``)."""
         firsts = {i: self._uneven.held.pop(i)[0] for i in ended if i in self._uneven.held}
+        firsts.update({i: self._firsts.pop(i) for i in ended if i in self._firsts})
         others = [i for i in ended if i not in firsts]
         if others:
             firsts.update(self._autoreset_steps(others))
