@@ -258,6 +258,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         if self._waiting or self._batch.pending():
             self._drop_in_flight(self._timeout)
         self._waiting, self._partial = False, None
+        self._firsts.clear()
         if mask is None:
             self._uneven.clear()
         for index in targets:
