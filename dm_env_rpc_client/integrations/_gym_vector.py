@@ -537,8 +537,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Closes the batch if this env made it (``VectorEnv.close`` calls this once)."""
-        if self._owned:
-            self._batch.close()
+        batch = getattr(self, "_batch", None)  # None: connecting failed in __init__
+        if self._owned and batch is not None:
+            batch.close()
 
     def __repr__(self) -> str:
         return f"GymnasiumVectorEnv({self._batch!r})"
