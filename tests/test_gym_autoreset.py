@@ -9,6 +9,7 @@ import dm_env
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from test_gymnasium import _CountingCatch
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client.integrations.gymnasium import GymnasiumEnv, GymnasiumVectorEnv
@@ -86,20 +87,6 @@ def test_each_mode_matches_sync_vector_env_step_by_step(catch_server: Server, mo
     finally:
         sync.close()
         ours.close()
-
-
-class _CountingCatch(Catch):
-    """Catch that counts the server steps and resets of all its worlds."""
-
-    calls = 0
-
-    def reset(self) -> dm_env.TimeStep:
-        _CountingCatch.calls += 1
-        return super().reset()
-
-    def step(self, action: Any) -> dm_env.TimeStep:
-        _CountingCatch.calls += 1
-        return super().step(action)
 
 
 def test_same_step_takes_as_many_server_steps_as_next_step() -> None:
