@@ -29,8 +29,10 @@ from typing import Any
 from _common import print_table, server_processes
 
 # This file is bench/torchrl.py: with bench/ first on sys.path, ``import torchrl`` would
-# find it instead of TorchRL.
+# find it instead of TorchRL. bench/ is left out for TorchRL's imports only (ParallelEnv's
+# spawned workers run this file again and need _common).
 _HERE = str(pathlib.Path(__file__).resolve().parent)
+_PATH = list(sys.path)
 sys.path[:] = [entry for entry in sys.path if str(pathlib.Path(entry or ".").resolve()) != _HERE]
 
 # isort: split
@@ -40,6 +42,8 @@ from torchrl.collectors import Collector  # noqa: E402
 from torchrl.envs import GymWrapper, ParallelEnv  # noqa: E402
 
 from dm_env_rpc_client.integrations.gymnasium import GymnasiumEnv, GymnasiumVectorEnv  # noqa: E402
+
+sys.path[:] = _PATH
 
 PARALLEL = "(a) ParallelEnv of GymWrapper(GymnasiumEnv)"
 SAME = "(b) GymWrapper(GymnasiumVectorEnv SAME_STEP)"
@@ -97,7 +101,8 @@ def main() -> None:
             try:
                 results[name] = frames_per_second(env, args.frames, per_batch)
             finally:
-                env.close()
+                if not getattr(env, "is_closed", False):  # the collector may have closed it
+                    env.close()
     base = results[PARALLEL]
     print_table(
         f"TorchRL Collector frames/s, {count} Catch worlds on 2 SDK servers, random policy",
