@@ -12,6 +12,8 @@ See the guide in ``docs/`` for tensors, connections, environments, batching,
 the command line and the embedded server.
 """
 
+# First: loads grpc with its INFO lines off, unless GRPC_VERBOSITY is set (see _quiet).
+from dm_env_rpc_client import _quiet as _quiet
 from dm_env_rpc_client._foreign import ForeignConnection, create_secure_channel_and_connect
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
@@ -47,8 +49,12 @@ from dm_env_rpc_client.environment import (
     reset_world,
 )
 from dm_env_rpc_client.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    ArgumentValueError,
     BoundsError,
     ConnectionClosedError,
+    ConnectRefusedError,
     ConnectTimeoutError,
     DmEnvRpcClientError,
     DmEnvRpcConnectionError,
@@ -108,12 +114,16 @@ from dm_env_rpc_client.tensors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
+    "ArgumentValueError",
     "AsyncConnection",
     "AsyncDmEnvAdaptor",
     "BatchedEnvironment",
     "BatchedTimeStep",
     "Bounds",
     "BoundsError",
+    "ConnectRefusedError",
     "ConnectTimeoutError",
     "Connection",
     "ConnectionClosedError",

@@ -99,8 +99,14 @@ def pack_settings(settings: Mapping[str, Any] | None) -> dict[str, dm_env_rpc_pb
 
 _UNKNOWN_KEYWORD = (
     "{caller}() got an unexpected keyword argument {name!r}{suggestion}. "
-    "It takes the DmEnvAdaptor keywords: {known}."
+    "{own} the DmEnvAdaptor keywords: {known}."
 )
+_OWN = "Its own arguments are {own}; it also takes"
+# The helpers' own arguments (async ones too), suggested for a misspelled keyword.
+_OWN_ARGUMENTS = {
+    "join_world": ("connection", "world_name", "join_world_settings"),
+    "create_and_join_world": ("connection", "create_world_settings", "join_world_settings"),
+}
 # What the helpers set themselves, never from adaptor_kwargs.
 _HELPER_SET = ("connection", "specs", "world_name", "destroy_on_close")
 
@@ -109,22 +115,25 @@ def check_adaptor_kwargs(caller: str, adaptor_kwargs: Mapping[str, Any], adaptor
     """Refuses keywords ``adaptor`` does not take, before anything is sent.
 
     Args:
-      caller: the world helper's name, for the message.
+      caller: the world helper's name, for the message; its own arguments are
+        suggested too (``create_world_setting`` is a misspelled ``create_world_settings``).
       adaptor_kwargs: the keywords given for the adaptor.
       adaptor: the adaptor class they go to.
 
     Raises:
-      TypeError: naming the keyword, the closest known one, and all of them.
+      ArgumentTypeError: naming the keyword, the closest known one, and all of them.
     """
     known = [name for name in inspect.signature(adaptor).parameters if name not in _HELPER_SET]
+    own = _OWN_ARGUMENTS.get(caller.removesuffix("_async"), ())
     for name in adaptor_kwargs:
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            raise TypeError(
+            close = difflib.get_close_matches(name, [*own, *known], n=1)
+            raise errors.ArgumentTypeError(
                 _UNKNOWN_KEYWORD.format(
                     caller=caller,
                     name=name,
                     suggestion=f" (did you mean {close[0]!r}?)" if close else "",
+                    own=_OWN.format(own=", ".join(own)) if own else "It takes",
                     known=", ".join(known),
                 )
             )

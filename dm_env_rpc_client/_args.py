@@ -16,6 +16,10 @@ from typing import Any
 import grpc
 
 _BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
+_SCHEME = (
+    "--address {address!r} has a URL scheme: gRPC addresses have none. Give {bare!r}; for "
+    "TLS add --tls (or --root-certificates PEM), for plaintext to a remote host --insecure."
+)
 
 SETTING_HELP = (
     "KEY=VALUE; repeat the flag for more. Values parse as int, float, true/false, "
@@ -77,6 +81,17 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 class UsageError(Exception):
     """A bad flag value or combination found after parsing: one line, exit code 2."""
+
+
+def check_no_url_scheme(address: str) -> None:
+    """Refuses ``http://host:port`` and its kind (``https``, ``grpc``, ``grpcs``, ``tcp``).
+
+    Raises:
+      UsageError: naming the address, the address without the scheme, and the TLS flags.
+    """
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme.lower() in ("http", "https", "grpc", "grpcs", "tcp"):
+        raise UsageError(_SCHEME.format(address=address, bare=rest.rstrip("/")))
 
 
 def read_pem(path: str | None, flag: str) -> bytes | None:

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart, errors
+from dm_env_rpc_client import _checks, _restart, errors
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of
@@ -71,6 +71,12 @@ class _Failure:
         self.cause, self.lost, self.removed = cause, lost, removed
 
 
+_NOT_ENVS = (
+    "BatchedEnvironment(envs) takes joined worlds (DmEnvAdaptors), not {envs}; to connect to "
+    "server addresses, use BatchedEnvironment.connect(addresses, num_envs)."
+)
+
+
 class BatchCore:
     """The state of a batch and its loop side (see the module docs); ``BatchedEnvironment`` is the face."""
 
@@ -83,6 +89,8 @@ class BatchCore:
     ) -> None:
         if not envs:
             raise ValueError("A BatchedEnvironment needs at least one world.")
+        if isinstance(envs, str) or not all(isinstance(env, DmEnvAdaptor) for env in envs):
+            raise errors.ArgumentTypeError(_NOT_ENVS.format(envs=_checks.kind(envs)))
         self.envs = list(envs)
         self.addresses = (
             list(addresses)
@@ -478,7 +486,7 @@ def open_worlds(
     for index in range(count):
         address = addresses[index % len(addresses)]
         try:
-            conn = runner.run(open_stream(address))
+            conn = runner.run(open_stream(address, first=True))
             connections.append(conn)
             settings = None
             if world_names is not None:

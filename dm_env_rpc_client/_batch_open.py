@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart
+from dm_env_rpc_client import _checks, _restart, errors
 from dm_env_rpc_client._batch_core import (
     _NAMES_COUNT,
     _SEED_TWICE,
@@ -29,6 +29,7 @@ from dm_env_rpc_client._step_encoder import StepEncoder
 from dm_env_rpc_client.connection import create_channel
 
 Batch = TypeVar("Batch", bound=BatchCore)
+_NO_ADDRESS = "addresses is empty: give at least one server address, e.g. ['127.0.0.1:50051']."
 _ONE_NAME = (
     "requested_observations takes a list of observation names, not the string {name!r}: "
     "pass [{name!r}]."
@@ -54,6 +55,7 @@ def open_batch(
     on_world_failure: str,
     step_timeout: float | None,
     restart: RestartPolicy | None,
+    wait_for_ready: bool = False,
 ) -> Batch:
     """``BatchedEnvironment.connect`` (its arguments and errors are documented there)."""
     _restart.check_policy(on_world_failure)
@@ -62,13 +64,22 @@ def open_batch(
     requested = None if requested_observations is None else tuple(requested_observations)
     if isinstance(addresses, str):
         addresses = [addresses]
+    for address in addresses:
+        _checks.check_address(address, "addresses")
+    if num_envs is not None:
+        _checks.check_count(num_envs, "num_envs")
+    _checks.check_seconds(timeout)
+    if restart is not None:
+        _checks.check_count(restart.attempts, "RestartPolicy.attempts")
+        for field in ("total", "connect_timeout", "call_timeout"):
+            _checks.check_seconds(getattr(restart, field), f"RestartPolicy.{field}")
     count = len(addresses) if num_envs is None else num_envs
     if world_names is not None:
         count = len(world_names) if num_envs is None else count
         if len(world_names) != count:
             raise ValueError(_NAMES_COUNT.format(names=len(world_names), count=count))
     if not addresses or count < 1:
-        raise ValueError("Give at least one address and one world.")
+        raise errors.ArgumentValueError(_NO_ADDRESS)
     if seed is not None and world_names is None and seed_setting is not None:
         if seed_setting in (create_world_settings or {}):
             raise ValueError(_SEED_TWICE.format(name=seed_setting))
@@ -77,14 +88,23 @@ def open_batch(
     runner = LoopThread(name="dm_env_rpc_client-batched")
     channels: dict[str, grpc.aio.Channel] = {}
 
-    async def open_stream(address: str, wait: float | None = timeout) -> LoopConnection:
+    async def open_stream(
+        address: str, wait: float | None = timeout, *, first: bool = False
+    ) -> LoopConnection:
+        """A stream to ``address``; a world's first (``first``) fails at once on a refusing port
+        unless ``wait_for_ready``; a restart's waits for its server to come back."""
         channel = channels.get(address)
         if channel is None:
             channel = channels[address] = create_channel(
                 address, credentials=credentials, options=options, insecure=insecure, aio=True
             )
         return await LoopConnection.open(
-            runner, address, channel=channel, timeout=wait, metadata=metadata
+            runner,
+            address,
+            channel=channel,
+            timeout=wait,
+            metadata=metadata,
+            wait_for_ready=wait_for_ready or not first,
         )
 
     connections: list[LoopConnection] = []

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dm_env_rpc_client import errors
+from dm_env_rpc_client import _checks, errors
 from dm_env_rpc_client._dtypes import _FIELD_TO_DATA_TYPE, DATA_TYPE_TO_NUMPY, _name
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._wire import array_to_value_bytes, payload_to_array
@@ -110,7 +110,9 @@ def bounds(spec: TensorSpec) -> Bounds:
     Raises:
       BoundsError: for a non-numeric dtype, a bound of another type, a bound of
         the wrong size, NaN, or min > max.
+      ArgumentTypeError: ``spec`` is not a TensorSpec.
     """
+    _checks.check_tensor_spec(spec)
     dtype = _numeric_dtype(spec)
     low, high = _range(dtype)
     minimum = _read_bound(spec, "min", dtype, low)

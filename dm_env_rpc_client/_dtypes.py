@@ -111,9 +111,15 @@ def np_type_to_data_type(np_type: Any) -> int:
     """Returns the dm_env_rpc ``DataType`` for a NumPy dtype or scalar type.
 
     Raises:
-      UnsupportedDtypeError: for dtypes with no dm_env_rpc payload (float16, int16, ...).
+      UnsupportedDtypeError: for dtypes with no dm_env_rpc payload (float16, int16, ...),
+        or a name NumPy does not know.
     """
-    dtype = np.dtype(np_type)
+    try:
+        dtype = np.dtype(np_type)
+    except TypeError as exc:
+        raise errors.UnsupportedDtypeError(
+            _UNKNOWN_DTYPE.format(value=np_type, error=exc)
+        ) from None
     data_type = NUMPY_TO_DATA_TYPE.get(dtype.type)
     if data_type is None:
         raise _unsupported(dtype)
@@ -125,11 +131,27 @@ def get_tensor_type(tensor: dm_env_rpc_pb2.Tensor) -> type:
 
     Raises:
       EmptyTensorError: if no payload is set.
+      TensorTypeError: ``tensor`` is not a Tensor message.
     """
-    field = tensor.WhichOneof("payload")
+    try:
+        field = tensor.WhichOneof("payload")
+    except AttributeError:
+        raise not_a_tensor(tensor) from None
     if field is None:
         raise errors.EmptyTensorError(_NO_PAYLOAD.format(shape=list(tensor.shape)))
     return DATA_TYPE_TO_NUMPY[_FIELD_TO_DATA_TYPE[field]].type
+
+
+_UNKNOWN_DTYPE = "{value!r} is not a NumPy dtype ({error}); pass one, e.g. np.float32 or 'int64'."
+_NOT_A_TENSOR = (
+    "tensor is a dm_env_rpc Tensor message (as dmr.pack_tensor makes), not {kind}; "
+    "to make one from a value, use dmr.pack_tensor(value)."
+)
+
+
+def not_a_tensor(value: Any) -> errors.TensorTypeError:
+    """The error for something other than a Tensor message where one goes."""
+    return errors.TensorTypeError(_NOT_A_TENSOR.format(kind=f"a {type(value).__name__}"))
 
 
 def _unsupported(dtype: np.dtype) -> errors.UnsupportedDtypeError:

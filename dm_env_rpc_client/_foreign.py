@@ -77,6 +77,8 @@ class ForeignConnection:
     """
 
     def __init__(self, connection: Any) -> None:
+        if not callable(getattr(connection, "send", None)):
+            as_connection(connection, "ForeignConnection")  # raises, saying what to pass
         self.wrapped = connection
         self.address = getattr(connection, "address", None)
 
@@ -134,7 +136,7 @@ def as_connection(connection: Any, caller: str, *, takes_address: bool = False) 
       ``connection`` itself, or a ``ForeignConnection`` around it.
 
     Raises:
-      TypeError: for anything else, saying what to pass.
+      ArgumentTypeError: for anything else, saying what to pass.
     """
     send = getattr(connection, "send", None)
     if inspect.isawaitable(connection):
@@ -149,7 +151,7 @@ def as_connection(connection: Any, caller: str, *, takes_address: bool = False) 
         return ForeignConnection(connection)
     else:
         hint = ""
-    raise TypeError(
+    raise errors.ArgumentTypeError(
         _NOT_A_CONNECTION.format(
             caller=caller,
             address=", or an address string 'host:port'" if takes_address else "",
@@ -167,7 +169,8 @@ def create_secure_channel_and_connect(
 ) -> Connection:
     """Connects as the reference package's function of this name does (its arguments, in order).
 
-    The same as ``dmr.connect(server_address, credentials=..., timeout=..., metadata=...)``.
+    The same as ``dmr.connect(server_address, credentials=..., timeout=..., metadata=...,
+    wait_for_ready=True)``: like the reference's, it waits for a server that is not up yet.
     Two differences from the reference: ``credentials`` None means the SDK's
     defaults (local credentials for loopback and ``unix:`` addresses; a remote
     host needs credentials), and ``timeout`` defaults to
@@ -185,4 +188,10 @@ def create_secure_channel_and_connect(
     Raises:
       ConnectTimeoutError: the server did not answer within ``timeout``.
     """
-    return connect(server_address, credentials=credentials, timeout=timeout, metadata=metadata)
+    return connect(
+        server_address,
+        credentials=credentials,
+        timeout=timeout,
+        metadata=metadata,
+        wait_for_ready=True,
+    )

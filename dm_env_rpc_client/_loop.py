@@ -209,11 +209,13 @@ class LoopConnection:
         options: Any = None,
         insecure: bool = False,
         metadata: Any = None,
+        wait_for_ready: bool = True,
     ) -> LoopConnection:
         """Opens a stream (on ``channel`` if given, which the caller keeps owning).
 
         Must run on ``runner``'s loop. Raises ``ConnectTimeoutError`` if the
-        server does not answer within ``timeout``.
+        server does not answer within ``timeout``; without ``wait_for_ready``,
+        ``ConnectRefusedError`` at once if the port refuses.
         """
         owns = channel is None
         if channel is None:
@@ -221,7 +223,12 @@ class LoopConnection:
                 address, credentials=credentials, options=options, insecure=insecure, aio=True
             )
         connection = await open_when_ready(
-            channel, address, owns_channel=owns, timeout=timeout, metadata=metadata
+            channel,
+            address,
+            owns_channel=owns,
+            timeout=timeout,
+            metadata=metadata,
+            wait_for_ready=wait_for_ready,
         )
         return cls(runner, connection)
 

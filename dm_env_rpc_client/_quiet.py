@@ -9,6 +9,14 @@ descriptor 2, where the C core writes, at ``/dev/null``, while Python's
 Python prints (errors, warnings, the progress bar) still shows.
 
 Nothing is silenced with ``--debug``, or when ``GRPC_VERBOSITY`` is already set.
+
+Library use: importing this module (the package's ``__init__`` does, before
+anything else) loads grpc with ``GRPC_VERBOSITY=ERROR`` when the user has not
+set the variable and grpc is not loaded yet, then takes the variable away again
+(child processes see the environment as it was). gRPC's INFO lines, such as
+``chttp2_transport.cc ... Got goaway`` at exit when a script's server stopped
+while a connection was open, stay off a script's terminal; its ERROR lines
+still show. Set ``GRPC_VERBOSITY`` (e.g. ``INFO``) to see everything.
 """
 
 from __future__ import annotations
@@ -42,3 +50,25 @@ def quiet_grpc_logs(argv: Sequence[str]) -> bool:
         real, "w", buffering=1, encoding="utf-8", errors="backslashreplace"
     )
     return True
+
+
+LIBRARY_VERBOSITY = "ERROR"  # gRPC's level in library use: its errors show, its chatter not
+
+
+def _library_log_level() -> bool:
+    """Loads grpc at ``LIBRARY_VERBOSITY`` unless the user chose a level or grpc is loaded.
+
+    Returns:
+      Whether this set the level.
+    """
+    if "grpc" in sys.modules or "GRPC_VERBOSITY" in os.environ:
+        return False
+    os.environ["GRPC_VERBOSITY"] = LIBRARY_VERBOSITY
+    try:
+        import grpc  # noqa: F401 - gRPC reads GRPC_VERBOSITY now, once
+    finally:
+        del os.environ["GRPC_VERBOSITY"]
+    return True
+
+
+_library_log_level()

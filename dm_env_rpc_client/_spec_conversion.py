@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import errors
+from dm_env_rpc_client import _checks, errors
 from dm_env_rpc_client._bounds import bounds, set_bounds
 from dm_env_rpc_client._dtypes import DATA_TYPE_TO_NUMPY, DataType, np_type_to_data_type
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
@@ -73,7 +73,11 @@ def tensor_spec_to_dm_env_spec(spec: TensorSpec) -> dm_specs.Array:
     ``Array``; a scalar integer spec with min 0 and a max -> ``DiscreteArray``; other
     bounded specs -> ``BoundedArray``. Variable shapes -> ``VariableArray`` /
     ``VariableBoundedArray``.
+
+    Raises:
+      ArgumentTypeError: ``spec`` is not a TensorSpec.
     """
+    _checks.check_tensor_spec(spec)
     shape = tuple(spec.shape)
     dtype = DATA_TYPE_TO_NUMPY[spec.dtype]
     variable = any(dim < 0 for dim in shape)
@@ -108,7 +112,9 @@ def dm_env_spec_to_tensor_spec(spec: dm_specs.Array, name: str | None = None) ->
 
     Raises:
       UnsupportedDtypeError: for a dtype dm_env_rpc cannot carry.
+      ArgumentTypeError: ``spec`` is not a dm_env spec.
     """
+    _checks.check_type(spec, dm_specs.Array, "spec", "a dm_env spec (dm_env.specs.Array, ...)")
     name = spec.name if name is None else name
     if isinstance(spec, dm_specs.StringArray):
         return TensorSpec(name=name or "", shape=spec.shape, dtype=DataType.STRING)

@@ -28,10 +28,10 @@ from typing import Any
 import grpc
 from google.protobuf import message
 
-from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client import _ready, errors, messages
+from dm_env_rpc_client._checks import check_seconds
 from dm_env_rpc_client.connection import (
     _CLOSED,
-    _CONNECT_TIMEOUT,
     _IN_FLIGHT_TIMEOUT,
     _REQUEST_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
@@ -96,7 +96,7 @@ class AsyncConnection:
     """
 
     def __init__(self) -> None:
-        raise TypeError(
+        raise errors.ArgumentTypeError(
             "Use `await dmr.connect_async(address)` or `await AsyncConnection.open(channel)`."
         )
 
@@ -331,13 +331,19 @@ async def connect_async(
     options: Sequence[tuple[str, Any]] | None = None,
     insecure: bool = False,
     max_in_flight: int | None = None,
+    wait_for_ready: bool = False,
 ) -> AsyncConnection:
     """Connects to a dm_env_rpc server with asyncio (arguments as for ``connect``).
 
+    A port that refuses fails at once unless ``wait_for_ready=True``, as for ``connect``.
+
     Raises:
+      ArgumentError: an address of the wrong shape, or a bad timeout.
+      ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
+    check_seconds(timeout)
     channel = create_channel(
         address, credentials=credentials, options=options, insecure=insecure, aio=True
     )
@@ -348,6 +354,7 @@ async def connect_async(
         timeout=timeout,
         metadata=metadata,
         max_in_flight=max_in_flight,
+        wait_for_ready=wait_for_ready,
     )
 
 
@@ -359,23 +366,24 @@ async def open_when_ready(
     timeout: float | None = None,
     metadata: Sequence[tuple[str, str]] | None = None,
     max_in_flight: int | None = None,
+    wait_for_ready: bool = True,
 ) -> AsyncConnection:
     """Waits until ``channel`` is ready, then opens a stream on it.
 
     With ``owns_channel`` the connection closes the channel when it closes (and
-    a timeout closes it at once).
+    a timeout closes it at once). Without ``wait_for_ready``, a port that
+    refuses fails at once (any other failure of the first attempt waits).
 
     Raises:
+      ConnectRefusedError: the port refuses (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
     """
-    try:
-        await asyncio.wait_for(channel.channel_ready(), timeout)
-    except asyncio.TimeoutError:
+    verdict = await _ready.wait_ready_async(channel, timeout, wait_for_ready)
+    if verdict is not None:
+        error = await _ready.connect_error_async(verdict, address, timeout, channel)
         if owns_channel:
             await channel.close()
-        raise errors.ConnectTimeoutError(
-            _CONNECT_TIMEOUT.format(address=address, timeout=timeout)
-        ) from None
+        raise error
     connection = await AsyncConnection.open(channel, metadata, max_in_flight=max_in_flight)
     connection._owns_channel = owns_channel
     connection.address = address

@@ -59,7 +59,7 @@ def _async_connection(connection: Any, caller: str) -> AsyncConnection:
         connection.close()  # it can never run now: spare the "never awaited" warning
     elif callable(getattr(connection, "send", None)):
         hint = _SYNC_HINT
-    raise TypeError(
+    raise errors.ArgumentTypeError(
         _NOT_ASYNC.format(caller=caller, type_name=type(connection).__name__, hint=hint)
     )
 

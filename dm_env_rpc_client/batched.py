@@ -70,7 +70,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _restart, errors
+from dm_env_rpc_client import _checks, _restart, errors
 from dm_env_rpc_client._batch_core import (
     _FAILED,
     _LIVE,
@@ -120,6 +120,7 @@ class BatchedEnvironment(BatchCore):
     """
 
     @classmethod
+    @_checks.keywords_checked
     def connect(
         cls,
         addresses: str | Sequence[str],
@@ -139,6 +140,7 @@ class BatchedEnvironment(BatchCore):
         on_world_failure: str = _restart.RAISE,
         step_timeout: float | None = 30.0,
         restart: RestartPolicy | None = None,
+        wait_for_ready: bool = False,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
@@ -175,6 +177,7 @@ class BatchedEnvironment(BatchCore):
             this many seconds has failed (None: never; then a stopped server is
             found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
+          wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
 
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``
@@ -203,6 +206,7 @@ class BatchedEnvironment(BatchCore):
             on_world_failure=on_world_failure,
             step_timeout=step_timeout,
             restart=restart,
+            wait_for_ready=wait_for_ready,
         )
 
     def __len__(self) -> int:

@@ -42,6 +42,7 @@ from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._args import (
     SETTING_HELP,
     UsageError,
+    check_no_url_scheme,
     parse_setting,
     positive_float,
     positive_int,
@@ -85,6 +86,11 @@ _WORLD_COUNT = (
     "--world names {names} worlds but --num-envs asks for {count}; give one name per world."
 )
 _WORLD_CREATE = "--world joins existing worlds: --create-setting does not apply to them."
+_ARGV = "argv is a list of arguments, not the string {argv!r}: pass {split!r}."
+_IN_PROCESS = (
+    "--in-process starts the embedded server in this process, and --address names servers "
+    "that run already: give one or the other."
+)
 
 
 def _settings(pairs: Sequence[tuple[str, Any]] | None) -> dict[str, Any]:
@@ -118,6 +124,7 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
+    check_no_url_scheme(address)
     if "://" in address or address.startswith(
         ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
     ):
@@ -486,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.in_process and args.address:
+        parser.error(_IN_PROCESS)
     if args.world:
         if args.num_envs is not None and args.num_envs != len(args.world):
             parser.error(_WORLD_COUNT.format(names=len(args.world), count=args.num_envs))
@@ -502,6 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     As a program (``argv`` None), gRPC's C-core log lines are silenced unless
     ``--debug`` is given; called from Python with a list, nothing is.
     """
+    if isinstance(argv, str):
+        raise errors.ArgumentTypeError(_ARGV.format(argv=argv, split=argv.split()))
     if argv is None:
         quiet_grpc_logs(sys.argv[1:])
     parser = build_parser()

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf import message
 
-from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client import _checks, _ready, errors, messages
 
 # Channel options: unlimited message sizes; quick reconnect backoff so connect() notices a
 # server that comes up late; and keepalive, so that a half-open connection (a stopped server, a
@@ -65,9 +65,9 @@ DEFAULT_TIMEOUT = 60.0  # seconds a request waits for its response unless told o
 _CLOSED = "The connection is closed; open a new one with dmr.connect()."
 _STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
 _REOPEN = "; open a new connection."
-_CONNECT_TIMEOUT = (
-    "Could not connect to {address} within {timeout} s. Check that the server is running "
-    "and the address is right, or pass a longer timeout."
+_CHANNEL_NOT_ADDRESS = (
+    "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
+    "to connect to an address, use dmr.connect({address!r})."
 )
 _NEEDS_CREDENTIALS = (
     "Refusing a plaintext connection to the remote host {address}. Pass credentials= "
@@ -79,7 +79,6 @@ _IN_FLIGHT_TIMEOUT = (
 )
 _END = object()
 _OPEN: weakref.WeakSet[Connection] = weakref.WeakSet()  # open connections, closed at exit
-_PROBE_METHOD = "/dm_env_rpc_client.Probe/Ready"  # no server serves it: any answer means ready
 
 
 class ConnectionLike(Protocol):
@@ -122,6 +121,7 @@ def create_channel(
     Raises:
       DmEnvRpcConnectionError: for plaintext to a remote host without ``insecure=True``.
     """
+    _checks.check_address(address)
     merged = dict(DEFAULT_OPTIONS)
     merged.update(dict(options or ()))
     opts = list(merged.items())
@@ -216,6 +216,10 @@ class Connection:
         *,
         max_in_flight: int | None = None,
     ) -> None:
+        if isinstance(channel, str):
+            raise errors.ArgumentTypeError(_CHANNEL_NOT_ADDRESS.format(address=channel))
+        if max_in_flight is not None:
+            _checks.check_count(max_in_flight, "max_in_flight")
         self._channel = channel
         self._owns_channel = False
         self.address: str | None = None
@@ -433,21 +437,7 @@ def _close_open_connections() -> None:
         connection.close()
 
 
-def _wait_ready(channel: grpc.Channel, timeout: float | None) -> bool:
-    """Whether the server answers within ``timeout``: a call that waits for the channel.
-
-    A unary call to a method no server has, with ``wait_for_ready``, returns as
-    soon as a server answers anything (UNIMPLEMENTED). ``grpc.channel_ready_future``
-    would do too, but its connectivity poll makes the channel's close take 0.2 s.
-    """
-    probe = channel.unary_unary(_PROBE_METHOD)
-    try:
-        probe(b"", timeout=timeout, wait_for_ready=True)
-    except grpc.RpcError as exc:
-        return exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
-    return True
-
-
+@_checks.keywords_checked
 def connect(
     address: str,
     *,
@@ -457,11 +447,16 @@ def connect(
     options: Sequence[tuple[str, Any]] | None = None,
     insecure: bool = False,
     max_in_flight: int | None = None,
+    wait_for_ready: bool = False,
 ) -> Connection:
     """Connects to a dm_env_rpc server.
 
-    Waits until the server answers, retrying with backoff (servers in
-    containers often report ready before they serve).
+    A port that refuses connections fails at once (``ConnectRefusedError``),
+    as a person at a notebook expects. To wait for a server that is still
+    starting (a container, a process just launched), pass
+    ``wait_for_ready=True``: connect then retries with backoff until the server
+    answers or ``timeout`` passes. A host that does not answer at all is waited
+    for up to ``timeout`` either way.
 
     Args:
       address: ``host:port`` or ``unix:path``.
@@ -473,18 +468,28 @@ def connect(
       options: extra gRPC channel options (override the defaults).
       insecure: allow plaintext to a remote host.
       max_in_flight: bound on pending requests (see ``Connection``).
+      wait_for_ready: retry a refused port until ``timeout`` (gRPC's term):
+        for a server that is still starting.
 
     Returns:
       A Connection that owns its channel.
 
     Raises:
+      ArgumentError: an address of the wrong shape (no port, a URL scheme, ...),
+        or a timeout that is not a number of seconds above 0.
+      ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
+    _checks.check_seconds(timeout)
+    if max_in_flight is not None:
+        _checks.check_count(max_in_flight, "max_in_flight")
     channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)
-    if not _wait_ready(channel, timeout):
+    verdict = _ready.wait_ready(channel, timeout, wait_for_ready)
+    if verdict is not None:
+        error = _ready.connect_error(verdict, address, timeout, channel)
         channel.close()
-        raise errors.ConnectTimeoutError(_CONNECT_TIMEOUT.format(address=address, timeout=timeout))
+        raise error
     connection = Connection(channel, metadata, max_in_flight=max_in_flight)
     connection._owns_channel = True
     connection.address = address

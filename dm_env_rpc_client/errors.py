@@ -26,12 +26,16 @@ so ``except ValueError`` keeps working::
     +-- DmEnvRpcConnectionError (ConnectionError)
     |   +-- ConnectionClosedError      the stream ended or broke; carries the gRPC status
     |   +-- ConnectTimeoutError (TimeoutError)
+    |   +-- ConnectRefusedError (ConnectionRefusedError)   nothing listens at the address
     +-- RequestTimeoutError (TimeoutError)
     +-- ProtocolError                  the server broke the protocol
     |   +-- ObservationError           a step response's observations contradict the specs
     +-- WorldError                     one world of a batch failed; names index and address
     |   +-- WorldTimeoutError (TimeoutError)   it passed its deadline
     +-- RecordingError (OSError)       a recording folder that is not usable
+    +-- ArgumentError                  a call got an argument it cannot use
+        +-- ArgumentTypeError (TypeError)    the wrong kind of thing (a string for an object)
+        +-- ArgumentValueError (ValueError)  the right kind, a bad value (port 99999, -1 s)
 
 Transport errors are converted at the boundary with ``raise ... from exc``: no
 raw ``grpc.RpcError`` or ``StopIteration`` reaches a user. Server errors keep
@@ -272,6 +276,10 @@ class ConnectTimeoutError(DmEnvRpcConnectionError, TimeoutError):
     """The server could not be reached before the timeout."""
 
 
+class ConnectRefusedError(DmEnvRpcConnectionError, ConnectionRefusedError):
+    """Nothing accepts connections at the address (the port is closed)."""
+
+
 class RequestTimeoutError(DmEnvRpcClientError, TimeoutError):
     """A request got no response before its timeout."""
 
@@ -329,3 +337,23 @@ class WorldTimeoutError(WorldError, TimeoutError):
 
 class RecordingError(DmEnvRpcClientError, OSError):
     """A recording folder is missing, not a folder, not empty, or cannot be created."""
+
+
+# --- Arguments ------------------------------------------------------------------------
+
+
+class ArgumentError(DmEnvRpcClientError):
+    """A call got an argument it cannot use, found before anything is sent.
+
+    The message names the argument and says what to pass instead.
+    """
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong kind: a string where an object goes, an instance where a
+    factory goes, a list where a string goes, or a keyword the call does not take."""
+
+
+class ArgumentValueError(ArgumentError, ValueError):
+    """An argument of the right kind with a value that cannot work: an address without a
+    port, a port above 65535, a negative timeout."""

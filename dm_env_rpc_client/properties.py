@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import specs, tensors
+from dm_env_rpc_client import errors, specs, tensors
 from dm_env_rpc_client._proto import properties_pb2
 
 
@@ -48,6 +48,12 @@ class PropertySpec(NamedTuple):
         )
 
 
+_NOT_A_CONNECTION = (
+    "PropertiesExtension(connection) takes a connection (dmr.connect(address), or env.connection), "
+    "not a {kind}; or use env.properties."
+)
+
+
 class PropertiesExtension:
     """Reads, writes and lists properties over a connection.
 
@@ -56,6 +62,8 @@ class PropertiesExtension:
     """
 
     def __init__(self, connection: Any) -> None:
+        if not callable(getattr(connection, "send", None)):
+            raise errors.ArgumentTypeError(_NOT_A_CONNECTION.format(kind=type(connection).__name__))
         self._connection = connection
 
     def _send(self, **payload: Any) -> properties_pb2.PropertyResponse:

@@ -200,6 +200,6 @@ def random_batch(action_spec: Any, num_envs: int, rng: np.random.Generator | int
       ValueError: ``num_envs`` below 1.
     """
     if num_envs < 1:
-        raise ValueError(f"num_envs must be at least 1, not {num_envs}.")
+        raise errors.ArgumentValueError(f"num_envs={num_envs} cannot work: pass at least 1.")
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     return _walk(action_spec, generator, num_envs)

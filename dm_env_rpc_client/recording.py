@@ -49,7 +49,7 @@ from typing import Any
 import dm_env
 import numpy as np
 
-from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client import _checks, errors, specs
 
 _NOT_EMPTY = (
     "The recording folder {path} already holds {count} entries (e.g. {example!r}); "
@@ -138,6 +138,7 @@ class EpisodeRecorder:
     def __init__(
         self, directory: str | pathlib.Path, world: int = 0, *, seed: int | None = None
     ) -> None:
+        _checks.check_count(world, "world", low=0)
         self._directory = pathlib.Path(directory)
         self._directory.mkdir(parents=True, exist_ok=True)
         self._world = world
@@ -222,6 +223,7 @@ class Recording:
         *,
         first_world: int = 0,
     ) -> None:
+        _checks.check_count(worlds, "worlds")
         self.directory = prepare_folder(directory)
         seeds = list(seeds) if seeds is not None else [None] * worlds
         self._recorders = [
@@ -309,12 +311,21 @@ def _ragged(values: np.ndarray, shapes: np.ndarray) -> list[np.ndarray]:
     return parts
 
 
+_A_FOLDER = (
+    "path {path} is a folder: pass one of its episode files (.npz), or read them all with "
+    "dmr.iter_episodes(folder)."
+)
+
+
 def load_episode(path: str | pathlib.Path) -> Episode:
     """Reads one recorded episode back; observations and actions are nested dicts.
 
     Raises:
       FileNotFoundError: there is no such file.
+      RecordingError: ``path`` is a folder (``iter_episodes`` reads a folder).
     """
+    if pathlib.Path(path).is_dir():
+        raise errors.RecordingError(_A_FOLDER.format(path=path))
     with np.load(path, allow_pickle=False) as data:
         groups: dict[str, dict[str, Any]] = {"observation": {}, "action": {}}
         for key in data.files:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client import _checks, errors, tensors
 from dm_env_rpc_client._bounds import Bounds, bounds, set_bounds
 from dm_env_rpc_client._nesting import flatten, unflatten
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
@@ -99,6 +99,9 @@ def _scalar_fast_path(
     return types, limits
 
 
+_SPECS_MAPPING = "a mapping {uid: TensorSpec} (e.g. a JoinWorldResponse's specs.observations)"
+
+
 class SpecManager:
     """Maps names to UIDs for a set of TensorSpecs, and packs and unpacks values.
 
@@ -114,6 +117,7 @@ class SpecManager:
     def __init__(
         self, specs: Mapping[int, TensorSpec], *, validate: bool = True, kind: str = "tensor"
     ) -> None:
+        _checks.check_type(specs, Mapping, "specs", _SPECS_MAPPING)
         self._kind = kind
         self._validate = validate
         self._by_uid: dict[int, _Compiled] = {}

@@ -71,6 +71,7 @@ from dm_env_rpc_client._dtypes import (
     _unsupported,
     data_type_to_np_type,
     get_tensor_type,
+    not_a_tensor,
     np_type_to_data_type,
 )
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
@@ -314,8 +315,12 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
     Raises:
       EmptyTensorError: if no payload is set.
       ShapeError: for two variable dimensions, or an element count that fits no shape.
+      TensorTypeError: ``tensor`` is not a Tensor message.
     """
-    field = tensor.WhichOneof("payload")
+    try:
+        field = tensor.WhichOneof("payload")
+    except AttributeError:
+        raise not_a_tensor(tensor) from None
     shape = tensor.shape
     if field == "floats":  # the common cases first, with the least Python overhead
         flat = _read_fixed(tensor.floats, "<f4", _FLOAT32)

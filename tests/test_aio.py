@@ -148,7 +148,9 @@ def test_connect_timeout_and_constructor() -> None:
         sock.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{sock.getsockname()[1]}"
     with pytest.raises(errors.ConnectTimeoutError, match=address):
-        asyncio.run(connect_async(address, timeout=0.5))
+        asyncio.run(connect_async(address, timeout=0.5, wait_for_ready=True))
+    with pytest.raises(errors.ConnectRefusedError, match=address):
+        asyncio.run(connect_async(address, timeout=60))  # at once, not in 60 s
     with pytest.raises(TypeError, match="connect_async"):
         AsyncConnection()
 

@@ -75,8 +75,11 @@ def test_a_killed_server_is_named_by_index_and_address(server_process) -> None:
 
 def test_connect_failure_names_the_world() -> None:
     with pytest.raises(errors.WorldError, match="World 0 at 127.0.0.1:1 failed") as info:
-        BatchedEnvironment.connect(["127.0.0.1:1"], 1, timeout=0.5)
+        BatchedEnvironment.connect(["127.0.0.1:1"], 1, timeout=0.5, wait_for_ready=True)
     assert isinstance(info.value.__cause__, errors.ConnectTimeoutError)
+    with pytest.raises(errors.WorldError, match="connection refused") as info:
+        BatchedEnvironment.connect(["127.0.0.1:1"], 1, timeout=60)  # at once, not in 60 s
+    assert isinstance(info.value.__cause__, errors.ConnectRefusedError)
     assert not _loop_threads()  # the loop of the failed batch is gone
     with pytest.raises(ValueError, match="at least one"):
         BatchedEnvironment([])

@@ -1,7 +1,16 @@
-"""Every ```python block of the guide pages runs: docs cannot drift from the code."""
+"""Every ```python block of the guide pages runs, and prints what the page says: docs cannot
+drift from the code.
+
+A ```python block followed by an ```output block (blank lines between them allowed) must print
+that output: it is compared as doctest compares, with ``...`` matching anything (timings, ports)
+and runs of whitespace equal.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import doctest
+import io
 import pathlib
 import re
 
@@ -9,7 +18,10 @@ import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
-_BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+_BLOCK = re.compile(r"^```python\n(.*?)^```\n(?:[ \t]*\n)*(?:```output\n(.*?)^```)?", re.M | re.S)
+_OUTPUT = re.compile(r"^```output\n", re.M)
+_CHECKER = doctest.OutputChecker()
+_OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
 def test_every_guide_page_has_a_runnable_example() -> None:
@@ -19,10 +31,58 @@ def test_every_guide_page_has_a_runnable_example() -> None:
     assert without == []
 
 
+def test_the_guide_list_and_the_site_nav_name_every_page() -> None:
+    """docs/index.md's guide list, in mkdocs.yml's order (the README lists them too)."""
+    index = (DOCS / "index.md").read_text()
+    guide = index[index.index("## Guide") :]
+    listed = re.findall(r"^- \[[^]]+\]\(([a-z_]+\.md)\)", guide, re.M)
+    nav = re.findall(
+        r"^ {6}- [^:]+: ([a-z_]+\.md)$", (DOCS.parent / "mkdocs.yml").read_text(), re.M
+    )
+    assert listed[:-1] == nav  # the guide list ends with the API reference
+    assert sorted([*listed, "index.md"]) == [p.name for p in PAGES]
+
+
+def test_the_cli_page_lists_every_run_option() -> None:
+    from dm_env_rpc_client import cli
+
+    parser = cli.build_parser()
+    text = (DOCS / "cli.md").read_text()
+    table = text[text.index("| option | meaning |") :].split("\n\n")[0]
+    run = parser.parse_args(["run"]).parsers["run"]
+    flags = [f for action in run._actions for f in action.option_strings if f.startswith("--")]
+    missing = [f for f in flags if f not in ("--help", "--debug") and f"`{f}" not in table]
+    assert missing == [], "add these options to docs/cli.md's table of run options"
+
+
+def test_every_output_block_follows_a_python_block() -> None:
+    """An output block anywhere else would never be checked."""
+    for page in PAGES:
+        text = page.read_text()
+        checked = {m.start(2) for m in _BLOCK.finditer(text) if m.group(2) is not None}
+        loose = [m.end() for m in _OUTPUT.finditer(text) if m.end() not in checked]
+        assert loose == [], f"{page.name}: an ```output block not right after a ```python block"
+
+
+def test_the_output_checker_compares() -> None:
+    assert _CHECKER.check_output("steps/s  ...\nworlds 4\n", "steps/s 123.4\nworlds  4\n", _OPTIONS)
+    assert not _CHECKER.check_output("worlds 4\n", "worlds 5\n", _OPTIONS)
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_page_examples_run(page: pathlib.Path, tmp_path: pathlib.Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
     for index, match in enumerate(_BLOCK.finditer(page.read_text())):
-        code = compile(match.group(1), f"{page.name}[block {index}]", "exec")
-        exec(code, namespace)
+        name = f"{page.name}[block {index}]"
+        code = compile(match.group(1), name, "exec")
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(code, namespace)
+        expected = match.group(2)
+        if expected is not None and not _CHECKER.check_output(
+            expected, printed.getvalue(), _OPTIONS
+        ):
+            example = doctest.Example(match.group(1), expected)
+            diff = _CHECKER.output_difference(example, printed.getvalue(), _OPTIONS)
+            pytest.fail(f"{name} printed other than its output block says:\n{diff}")

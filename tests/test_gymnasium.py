@@ -453,8 +453,10 @@ def test_failures_raise_the_sdk_errors(server_process: Any) -> None:
     with pytest.raises(errors.DmEnvRpcConnectionError):
         env.step({"paddle": np.int8(0)})
     env.close()
-    with pytest.raises(errors.ConnectTimeoutError):
-        GymnasiumEnv(address=server.address, timeout=0.5)
+    with pytest.raises(errors.ConnectRefusedError, match="connection refused"):
+        GymnasiumEnv(address=server.address, timeout=30)  # the port is closed: at once
+    with pytest.raises(errors.ConnectTimeoutError, match="last attempt was refused"):
+        GymnasiumEnv(address=server.address, timeout=0.5, connect_kwargs={"wait_for_ready": True})
 
 
 def test_gymnasium_env_checker_passes(catch_server: Server, zoo_server: Server) -> None:

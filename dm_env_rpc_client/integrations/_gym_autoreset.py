@@ -67,11 +67,11 @@ def autoreset_mode(value: AutoresetMode | str) -> AutoresetMode:
         if value in (mode.value, mode.name):
             return mode
     modes = [mode.value for mode in AutoresetMode]
-    raise ValueError(_MODE.format(modes=modes, value=value))
+    raise errors.ArgumentValueError(_MODE.format(modes=modes, value=value))
 
 
 def reset_mask(mask: Any, count: int) -> np.ndarray:
-    """Checks ``options["reset_mask"]`` as gymnasium's ``SyncVectorEnv`` does; a clear ValueError."""
+    """Checks ``options["reset_mask"]`` as gymnasium's ``SyncVectorEnv`` does (ArgumentValueError)."""
     if not isinstance(mask, np.ndarray):
         what = type(mask).__name__
     elif mask.dtype != np.bool_ or mask.shape != (count,):
@@ -80,7 +80,7 @@ def reset_mask(mask: Any, count: int) -> np.ndarray:
         what = "no True value"
     else:
         return mask
-    raise ValueError(_MASK.format(count=count, what=what))
+    raise errors.ArgumentValueError(_MASK.format(count=count, what=what))
 
 
 def check_not_ended(ended: np.ndarray) -> None:
@@ -186,3 +186,31 @@ def _stitched(rows: dict[int, Row]) -> BatchedTimeStep | None:
         state=np.array([rows[i][1] for i in ids], np.uint8),
         truncated=np.array([rows[i][2] for i in ids], bool),
     )
+
+
+def same_step_rows(
+    env: Any, observations: Any, infos: dict[str, Any], ended: list[int], firsts: Any
+) -> Any:
+    """SAME_STEP: each ended world's row becomes its first observation ``firsts`` (stacked).
+
+    Its last observation and info go to ``infos["final_obs"]`` and
+    ``infos["final_info"]`` through gymnasium's own ``_add_info``, and its
+    ``discount`` becomes the reset's 1.0, as ``SyncVectorEnv`` merges it.
+    """
+    items = rows(env.observation_space, observations)
+    for index, first in zip(ended, rows(env.observation_space, firsts), strict=True):
+        final_info = {"discount": infos["discount"][index]}
+        env._add_info(infos, {"final_obs": items[index], "final_info": final_info}, index)
+        items[index] = first
+        infos["discount"][index] = 1.0
+    return stacked(env.single_observation_space, items)
+
+
+def drop_in_flight(batch: BatchedEnvironment, ids: list[int], timeout: float | None) -> None:
+    """Receives and drops every step still in flight (before a reset)."""
+    for _ in ids:
+        pending = [index for index in ids if batch.in_flight(index) > 0]
+        if not pending:
+            return
+        with contextlib.suppress(errors.DmEnvRpcClientError, ValueError):
+            batch.recv(env_ids=pending, timeout=timeout)

@@ -38,7 +38,6 @@ No step a world answered is lost (``_gym_uneven``):
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -50,7 +49,7 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client import _checks, errors, specs
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.batched import BatchedEnvironment
@@ -64,6 +63,11 @@ _RESET_INFO = "discount"  # GymnasiumEnv's reset info: {"discount": 1.0}, the ke
 
 _ONE_SOURCE = "Give GymnasiumVectorEnv either a BatchedEnvironment or addresses=, not {what}."
 _NUM_ENVS = "num_envs={num_envs} but the BatchedEnvironment has {count} worlds."
+_NOT_A_BATCH = (
+    "GymnasiumVectorEnv's first argument, batch, is a BatchedEnvironment, not {kind}. To "
+    "connect to servers, pass their addresses as addresses=: GymnasiumVectorEnv(addresses="
+    "{addresses!r}, num_envs=N) makes N worlds over them."
+)
 _REQUESTED_WITH_BATCH = (
     "requested_observations= goes with addresses=; a BatchedEnvironment shows what its "
     "worlds were joined with: pass it to BatchedEnvironment.connect instead."
@@ -119,7 +123,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         ``metadata["autoreset_mode"]`` and the ``autoreset_mode`` attribute.
 
     Raises:
-      ValueError: neither or both of ``batch`` and ``addresses``,
+      ArgumentTypeError: ``batch`` is not a BatchedEnvironment (addresses name ``addresses=``).
+      ArgumentValueError: neither or both of ``batch`` and ``addresses``, a bad address,
+        ``num_envs`` or timeout (``BatchedEnvironment.connect`` checks them),
         ``requested_observations`` with ``batch``, or an unknown autoreset mode.
       UnknownNameError: a requested observation the worlds do not have.
       SpecError: a tensor has no gymnasium space (the message says how to leave it out).
@@ -150,8 +156,15 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
     ) -> None:
         self.autoreset_mode = autoreset.autoreset_mode(autoreset_mode)
         self.metadata = {**type(self).metadata, "autoreset_mode": self.autoreset_mode}
+        if batch is not None and not isinstance(batch, BatchedEnvironment):
+            example = [batch] if isinstance(batch, str) else batch
+            if not isinstance(batch, (str, list, tuple)):
+                example = ["127.0.0.1:50051"]
+            raise errors.ArgumentTypeError(
+                _NOT_A_BATCH.format(kind=_checks.kind(batch), addresses=list(example))
+            )
         if (batch is None) == (addresses is None):
-            raise ValueError(_ONE_SOURCE.format(what="both" if batch else "neither"))
+            raise errors.ArgumentValueError(_ONE_SOURCE.format(what="both" if batch else "neither"))
         self._owned = batch is None
         if batch is None:
             assert addresses is not None
@@ -165,9 +178,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                 **dict(connect_kwargs or {}),
             )
         elif num_envs is not None and num_envs != len(batch):
-            raise ValueError(_NUM_ENVS.format(num_envs=num_envs, count=len(batch)))
+            raise errors.ArgumentValueError(_NUM_ENVS.format(num_envs=num_envs, count=len(batch)))
         elif requested_observations is not None:
-            raise ValueError(_REQUESTED_WITH_BATCH)
+            raise errors.ArgumentValueError(_REQUESTED_WITH_BATCH)
         self._batch = batch
         self._timeout = timeout
         self._seed_setting = seed_setting
@@ -505,23 +518,12 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         others = [i for i in ended if i not in firsts]
         if others:
             firsts.update(self._autoreset_steps(others))
-        items = autoreset.rows(self.observation_space, observations)
         new = self._from_batch(batch_of(list(firsts.values()), list(firsts)).observation)
-        for index, first in zip(firsts, autoreset.rows(self.observation_space, new), strict=True):
-            final_info = {_RESET_INFO: infos[_RESET_INFO][index]}
-            self._add_info(infos, {"final_obs": items[index], "final_info": final_info}, index)
-            items[index] = first
-            infos[_RESET_INFO][index] = 1.0  # the reset's info, as SyncVectorEnv merges it
-        return autoreset.stacked(self.single_observation_space, items)
+        return autoreset.same_step_rows(self, observations, infos, list(firsts), new)
 
     def _drop_in_flight(self, timeout: float | None) -> None:
         """Receives and drops every step still in flight (before a reset)."""
-        for _ in self._ids:
-            pending = [index for index in self._ids if self._batch.in_flight(index) > 0]
-            if not pending:
-                return
-            with contextlib.suppress(errors.DmEnvRpcClientError, ValueError):
-                self._batch.recv(env_ids=pending, timeout=timeout)
+        autoreset.drop_in_flight(self._batch, self._ids, timeout)
 
     def _from_batch(self, observation: dict[str, Any]) -> Any:
         """Stacked SDK observations as a value of ``observation_space``."""

@@ -35,10 +35,10 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from dm_env_rpc_client import errors
+from dm_env_rpc_client import _checks, errors
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.connection import connect
-from dm_env_rpc_client.server import MakeEnv, Server, serve
+from dm_env_rpc_client.server import MakeEnv, Server, check_factory, serve
 
 _MEMO = "dm_env_rpc_fleet"  # /tmp/dm_env_rpc_fleet-<fleet>-<server>: a server's port, for restarts
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -47,7 +47,6 @@ _NOT_INITIALIZED = (
     "ray.init(num_cpus=2, include_dashboard=False); on a cluster: ray.init(address='auto'))."
 )
 _BAD_STRATEGY = "Unknown placement strategy {strategy!r}; use one of {choices}."
-_BAD_COUNT = "A fleet needs at least one server, not {count}."
 _NO_ROOM = (
     "Ray could not place {count} servers of {cpus} CPU each with strategy {strategy} within "
     "{timeout} s (the cluster has {available}). Ask for fewer servers or CPUs per server "
@@ -186,12 +185,14 @@ class ServerFleet:
         max_workers: int = 64,
         timeout: float = 60.0,
     ) -> None:
+        check_factory(make_env)
+        _checks.check_count(num_servers, "num_servers")
+        if strategy not in STRATEGIES:
+            raise errors.ArgumentValueError(
+                _BAD_STRATEGY.format(strategy=strategy, choices=", ".join(STRATEGIES))
+            )
         if not ray.is_initialized():
             raise FleetError(_NOT_INITIALIZED)
-        if num_servers < 1:
-            raise ValueError(_BAD_COUNT.format(count=num_servers))
-        if strategy not in STRATEGIES:
-            raise ValueError(_BAD_STRATEGY.format(strategy=strategy, choices=", ".join(STRATEGIES)))
         self.timeout = timeout
         self._closed = False
         self._actors: list[Any] = []

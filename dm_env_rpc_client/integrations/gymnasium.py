@@ -51,7 +51,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without gym
 
 import numpy as np
 
-from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client import _checks, errors, specs
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.connection import Connection, connect
 from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world
@@ -71,6 +71,13 @@ DISCOUNT_KEY = "discount"
 """The ``info`` key of dm_env's discount after a step."""
 
 _ONE_SOURCE = "Give GymnasiumEnv either a DmEnvAdaptor or address=, not {what}."
+_NOT_AN_ADAPTOR = (
+    "GymnasiumEnv's first argument, env, is a joined world (a DmEnvAdaptor, as "
+    "dmr.create_and_join_world returns), not {kind}.{hint}"
+)
+_ADDRESS_HINT = (
+    " To connect to a server, pass its address as address=: GymnasiumEnv(address={env!r})."
+)
 _NO_IMAGE = (
     "render_mode='rgb_array' needs an image observation (uint8 [height, width, 3]), and "
     "this world has none among {names}. Name one with render_observation=."
@@ -119,7 +126,10 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
       connect_kwargs: more arguments for ``dmr.connect`` (credentials, options, ...).
 
     Raises:
-      ValueError: neither or both of ``env`` and ``address``, or a bad render choice.
+      ArgumentTypeError: ``env`` is not a DmEnvAdaptor (an address string names ``address=``).
+      ArgumentValueError: neither or both of ``env`` and ``address``, a bad address or
+        timeout (``dmr.connect`` checks them), or a bad render mode.
+      ValueError: a bad render observation.
       SpecError: a shown tensor has no gymnasium space (the message says how to leave it out).
       DmEnvRpcClientError: connecting, creating or joining failed.
     """
@@ -144,10 +154,15 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
         unwrap_single: bool = False,
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        if env is not None and not isinstance(env, DmEnvAdaptor):
+            hint = _ADDRESS_HINT.format(env=env) if isinstance(env, str) else ""
+            raise errors.ArgumentTypeError(
+                _NOT_AN_ADAPTOR.format(kind=_checks.kind(env), hint=hint)
+            )
         if (env is None) == (address is None):
-            raise ValueError(_ONE_SOURCE.format(what="both" if env else "neither"))
+            raise errors.ArgumentValueError(_ONE_SOURCE.format(what="both" if env else "neither"))
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
+            raise errors.ArgumentValueError(
                 _RENDER_MODE.format(modes=self.metadata["render_modes"], mode=render_mode)
             )
         self._timeout = timeout

@@ -51,7 +51,7 @@ from typing import Any
 import dm_env
 import grpc
 
-from dm_env_rpc_client import errors
+from dm_env_rpc_client import _checks, errors
 from dm_env_rpc_client._loop import LoopThread
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.server._session import Session
@@ -76,6 +76,24 @@ _TOO_MANY_STREAMS = (
 )
 
 MakeEnv = Callable[[dict[str, Any]], dm_env.Environment]
+_NOT_A_FACTORY = (
+    "make_env is a factory, called with each world's settings, not {kind}. Pass "
+    "{hint}lambda settings: MyEnv(**settings), or the environment class itself."
+)
+
+
+def check_factory(make_env: Any) -> None:
+    """Refuses a ``make_env`` that is not a factory or a class (an environment instance).
+
+    Raises:
+      ArgumentTypeError: naming ``make_env`` and what to pass (for an instance, its class).
+    """
+    if isinstance(make_env, dm_env.Environment) or not callable(make_env):
+        instance = isinstance(make_env, dm_env.Environment)
+        hint = f"{type(make_env).__name__} (the class), " if instance else ""
+        raise errors.ArgumentTypeError(
+            _NOT_A_FACTORY.format(kind=_checks.kind(make_env), hint=hint)
+        )
 
 
 def _factory(make_env: MakeEnv | type[dm_env.Environment]) -> MakeEnv:
@@ -116,6 +134,9 @@ class Server:
         credentials: grpc.ServerCredentials | None = None,
         max_workers: int = 64,
     ) -> None:
+        check_factory(make_env)
+        _checks.check_address(address, listen=True)
+        _checks.check_count(max_workers, "max_workers")
         self._registry = Registry(_factory(make_env))
         self._stopped = False
         self._max_streams = max_workers
@@ -233,6 +254,7 @@ class Server:
         return f"Server(address={self.address!r}, stopped={self._stopped})"
 
 
+@_checks.keywords_checked
 def serve(
     make_env: MakeEnv | type[dm_env.Environment],
     address: str = "127.0.0.1:0",
@@ -254,6 +276,12 @@ def serve(
 
     Returns:
       The running Server (use it as a context manager, or call ``stop()``).
+
+    Raises:
+      ArgumentTypeError: ``make_env`` is not callable (an environment instance,
+        where its class or a factory goes), or ``max_workers`` is not a whole number.
+      ArgumentValueError: ``address`` is not ``host:port``, or ``max_workers`` < 1.
+      OSError: the address cannot be bound.
     """
     return Server(make_env, address, credentials=credentials, max_workers=max_workers)
 

@@ -19,8 +19,12 @@ from typing import Any
 import grpc
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import specs, tensors
+from dm_env_rpc_client import _checks, errors, specs, tensors
 from dm_env_rpc_client._proto import properties_pb2
+
+_NOT_CALLABLE = (
+    "Property's {name} is a function (read=lambda: value; write=lambda value: ...), not {kind}."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +42,15 @@ class Property:
     read: Callable[[], Any]
     write: Callable[[Any], None] | None = None
     description: str = ""
+
+    def __post_init__(self) -> None:
+        _checks.check_type(self.spec, dm_specs.Array, "spec", "a dm_env spec of the value")
+        for name in ("read", "write"):
+            value = getattr(self, name)
+            if not callable(value) and (name == "read" or value is not None):
+                raise errors.ArgumentTypeError(
+                    _NOT_CALLABLE.format(name=name, kind=_checks.kind(value))
+                )
 
 
 class PropertyError(Exception):
