@@ -16,6 +16,12 @@ at the same window (steps/s and client CPU per step), each the median of the
 per-round ratios, so drift between rounds cancels. The float32[100,000] table also
 has ``step_async`` and ``step_iter`` at 16 in flight with ``copy_observations=False``
 (read-only views of the response bytes where the payload is aligned, else a copy).
+
+Regression guards (issue 28: no compiled extension, so the pure-Python costs
+measured are kept as ceilings, not goals): after the tables, client CPU per
+step of ``step_iter`` and ``step_async`` at 16 in flight over the raw gRPC floor
+at 16, per server, against ``CPU_GUARDS``, each row PASS or FAIL; the script
+exits with status 1 if any row fails.
 """
 
 from __future__ import annotations
@@ -106,6 +112,14 @@ def ours(
 
 WINDOWS = (8, 16, 32)
 ASYNC_WINDOW = 16
+# Client CPU per step over the raw gRPC floor's, at most (at ASYNC_WINDOW in flight):
+# (table, SDK path) -> ceiling.
+CPU_GUARDS = {
+    ("Catch", "step_iter"): 1.25,
+    ("Catch", "step_async"): 1.3,
+    ("float32[100,000] observation", "step_iter"): 1.35,
+    ("float32[100,000] observation", "step_async"): 1.65,
+}
 
 
 def bench(
@@ -115,8 +129,13 @@ def bench(
     rounds: int,
     windows: tuple[int, ...],
     views: bool = False,
+    ratios: dict[str, float] | None = None,
 ) -> list[list[Any]]:
-    """The table's rows for one server; ``views`` adds the copy_observations=False rows."""
+    """The table's rows for one server; ``views`` adds the copy_observations=False rows.
+
+    ``ratios`` (if given) gets each SDK path's client CPU per step over the floor's at
+    ``ASYNC_WINDOW`` in flight, by path (``step_iter``, ``step_async``), for the guards.
+    """
     address = server.address
     variants: dict[str, VariantFactory] = {
         REFERENCE: functools.partial(reference, address, action),
@@ -142,6 +161,11 @@ def bench(
     results = measure_interleaved(
         variants, steps, rounds=rounds, warmup=min(steps, 100), server_pid=server.pid
     )
+    if ratios is not None:
+        floor_name = f"raw gRPC floor, {ASYNC_WINDOW} in flight"
+        for path in ("step_iter", "step_async"):
+            name = f"SDK {path}, {ASYNC_WINDOW} in flight"
+            ratios[path] = results.ratio(name, floor_name, "cpu_us_per_step")
     rows = []
     for name in results.names:
         window = re.search(r"(\d+) in flight", name)
@@ -182,7 +206,8 @@ def main() -> None:
         "CPU vs floor",
     ]
     large_steps = max(100, args.steps // 10)
-    windows = tuple(args.windows)
+    windows = tuple(sorted({*args.windows, ASYNC_WINDOW}))  # the guards' window is always run
+    checks = []
     for title, env, extra, action, steps, views in (
         ("Catch", "catch", (), {"paddle": np.int8(1)}, args.steps, False),
         (
@@ -196,17 +221,29 @@ def main() -> None:
     ):
         rows = []
         for name in args.servers:
+            ratios: dict[str, float] = {}
             with any_server_process_info(name, env, *extra) as server:
                 rows += [
                     [SERVERS[name], *row]
-                    for row in bench(server, action, steps, args.rounds, windows, views)
+                    for row in bench(server, action, steps, args.rounds, windows, views, ratios)
                 ]
+            for path, ratio in ratios.items():
+                ceiling = CPU_GUARDS[title, path]
+                verdict = "PASS" if ratio <= ceiling else "FAIL"
+                checks.append([title, SERVERS[name], path, f"{ratio:.2f}x", f"{ceiling}x", verdict])
         print_table(title, header, rows)
     print(
         f"\nMedians over {args.rounds} interleaved rounds; steps per variant per round: "
         f"{args.steps:,} (Catch), {large_steps:,} (float32[100,000])."
     )
     print(pinned)
+    print_table(
+        f"CPU regression guards: client CPU per step vs the raw gRPC floor, {ASYNC_WINDOW} in flight",
+        ["table", "server", "path", "measured", "at most", "verdict"],
+        checks,
+    )
+    if any(check[-1] == "FAIL" for check in checks):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,20 @@ ratio is the median of per-round ratios against the local process.
 On one 2-core machine this can only show what Ray costs, not what it gains:
 2 servers and 2 shards share 2 cores. docs/ray.md projects to N nodes from
 one shard's client CPU per step.
+
+``--scale`` instead compares many worlds (issue 28): over 4 SDK server
+processes (``--max-workers`` room for 1,024 worlds each), one local batch of
+1,024 worlds in a plain child process, then 4 such batches at once (4
+processes), then ``run_sharded`` with 4 shards of 1,024 worlds; 2 steps in
+flight per world. Each row gives the aggregate steps/s and each batch's or
+shard's client CPU per step (median over them, and the largest), against the
+one local batch's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -37,6 +46,7 @@ from typing import Any
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
 from _common import (
     DEFAULT_ROUNDS,
+    any_server_process_info,
     print_table,
     process_cpu_seconds,
     server_processes,
@@ -66,13 +76,15 @@ def make_catch(settings: dict[str, Any]) -> Catch:
     return Catch(**settings)
 
 
-def local(addresses: list[str], steps: int) -> tuple[float, float]:
+def local(
+    addresses: list[str], steps: int, worlds: int = WORLDS, pipeline: int = PIPELINE
+) -> tuple[float, float]:
     """The shards' stepping loop over all worlds, in a child process without Ray started.
 
     Not in this process: Ray's driver threads here would be counted in its CPU time.
     """
     out = subprocess.run(
-        [sys.executable, __file__, "--local-child", str(steps), *addresses],
+        [sys.executable, __file__, *_local_command(steps, worlds, pipeline), *addresses],
         capture_output=True,
         text=True,
         timeout=600,
@@ -82,11 +94,16 @@ def local(addresses: list[str], steps: int) -> tuple[float, float]:
     return rate, cpu
 
 
-def local_child(steps: int, addresses: list[str]) -> None:
-    worlds = list(range(WORLDS))
-    shard = _Shard(0, worlds, [addresses[w % len(addresses)] for w in worlds], 0, {})
+def _local_command(steps: int, worlds: int, pipeline: int) -> list[str]:
+    return ["--local-child", str(steps), "--worlds", str(worlds), "--pipeline", str(pipeline)]
+
+
+def local_child(steps: int, addresses: list[str], count: int, pipeline: int) -> None:
+    worlds = list(range(count))
+    options = {"timeout": 120.0}
+    shard = _Shard(0, worlds, [addresses[w % len(addresses)] for w in worlds], 0, options)
     try:
-        stats = shard.run(steps, None, PIPELINE, False)
+        stats = shard.run(steps, None, pipeline, False)
     finally:
         shard.close()
     print(
@@ -148,14 +165,96 @@ def report(title: str, samples: Samples) -> None:
     )
 
 
+SCALE_WORLDS, SCALE_SHARDS, SCALE_PIPELINE = 1024, 4, 2
+
+
+def scale_out(steps: int) -> None:
+    """``--scale``: 4 Ray shards of 1,024 worlds against local batches of 1,024 (see above)."""
+    room = str(SCALE_WORLDS + 16)
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(any_server_process_info("sdk", "catch", "--max-workers", room))
+            for _ in range(SCALE_SHARDS)
+        ]
+        addresses = [server.address for server in servers]
+        one = [local(addresses, steps, SCALE_WORLDS, SCALE_PIPELINE)]
+        command = [sys.executable, __file__, *_local_command(steps, SCALE_WORLDS, SCALE_PIPELINE)]
+        children = [
+            subprocess.Popen([*command, *addresses], stdout=subprocess.PIPE, text=True)
+            for _ in range(SCALE_SHARDS)
+        ]
+        together = []
+        for child in children:
+            out, _ = child.communicate(timeout=600)
+            together.append(tuple(json.loads(out.strip().splitlines()[-1])))
+        started = init_ray("local", num_cpus=2, log_to_driver=False)
+        try:
+            run = run_sharded(
+                addresses,
+                num_worlds=SCALE_WORLDS * SCALE_SHARDS,
+                num_shards=SCALE_SHARDS,
+                steps=steps * SCALE_SHARDS,
+                seed=0,
+                pipeline=SCALE_PIPELINE,
+                num_cpus=1 / SCALE_SHARDS,
+                timeout=120,
+            )
+        finally:
+            if started:
+                ray.shutdown()
+    shards = [
+        (shard.stats.steps / shard.stats.elapsed, shard.cpu / shard.stats.steps * 1e6)
+        for shard in run.shards
+    ]
+    base = one[0][1]
+    rows = []
+    for name, samples, aggregate in (
+        ("1 local batch of 1,024", one, one[0][0]),
+        (f"{SCALE_SHARDS} local batches of 1,024 at once", together, sum(s[0] for s in together)),
+        (f"{SCALE_SHARDS} Ray shards of 1,024", shards, run.steps_per_second),
+    ):
+        cpus = [cpu for _, cpu in samples]
+        middle = statistics.median(cpus)
+        rows.append(
+            [
+                name,
+                aggregate,
+                middle,
+                max(cpus),
+                f"{middle / base:.2f}x",
+                f"{max(cpus) / base:.2f}x",
+            ]
+        )
+    print_table(
+        f"{SCALE_WORLDS:,} Catch worlds per batch or shard over {SCALE_SHARDS} SDK servers, "
+        f"{SCALE_PIPELINE} steps in flight per world",
+        [
+            "client",
+            "steps/s (all)",
+            "CPU µs/step (median)",
+            "CPU µs/step (largest)",
+            "median vs 1 local",
+            "largest vs 1 local",
+        ],
+        rows,
+    )
+    print(f"\n{steps:,} steps per batch or shard; Ray {ray.__version__}, {os.cpu_count()} cores.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8000)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--local-child", type=int, metavar="STEPS", help=argparse.SUPPRESS)
+    parser.add_argument("--worlds", type=int, default=WORLDS, help=argparse.SUPPRESS)
+    parser.add_argument("--pipeline", type=int, default=PIPELINE, help=argparse.SUPPRESS)
+    parser.add_argument("--scale", action="store_true", help="4 shards of 1,024 worlds (see above)")
     args, addresses = parser.parse_known_args()
     if args.local_child is not None:
-        local_child(args.local_child, addresses)
+        local_child(args.local_child, addresses, args.worlds, args.pipeline)
+        return
+    if args.scale:
+        scale_out(args.steps)
         return
     started = init_ray("local", num_cpus=2, log_to_driver=False)
     try:

@@ -14,8 +14,8 @@ the command line and the embedded server.
 
 # First: loads grpc with its INFO lines off, unless GRPC_VERBOSITY is set (see _quiet).
 from dm_env_rpc_client import _quiet as _quiet
-from dm_env_rpc_client._foreign import ForeignConnection, create_secure_channel_and_connect
-from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
+from dm_env_rpc_client._foreign import ForeignConnection
+from dm_env_rpc_client._proto import dm_env_rpc_pb2, dm_env_rpc_pb2_grpc, properties_pb2
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
 from dm_env_rpc_client.aio_environment import (
@@ -29,6 +29,7 @@ from dm_env_rpc_client.aio_environment import (
 )
 from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
 from dm_env_rpc_client.cli import main as cli_main
+from dm_env_rpc_client.conformance import ConformanceReport, check_server
 from dm_env_rpc_client.connection import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -36,6 +37,7 @@ from dm_env_rpc_client.connection import (
     Connection,
     ConnectionLike,
     connect,
+    create_secure_channel_and_connect,
 )
 from dm_env_rpc_client.display import show
 from dm_env_rpc_client.environment import (
@@ -61,6 +63,7 @@ from dm_env_rpc_client.errors import (
     DmEnvRpcError,
     DuplicateNameError,
     EmptyTensorError,
+    ErrorCode,
     IntegerRangeError,
     InvalidArgumentError,
     NotFoundError,
@@ -123,6 +126,7 @@ __all__ = [
     "BatchedTimeStep",
     "Bounds",
     "BoundsError",
+    "ConformanceReport",
     "ConnectRefusedError",
     "ConnectTimeoutError",
     "Connection",
@@ -141,6 +145,7 @@ __all__ = [
     "EmptyTensorError",
     "Episode",
     "EpisodeRecorder",
+    "ErrorCode",
     "ForeignConnection",
     "IntegerRangeError",
     "InvalidArgumentError",
@@ -173,6 +178,7 @@ __all__ = [
     "WorldFailure",
     "WorldTimeoutError",
     "bounds",
+    "check_server",
     "cli_main",
     "connect",
     "connect_async",
@@ -185,6 +191,7 @@ __all__ = [
     "destroy_world",
     "destroy_world_async",
     "dm_env_rpc_pb2",
+    "dm_env_rpc_pb2_grpc",
     "dm_env_spec_to_tensor_spec",
     "get_tensor_type",
     "iter_episodes",

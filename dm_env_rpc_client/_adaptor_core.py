@@ -154,6 +154,7 @@ class AdaptorCore:
     """
 
     _timeout: float | None = None  # each response's wait; the I/O adaptors set their own
+    _extension_names: Sequence[str] = ()  # set by _attach_extensions
 
     def __init__(
         self,
@@ -198,6 +199,7 @@ class AdaptorCore:
             name for name in (REWARD, DISCOUNT) if name in names and name not in visible
         ]
         self._uids = [self._observations.name_to_uid(name) for name in visible + self._hidden]
+        self._request_uids = sorted(self._uids)  # in a StepRequest, in the reference's order
         self._plan = ObservationPlan(wire_specs.observations, self._uids, self._copy_observations)
         # Step requests as bytes without messages (``_step_data``); not for a subclass that
         # makes its own requests, nor without validation (pack_tensor's own conversions).
@@ -351,7 +353,7 @@ class AdaptorCore:
         if action is not None and not isinstance(action, Mapping):
             raise not_a_dict_error(action, self._actions.names())
         packed = self._actions.pack(action) if action else {}
-        return dm_env_rpc_pb2.StepRequest(actions=packed, requested_observations=self._uids)
+        return dm_env_rpc_pb2.StepRequest(actions=packed, requested_observations=self._request_uids)
 
     def _step_data(self, action: Mapping[str, Any] | None) -> tuple[bytes, str, str]:
         """``step_request(action)`` as EnvironmentRequest bytes, for a connection of the SDK.
@@ -410,6 +412,35 @@ class AdaptorCore:
             f"{type(self).__name__}(world={self.world_name!r}, address={address!r}, {state}, "
             f"actions=[{actions}], observations=[{observations}])"
         )
+
+    @property
+    def _dm_env_rpc_specs(self) -> dm_env_rpc_pb2.ActionObservationSpecs:
+        """The joined world's ``ActionObservationSpecs``, under the reference adaptor's name
+        (subclasses written for it read it in their ``action_spec`` or ``reset``)."""
+        return self._wire_specs
+
+    def _attach_extensions(self, extensions: Mapping[str, Any] | None) -> None:
+        """Sets each extension as an attribute, as the reference's ``extensions=`` does.
+
+        ``properties`` takes the place of ``env.properties``; another name the
+        adaptor already has raises ``ValueError``, as the reference does.
+        """
+        self._extension_names = list(extensions or ())
+        for name, extension in (extensions or {}).items():
+            if name == "properties":
+                self._properties = extension
+            elif hasattr(self, name):
+                raise ValueError(
+                    f"DmEnvAdaptor already has attribute {name!r}; rename the extension."
+                )
+            else:
+                setattr(self, name, extension)
+
+    def _release_extensions(self) -> None:
+        """On close: the extensions' attributes become None, as in the reference."""
+        for name in self._extension_names:
+            if name != "properties":
+                setattr(self, name, None)
 
     @property
     def action_manager(self) -> specs.SpecManager:

@@ -6,7 +6,7 @@ step-type state machine on and files the answer for ``recv``, ``_watch`` fails
 a world that passes its ``step_timeout``, and ``_fail`` applies the failure
 policy (``_restore`` makes a world again with ``_restart.reopen``). Answers
 are filed under a per-world *generation*: a failure bumps it, so an answer to a
-step dropped by the failure is never filed. ``open_worlds`` creates the worlds
+step dropped by the failure is never filed. ``_batch_open`` creates the worlds
 for ``BatchedEnvironment.connect``. The public face is ``batched``.
 """
 
@@ -20,22 +20,22 @@ import functools
 import random
 import threading
 import time
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _checks, _restart, errors
+from dm_env_rpc_client import _checks, _restart, errors, messages
 from dm_env_rpc_client._loop import LoopConnection, LoopThread
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of
 from dm_env_rpc_client._step_encoder import StepEncoder
 from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.aio import AsyncConnection
-from dm_env_rpc_client.connection import ConnectionLike
-from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world, join_world
+from dm_env_rpc_client.connection import ConnectionLike, wait_response
+from dm_env_rpc_client.environment import DmEnvAdaptor
 
 _WORLD_FAILED = "World {index} at {address} failed: {error}"
 _STALLED = "no response within its step_timeout of {timeout} s (the server may be stopped or hung)"
@@ -51,11 +51,6 @@ _LIVE, _FAILED, _RESTARTING, _REMOVED_STATE = 0, 1, 2, 3
 _SEED_TWICE = (
     "create_world_settings already holds {name!r}, and seed= sets it per world: "
     "pass one of the two, or a different seed_setting."
-)
-_SEED_REFUSED = (
-    "The server at {address} refused the create setting {name!r} ({error}); the worlds are "
-    "created without it, so only what the client draws is seeded. Pass seed_setting= with "
-    "the name the server takes, or seed_setting=None to silence this."
 )
 _NAMES_COUNT = "Give one world name per world: {names} names for {count} worlds."
 _NO_WAITER = 1 << 62
@@ -362,12 +357,21 @@ class BatchCore:
         """
         timesteps, done = [], []
         failed: tuple[int, errors.DmEnvRpcClientError] | None = None
+        if self._runner is not None:  # every world's requests in flight at once
+            answers = self._reset_pipelined(ids, timeout)
+        else:
+            answers = {}
+            for index in ids:
+                try:
+                    answers[index] = self.envs[index].reset(timeout=timeout)
+                except errors.DmEnvRpcClientError as exc:
+                    answers[index] = exc
         for index in ids:
-            try:
-                timesteps.append(self.envs[index].reset(timeout=timeout))
-            except errors.DmEnvRpcClientError as exc:
-                failed = failed or (index, exc)
+            answer = answers[index]
+            if isinstance(answer, errors.DmEnvRpcClientError):
+                failed = failed or (index, answer)
             else:
+                timesteps.append(answer)
                 done.append(index)
         states = [self.envs[i]._last_state or 0 for i in done]  # RUNNING after a reset
         reset = _flagged(batch_of(timesteps, done), None, states) if done else None
@@ -377,6 +381,48 @@ class BatchCore:
             raise error from failed[1]
         assert reset is not None  # ids is never empty
         return reset
+
+    def _reset_pipelined(self, ids: list[int], timeout: float | None) -> dict[int, Any]:
+        """``DmEnvAdaptor.reset`` for every world of ``ids`` at once: their TimeSteps or errors.
+
+        Every world's ResetRequest is sent before any answer is awaited, then
+        every world's first step, so resetting takes two round trips, not two per
+        world (the first steps wait for the resets: a reset may change the specs
+        the step is made from). Each response is awaited ``timeout`` seconds
+        (default: the adaptor's) from when it was sent.
+        """
+        outcome: dict[int, Any] = {}
+        resets = {}
+        request = dm_env_rpc_pb2.ResetRequest()
+        for index in ids:
+            env = self.envs[index]
+            try:
+                env._check_open()
+                resets[index] = env.connection.send_async(request)
+            except errors.DmEnvRpcClientError as exc:
+                outcome[index] = exc
+        started = time.monotonic()
+        for index, future in resets.items():
+            env = self.envs[index]
+            wait = _remaining(started, env._timeout if timeout is None else timeout)
+            try:
+                env._reset_done(wait_response(future, wait, request))
+            except errors.DmEnvRpcClientError as exc:
+                outcome[index] = exc
+        steps = {index: self.envs[index]._send_step({}) for index in resets if index not in outcome}
+        started = time.monotonic()
+        for index, (step, future) in steps.items():
+            env = self.envs[index]
+            wait = _remaining(started, env._timeout if timeout is None else timeout)
+            try:
+                outcome[index] = env.step_response(wait_response(future, wait, step))
+            except errors.RequestTimeoutError as exc:
+                # As DmEnvAdaptor.step: its late answer still moves the state machine on.
+                future.add_done_callback(env._advance_late)
+                outcome[index] = exc
+            except errors.DmEnvRpcClientError as exc:
+                outcome[index] = exc
+        return outcome
 
     def _decode(
         self, env_ids: list[int], step_types: list[Any], responses: list[Any]
@@ -405,6 +451,38 @@ class BatchCore:
                 raise self._wrap(index, exc) from exc
         raise AssertionError("the batch did not decode, but each step does")
 
+    def _leave_all(self, timeout: float) -> None:
+        """Leaves (and destroys) every live world at once, waiting at most ``timeout`` s.
+
+        One call on the loop writes every world's requests before any answer is
+        awaited, so closing takes about one round trip, not one per world. As
+        ``DmEnvAdaptor.close``, a world whose server refuses to leave still gets
+        its DestroyWorldRequest, and a dead or hung server ends the wait quietly.
+        """
+        live = [
+            (index, env)
+            for index, env in enumerate(self.envs)
+            if self._state[index] == _LIVE and not env._closed
+        ]
+        for _, env in live:
+            env._closed = True
+        leave = messages.envelope(dm_env_rpc_pb2.LeaveWorldRequest())
+
+        async def leave_all() -> None:
+            answers = []
+            for index, env in live:
+                stream = self._streams[index]
+                answers.append(stream._submit(*leave))
+                if env._destroy_on_close and env.world_name is not None:
+                    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=env.world_name)
+                    answers.append(stream._submit(*messages.envelope(request)))
+            if answers:
+                await asyncio.wait(answers, timeout=timeout)
+
+        assert self._runner is not None
+        with contextlib.suppress(errors.DmEnvRpcClientError):
+            self._runner.run(leave_all(), timeout=timeout + 1.0)
+
     async def _stop_tasks(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -412,6 +490,11 @@ class BatchCore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _remaining(started: float, timeout: float | None) -> float | None:
+    """What is left of ``timeout`` seconds from ``started`` (monotonic); None waits for ever."""
+    return None if timeout is None else max(0.0, started + timeout - time.monotonic())
 
 
 def _is_bad(outcome: Any) -> bool:
@@ -436,93 +519,23 @@ def _shut_down(
     connections: Sequence[ConnectionLike],
     channels: dict[str, grpc.aio.Channel],
 ) -> None:
-    """Closes the streams, then the channels, then the loop; never raises for a dead server."""
-    for conn in connections:
-        with contextlib.suppress(errors.DmEnvRpcClientError):
-            conn.close()
+    """Closes the streams, then the channels, then the loop; never raises for a dead server.
 
-    async def close_channels() -> None:
+    Every stream on the loop is closed by one call on it, all at once (one round
+    trip to the loop per stream would make closing grow with the worlds).
+    """
+    on_loop = [conn for conn in connections if isinstance(conn, LoopConnection)]
+    for conn in connections:
+        if not isinstance(conn, LoopConnection):
+            with contextlib.suppress(errors.DmEnvRpcClientError):
+                conn.close()
+
+    async def close_all() -> None:
+        streams = (conn.async_connection.aclose() for conn in on_loop)
+        await asyncio.gather(*streams, return_exceptions=True)
         await asyncio.gather(*(channel.close() for channel in channels.values()))
 
     with contextlib.suppress(errors.DmEnvRpcClientError):
-        runner.run(close_channels(), timeout=10)
+        runner.run(close_all(), timeout=10)
     channels.clear()  # freed channels let gRPC close their TCP connections now
     runner.close()
-
-
-def open_worlds(
-    runner: LoopThread,
-    open_stream: Callable[..., Any],
-    connections: list[LoopConnection],
-    addresses: Sequence[str],
-    count: int,
-    settings_of: tuple[
-        Mapping[str, Any] | None,
-        Mapping[str, Any] | None,
-        Sequence[str] | None,
-        tuple[str, ...] | None,
-    ],
-    timeout: float | None,
-    seed: int | None,
-    seed_setting: str | None,
-) -> tuple[list[DmEnvAdaptor], list[str], list[_restart.WorldRecipe], list[int | None]]:
-    """Creates (or joins) the batch's worlds in turn; returns envs, addresses, recipes, seeds.
-
-    Each stream opened is appended to ``connections`` at once, so the caller can
-    close them all if a later world fails.
-
-    ``settings_of`` is (create settings, join settings, world names, requested observations).
-
-    Raises:
-      WorldError: naming the world that could not be created or joined.
-      UnknownNameError: a requested observation the world does not have.
-    """
-    create_world_settings, join_world_settings, world_names, requested = settings_of
-    adaptor_kwargs = {"timeout": timeout, "requested_observations": requested}
-    envs: list[DmEnvAdaptor] = []
-    used: list[str] = []
-    recipes: list[_restart.WorldRecipe] = []
-    seeds: list[int | None] = [None] * count
-    for index in range(count):
-        address = addresses[index % len(addresses)]
-        try:
-            conn = runner.run(open_stream(address, first=True))
-            connections.append(conn)
-            settings = None
-            if world_names is not None:
-                env = join_world(conn, world_names[index], join_world_settings, **adaptor_kwargs)
-            else:
-                settings = dict(create_world_settings or {})
-                if seed_setting is not None and seed is not None:
-                    settings[seed_setting] = seeds[index] = seed + index
-                try:
-                    env, _ = create_and_join_world(
-                        conn, settings, join_world_settings, **adaptor_kwargs
-                    )
-                except errors.InvalidArgumentError as exc:
-                    if seed_setting is None or repr(seed_setting) not in str(exc):
-                        raise
-                    warnings.warn(
-                        _SEED_REFUSED.format(address=address, name=seed_setting, error=exc),
-                        stacklevel=3,
-                    )
-                    seed_setting, seeds[index] = None, None
-                    settings = dict(create_world_settings or {})
-                    env, _ = create_and_join_world(
-                        conn, settings, join_world_settings, **adaptor_kwargs
-                    )
-        except errors.UnknownNameError:
-            raise  # a requested observation no world has: the caller's to fix, not a world's
-        except errors.DmEnvRpcClientError as exc:
-            raise errors.WorldError(
-                _WORLD_FAILED.format(index=index, address=address, error=exc),
-                index,
-                address,
-            ) from exc
-        envs.append(env)
-        used.append(address)
-        name = None if world_names is None else world_names[index]
-        recipes.append(
-            _restart.WorldRecipe(settings, join_world_settings, name, timeout, requested)
-        )
-    return envs, used, recipes, seeds

@@ -322,7 +322,10 @@ class EpisodeTally:
                 self.stats.episodes += 1
                 in_episode[world] = False
             if self.recording is not None:
-                self.recording.add(world, None if step_type == 0 else action, result.at(position))
+                state = None if result.state is None else int(result.state[position])
+                self.recording.add(
+                    world, None if step_type == 0 else action, result.at(position), state
+                )
         self.stats.steps += len(result.env_ids)
         if progress is not None:
             progress.update(len(result.env_ids))

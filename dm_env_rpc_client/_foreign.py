@@ -1,7 +1,5 @@
 """What stands where a connection goes: the SDK's, the reference package's, or a mistake.
 
-Also the reference's ``create_secure_channel_and_connect``, under its name.
-
 The world helpers and ``DmEnvAdaptor`` take a ``Connection``; ``as_connection``
 also lets through any object with the reference ``dm-env-rpc`` package's shape
 (a blocking ``send(request)`` returning the inner response), wrapped as a
@@ -13,6 +11,15 @@ until the answer, and the wrapped ``send`` takes no timeout, so the SDK's
 timeouts do not apply to it. The reference's errors become this SDK's
 (``DmEnvRpcError`` with its subclasses by code, ``ConnectionClosedError`` for a
 broken stream).
+
+``compatible`` is what every request of the adaptor, the world helpers and the
+properties extension goes through: an SDK connection whose ``send`` and
+``send_async`` are its class's own is used as it is (pipelined, with the SDK's
+timeouts, steps as bytes); anything else, such as a ``Connection`` whose
+``send`` was replaced on the instance (``connection.send = lambda request:
+...``, as the Unity-task loaders do), a subclass that overrides ``send``, or a
+``MagicMock``, is driven through its ``send(request)`` alone, so that it sees
+every request, with the one argument the reference passes.
 """
 
 from __future__ import annotations
@@ -22,15 +29,10 @@ import inspect
 from typing import Any
 
 import grpc
-from google.protobuf import message
+from google.protobuf import any_pb2, message
 
-from dm_env_rpc_client import errors
-from dm_env_rpc_client.connection import (
-    DEFAULT_CONNECT_TIMEOUT,
-    Connection,
-    ConnectionLike,
-    connect,
-)
+from dm_env_rpc_client import errors, messages
+from dm_env_rpc_client.connection import Connection, ConnectionLike
 
 _NOT_A_CONNECTION = (
     "{caller} takes a connection: dmr.connect(address), or an object with the reference "
@@ -46,6 +48,54 @@ _ASYNC_HINT = (
     "dmr.connect(address) for this sync one."
 )
 _STREAM_BROKE = "The wrapped connection's stream broke ({code}: {details})."
+
+
+_SDK_CLASSES: set[type] = set()  # classes whose send and send_async are the SDK's own
+
+
+def _defined_here(cls: type, name: str) -> bool:
+    module = getattr(getattr(cls, name, None), "__module__", None) or ""
+    return module.startswith("dm_env_rpc_client.")
+
+
+def is_sdk_class(cls: type) -> bool:
+    """Whether ``cls``'s ``send`` and ``send_async`` are the SDK's own (not a subclass's)."""
+    if cls in _SDK_CLASSES:
+        return True
+    if _defined_here(cls, "send") and _defined_here(cls, "send_async"):
+        _SDK_CLASSES.add(cls)  # only the few SDK classes: never a mock's class of its own
+        return True
+    return False
+
+
+def is_sdk_connection(connection: Any) -> bool:
+    """Whether ``connection`` is an SDK connection with its class's ``send`` and ``send_async``.
+
+    False for a connection whose ``send`` or ``send_async`` was replaced on the
+    instance, for a subclass that overrides them, and for anything not the SDK's.
+    """
+    if not is_sdk_class(type(connection)):
+        return False
+    own = getattr(connection, "__dict__", None)
+    return not own or ("send" not in own and "send_async" not in own)
+
+
+def compatible(connection: Any) -> ConnectionLike:
+    """``connection`` if ``is_sdk_connection``, else a ``ForeignConnection`` around it."""
+    if is_sdk_connection(connection):
+        return connection  # type: ignore[no-any-return]
+    return ForeignConnection(connection)
+
+
+def note_destroyed(connection: Any, world_name: str) -> None:
+    """Tells an SDK ``Connection`` that an adaptor's ``close`` destroyed ``world_name``.
+
+    The reference's adaptor never destroys its world, so code written for it
+    sends its own DestroyWorldRequest after ``env.close()``; the connection
+    answers that one request itself (``Connection._destroyed_on_close``).
+    """
+    if issubclass(type(connection), Connection):  # a mock's class is none, even with spec=
+        connection._destroyed_on_close(world_name)
 
 
 class _Status:
@@ -68,8 +118,12 @@ def _is_reference_error(exc: BaseException) -> bool:
 class ForeignConnection:
     """A connection with only a blocking ``send(request)`` (the reference's), as the SDK's.
 
+    Every request goes to ``connection.send(request)``, looked up at each call, with
+    that one argument: a ``send`` replaced later, or a mock's, sees them all.
+
     Args:
-      connection: e.g. a ``dm_env_rpc.v1.connection.Connection``.
+      connection: e.g. a ``dm_env_rpc.v1.connection.Connection``, or an SDK
+        ``Connection`` whose ``send`` was replaced on the instance.
 
     Attributes:
       wrapped: the connection given.
@@ -82,16 +136,38 @@ class ForeignConnection:
         self.wrapped = connection
         self.address = getattr(connection, "address", None)
 
-    def send(self, request: message.Message, timeout: float | None = None) -> Any:
+    def send(
+        self,
+        request: message.Message,
+        timeout: float | None = None,
+        *,
+        response_type: type | None = None,
+    ) -> Any:
         """Sends a request and waits for its response (``timeout`` cannot apply here).
+
+        Args:
+          request: as for ``Connection.send``.
+          timeout: ignored: the wrapped ``send`` takes none.
+          response_type: for extensions, the message class to unpack the
+            ``google.protobuf.Any`` response into.
 
         Raises:
           DmEnvRpcError: the server answered with an error (the SDK's class by code).
           ConnectionClosedError: the stream broke.
         """
         del timeout  # the wrapped send() takes none
+        response = self._send(request)
+        if response_type is not None and isinstance(response, any_pb2.Any):
+            unpacked = response_type()
+            response.Unpack(unpacked)
+            return unpacked
+        return response
+
+    def _send(self, request: message.Message) -> Any:
         try:
-            return self.wrapped.send(request)
+            return self.wrapped.send(messages.as_reference_request(request))
+        except errors.DmEnvRpcClientError:
+            raise  # an SDK connection's own errors (a ConnectionClosedError is a grpc.RpcError)
         except grpc.RpcError as exc:
             code = exc.code() if callable(getattr(exc, "code", None)) else None
             details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
@@ -106,11 +182,13 @@ class ForeignConnection:
             status = _Status(int(exc.code), str(exc.message), exc.details)  # type: ignore[attr-defined]
             raise errors.DmEnvRpcError.from_status(status) from exc
 
-    def send_async(self, request: message.Message) -> concurrent.futures.Future[Any]:
+    def send_async(
+        self, request: message.Message, *, response_type: type | None = None
+    ) -> concurrent.futures.Future[Any]:
         """Sends a request, waits for its response, and returns it as a finished Future."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         try:
-            future.set_result(self.send(request))
+            future.set_result(self.send(request, response_type=response_type))
         except Exception as exc:
             future.set_exception(exc)
         return future
@@ -127,13 +205,16 @@ def as_connection(connection: Any, caller: str, *, takes_address: bool = False) 
     """The SDK connection for what was passed where a connection goes.
 
     Args:
-      connection: a ``Connection``, ``LoopConnection`` or anything with both
-        ``send`` and ``send_async``; or an object with only ``send(request)``.
+      connection: an SDK connection (``Connection``, ``LoopConnection``), or any
+        object with the reference's blocking ``send(request)``.
       caller: the function's name, for the error message.
       takes_address: whether the caller also takes an address string (said in the message).
 
     Returns:
-      ``connection`` itself, or a ``ForeignConnection`` around it.
+      ``connection`` itself if it is of an SDK connection class (its instance's
+      ``send`` may still be replaced: see ``compatible``), else a
+      ``ForeignConnection`` around it (a reference connection, a mock, another
+      object with ``send``), driven through ``send(request)`` alone.
 
     Raises:
       ArgumentTypeError: for anything else, saying what to pass.
@@ -146,8 +227,8 @@ def as_connection(connection: Any, caller: str, *, takes_address: bool = False) 
     elif inspect.iscoroutinefunction(send):
         hint = _ASYNC_HINT
     elif callable(send):
-        if callable(getattr(connection, "send_async", None)):
-            return connection  # type: ignore[no-any-return]
+        if is_sdk_class(type(connection)) or issubclass(type(connection), Connection):
+            return connection  # type: ignore[no-any-return]  # compatible() sees overrides
         return ForeignConnection(connection)
     else:
         hint = ""
@@ -158,40 +239,4 @@ def as_connection(connection: Any, caller: str, *, takes_address: bool = False) 
             type_name=type(connection).__name__,
             hint=hint,
         )
-    )
-
-
-def create_secure_channel_and_connect(
-    server_address: str,
-    credentials: grpc.ChannelCredentials | None = None,
-    timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
-    metadata: Any = None,
-) -> Connection:
-    """Connects as the reference package's function of this name does (its arguments, in order).
-
-    The same as ``dmr.connect(server_address, credentials=..., timeout=..., metadata=...,
-    wait_for_ready=True)``: like the reference's, it waits for a server that is not up yet.
-    Two differences from the reference: ``credentials`` None means the SDK's
-    defaults (local credentials for loopback and ``unix:`` addresses; a remote
-    host needs credentials), and ``timeout`` defaults to
-    ``DEFAULT_CONNECT_TIMEOUT`` (30 s) instead of waiting forever.
-
-    Args:
-      server_address: ``host:port`` or ``unix:path``.
-      credentials: channel credentials, e.g. ``grpc.ssl_channel_credentials()``.
-      timeout: seconds to wait for the server; None waits indefinitely.
-      metadata: gRPC metadata for the stream.
-
-    Returns:
-      A ``Connection`` that owns its channel.
-
-    Raises:
-      ConnectTimeoutError: the server did not answer within ``timeout``.
-    """
-    return connect(
-        server_address,
-        credentials=credentials,
-        timeout=timeout,
-        metadata=metadata,
-        wait_for_ready=True,
     )

@@ -521,12 +521,11 @@ class BatchedEnvironment(BatchCore):
         if self._runner is not None and not self._runner.closed:
             with contextlib.suppress(errors.DmEnvRpcClientError):
                 self._runner.run(self._stop_tasks(), timeout=max(0.1, timeout / 4))
-        for index, env in enumerate(self.envs):
-            if self._state[index] != _LIVE:
-                continue  # its stream is closed or gone: nothing to leave
-            remaining = max(0.1, deadline - time.monotonic())
-            with contextlib.suppress(errors.DmEnvRpcClientError):  # a dead world: nothing to leave
-                env.close(timeout=remaining)
+            self._leave_all(max(0.1, deadline - time.monotonic()))  # every world at once
+        for index, env in enumerate(self.envs):  # those left above are closed already
+            if self._state[index] == _LIVE:  # else its stream is closed or gone: nothing to leave
+                with contextlib.suppress(errors.DmEnvRpcClientError):  # a dead world
+                    env.close(timeout=max(0.1, deadline - time.monotonic()))
         if self._runner is None:
             for conn in self._connections:
                 conn.close()

@@ -10,6 +10,7 @@ Commands:
   With ``--ray [auto|ADDRESS|local] --num-shards K`` the worlds are stepped by
   K Ray actors (``integrations/_ray_cli.py``; needs the ``ray`` extra).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
+- ``check ADDRESS``: checks a server against the protocol (``_cli_check``); 0 if it conforms.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
 
@@ -38,7 +39,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from dm_env_rpc_client import errors, specs
+from dm_env_rpc_client import _record_cli, errors, specs
 from dm_env_rpc_client._args import (
     SETTING_HELP,
     UsageError,
@@ -48,12 +49,13 @@ from dm_env_rpc_client._args import (
     positive_int,
     tls_credentials,
 )
+from dm_env_rpc_client._cli_check import add_check_command
 from dm_env_rpc_client._cli_run import RunStats, print_summary, step_worlds
 from dm_env_rpc_client._quiet import quiet_grpc_logs
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import connect, is_local
 from dm_env_rpc_client.environment import create_and_join_world, join_world, specs_table
-from dm_env_rpc_client.recording import Recording, prepare_folder
+from dm_env_rpc_client.recording import prepare_folder
 from dm_env_rpc_client.server import serve
 from dm_env_rpc_client.server._subprocess import server_subprocess
 from dm_env_rpc_client.server.catch import Catch
@@ -239,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
             _stop_on_signals() as (stop, received),
             tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
         ):
-            stats = run_on_ray(args, kwargs, stop, progress)
+            stats = _record_cli.sharded(args, kwargs, create_settings, run_on_ray, stop, progress)
         report(stats, args)
         return _exit_code(stats, received)
     with _addresses(args, kwargs) as addresses:
@@ -262,9 +264,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {warning.message}", file=sys.stderr)
         failed = True
         try:
-            recording = (
-                Recording(args.record, len(batch), batch.world_seeds) if args.record else None
-            )
+            recording = _record_cli.open_recording(args, batch, create_settings)
             with (
                 _stop_on_signals() as (stop, received),
                 tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
@@ -432,8 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--record",
         metavar="DIR",
         type=_record_folder,
-        help="write each episode as .npz into DIR, which must be empty or new",
+        help="record the episodes into DIR, which must be empty or new (see --format)",
     )
+    _record_cli.add_flags(run_parser)
     run_parser.add_argument(
         "--on-failure",
         choices=("restart", "raise"),
@@ -475,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_flags(specs_parser)
     specs_parser.set_defaults(handler=show_specs)
 
+    add_check_command(commands, _connection_flags, _settings_flags, _channel_kwargs, check_address)
     # Imported here, not at module level: `python -m dm_env_rpc_client.server` must not find
     # its __main__ already imported by the package.
     from dm_env_rpc_client.server import __main__ as server_main

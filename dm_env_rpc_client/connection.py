@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
-import ipaddress
 import queue
 import threading
 import weakref
@@ -33,30 +32,13 @@ import grpc
 from google.protobuf import message
 
 from dm_env_rpc_client import _checks, _ready, errors, messages
+from dm_env_rpc_client._channel import DEFAULT_OPTIONS as DEFAULT_OPTIONS
+from dm_env_rpc_client._channel import KEEPALIVE_DETECTION_S as KEEPALIVE_DETECTION_S
+from dm_env_rpc_client._channel import create_channel as create_channel
+from dm_env_rpc_client._channel import is_local as is_local
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
-# Channel options: unlimited message sizes; quick reconnect backoff so connect() notices a
-# server that comes up late; and keepalive, so that a half-open connection (a stopped server, a
-# dropped network) is found within KEEPALIVE_DETECTION_S while a request waits. A ping goes out
-# after 10 s without reads and must be answered within 5 s. gRPC also pings on its own (to size
-# its flow-control window, right after data arrives); a keepalive that finds such a ping in
-# flight waits for it, and that ping's deadline is grpc.http2.ping_timeout_ms, 60 s unless set:
-# so it is set to 5 s too, or a server stopped just after it answered is found only after a
-# minute (measured with grpcio 1.85). Servers accept these pings: a default gRPC server allows
-# pings every 5 minutes only while it sends no data, and counts 2 "strikes" before it answers
-# too_many_pings; gRPC clients send at most 2 pings (grpc.http2.max_pings_without_data) before
-# they send data again, so an idle stream costs the server at most one strike.
-DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.ping_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 0),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1_000),
-)
-KEEPALIVE_DETECTION_S = 15.0  # keepalive_time + ping timeout: half-open found by then
+Metadata = Sequence[tuple[str, str]]  # gRPC metadata, as the reference names it
 
 
 DEFAULT_CONNECT_TIMEOUT = 30.0  # seconds connect() waits for a server by default
@@ -68,10 +50,6 @@ _REOPEN = "; open a new connection."
 _CHANNEL_NOT_ADDRESS = (
     "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
     "to connect to an address, use dmr.connect({address!r})."
-)
-_NEEDS_CREDENTIALS = (
-    "Refusing a plaintext connection to the remote host {address}. Pass credentials= "
-    "(e.g. grpc.ssl_channel_credentials()) for TLS, or insecure=True to send plaintext."
 )
 _REQUEST_TIMEOUT = "No response to the {expected} request within {timeout} s."
 _IN_FLIGHT_TIMEOUT = (
@@ -91,53 +69,7 @@ class ConnectionLike(Protocol):
     def close(self) -> None: ...
 
 
-def is_local(address: str) -> bool:
-    """Whether an address is a unix socket or a loopback host."""
-    if address.startswith(("unix:", "unix-abstract:")):
-        return True
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def create_channel(
-    address: str,
-    *,
-    credentials: grpc.ChannelCredentials | None = None,
-    options: Sequence[tuple[str, Any]] | None = None,
-    insecure: bool = False,
-    aio: bool = False,
-) -> Any:
-    """Opens a gRPC channel with the SDK's defaults (see the module docs).
-
-    Loopback and ``unix:`` addresses get local credentials; ``credentials``
-    give TLS; a remote host in plaintext needs ``insecure=True``.
-
-    Raises:
-      DmEnvRpcConnectionError: for plaintext to a remote host without ``insecure=True``.
-    """
-    _checks.check_address(address)
-    merged = dict(DEFAULT_OPTIONS)
-    merged.update(dict(options or ()))
-    opts = list(merged.items())
-    module: Any = grpc.aio if aio else grpc
-    if credentials is not None:
-        return module.secure_channel(address, credentials, opts)
-    if is_local(address):
-        kind = (
-            grpc.LocalConnectionType.UDS
-            if address.startswith("unix")
-            else grpc.LocalConnectionType.LOCAL_TCP
-        )
-        return module.secure_channel(address, grpc.local_channel_credentials(kind), opts)
-    if insecure:
-        return module.insecure_channel(address, opts)
-    raise errors.DmEnvRpcConnectionError(_NEEDS_CREDENTIALS.format(address=address))
+ConnectionType = ConnectionLike  # the reference's name for it, for annotations
 
 
 def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
@@ -212,7 +144,7 @@ class Connection:
     def __init__(
         self,
         channel: grpc.Channel,
-        metadata: Sequence[tuple[str, str]] | None = None,
+        metadata: Metadata | None = None,
         *,
         max_in_flight: int | None = None,
     ) -> None:
@@ -229,6 +161,7 @@ class Connection:
         )
         self._closed_error: errors.ConnectionClosedError | None = None
         self._close_called = False
+        self._destroyed: set[str] = set()  # worlds an adaptor's close() destroyed
         self._limit = max_in_flight
         self._slots = threading.BoundedSemaphore(max_in_flight) if max_in_flight else None
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -311,8 +244,39 @@ class Connection:
           with ``DmEnvRpcError`` for a server error, ``ProtocolError`` for a
           mismatched response, ``ConnectionClosedError`` when the stream ends.
         """
+        if self._destroyed:
+            done = self._answer_destroyed(request)
+            if done is not None:
+                return done
         data, expected = messages.envelope(request)
         return self._queue(data, expected, response_type, timeout, None, None)
+
+    def _destroyed_on_close(self, world_name: str) -> None:
+        """Notes that an adaptor's ``close()`` destroyed ``world_name`` over this connection.
+
+        Code written for the reference package, whose adaptor never destroys its
+        world, destroys it itself after ``env.close()``: that one
+        DestroyWorldRequest is answered here, as done, instead of with the
+        server's NOT_FOUND. A CreateWorldRequest forgets the notes (the server
+        may give the name again).
+        """
+        with self._lock:
+            self._destroyed.add(world_name)
+
+    def _answer_destroyed(self, request: message.Message) -> concurrent.futures.Future[Any] | None:
+        """The finished Future of a DestroyWorldRequest for a world ``close()`` destroyed."""
+        kind = type(request)
+        with self._lock:
+            if kind is dm_env_rpc_pb2.CreateWorldRequest:
+                self._destroyed.clear()
+            elif kind is dm_env_rpc_pb2.DestroyWorldRequest and (
+                request.world_name in self._destroyed  # type: ignore[attr-defined]
+            ):
+                self._destroyed.discard(request.world_name)  # type: ignore[attr-defined]
+                future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                future.set_result(dm_env_rpc_pb2.DestroyWorldResponse())
+                return future
+        return None
 
     def _submit_bytes(
         self,
@@ -443,7 +407,7 @@ def connect(
     *,
     credentials: grpc.ChannelCredentials | None = None,
     timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
-    metadata: Sequence[tuple[str, str]] | None = None,
+    metadata: Metadata | None = None,
     options: Sequence[tuple[str, Any]] | None = None,
     insecure: bool = False,
     max_in_flight: int | None = None,
@@ -494,3 +458,40 @@ def connect(
     connection._owns_channel = True
     connection.address = address
     return connection
+
+
+def create_secure_channel_and_connect(
+    server_address: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+    metadata: Metadata | None = None,
+) -> Connection:
+    """Connects as the reference package's function of this name does (its arguments, in order).
+
+    The same as ``dmr.connect(server_address, credentials=..., timeout=..., metadata=...,
+    wait_for_ready=True)``: like the reference's, it waits for a server that is not up yet.
+    Two differences from the reference: ``credentials`` None means the SDK's
+    defaults (local credentials for loopback, ``0.0.0.0``/``[::]`` (this host) and
+    ``unix:`` addresses, as the reference's default; a remote host needs
+    credentials), and ``timeout`` defaults to
+    ``DEFAULT_CONNECT_TIMEOUT`` (30 s) instead of waiting forever.
+
+    Args:
+      server_address: ``host:port`` or ``unix:path``.
+      credentials: channel credentials, e.g. ``grpc.ssl_channel_credentials()``.
+      timeout: seconds to wait for the server; None waits indefinitely.
+      metadata: gRPC metadata for the stream.
+
+    Returns:
+      A ``Connection`` that owns its channel.
+
+    Raises:
+      ConnectTimeoutError: the server did not answer within ``timeout``.
+    """
+    return connect(
+        server_address,
+        credentials=credentials,
+        timeout=timeout,
+        metadata=metadata,
+        wait_for_ready=True,
+    )

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import dm_env
 from google.protobuf import message
 
+from dm_env_rpc_client import connection as dm_env_rpc_connection  # noqa: F401 (reference name)
 from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._adaptor_core import (
     CLOSE_TIMEOUT,
@@ -44,10 +45,11 @@ from dm_env_rpc_client._adaptor_core import (
     check_adaptor_kwargs,
     pack_settings,
 )
-from dm_env_rpc_client._foreign import as_connection
+from dm_env_rpc_client._foreign import ForeignConnection, as_connection, compatible, note_destroyed
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client._wire_step import read_step
+from dm_env_rpc_client._world_requests import create_world, destroy_world, leave_world, reset_world
 from dm_env_rpc_client.connection import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -68,11 +70,14 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
     """A joined dm_env_rpc world as a ``dm_env.Environment``.
 
     Args:
-      connection: a ``Connection`` (or anything with ``send``/``send_async``).
+      connection: a ``Connection``; or anything with the reference's ``send(request)``
+        (a reference connection, a mock), which then gets every request through it.
       specs: the ``ActionObservationSpecs`` from the JoinWorldResponse.
       requested_observations: observation names to return; None returns all
         (without ``reward`` and ``discount``, which go into the TimeStep).
       nested_tensors: give and take nested dicts for dotted names.
+      extensions: ``{attribute name: extension}``, set on the adaptor as the
+        reference's are (``properties`` replaces ``env.properties``).
       validate: check actions against their specs before sending.
       world_name: the joined world's name, for display and for ``close``.
       destroy_on_close: also destroy the world on ``close()`` (set by
@@ -96,6 +101,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         specs: dm_env_rpc_pb2.ActionObservationSpecs,
         requested_observations: Iterable[str] | None = None,
         nested_tensors: bool = True,
+        extensions: Mapping[str, Any] | None = None,
         *,
         validate: bool = True,
         world_name: str | None = None,
@@ -116,6 +122,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             world_name=world_name,
             copy_observations=copy_observations,
         )
+        self._attach_extensions(extensions)
 
     # --- dm_env.Environment ---------------------------------------------------------------
 
@@ -136,7 +143,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         self._check_open()
         timeout = self._timeout if timeout is None else timeout
         request = dm_env_rpc_pb2.ResetRequest(settings=pack_settings(settings))
-        self._reset_done(self._connection.send(request, timeout))
+        self._reset_done(compatible(self._connection).send(request, timeout))
         return self._step({}, timeout)
 
     def step(self, action: Mapping[str, Any]) -> dm_env.TimeStep:
@@ -175,8 +182,9 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
     ) -> tuple[message.Message | str, concurrent.futures.Future[Any]]:
         """Sends a step (as bytes over a ``Connection``: ``_step_data``); returns the request or its
         type's name (for a timeout's message) and its Future: ``future`` if given, resolved with
-        ``decode(response bytes)`` over a ``Connection``, else with the StepResponse."""
-        connection = self._connection
+        ``decode(response bytes)`` over a ``Connection``, else with the StepResponse. A
+        replaced ``send`` gets the request (``_foreign.compatible``)."""
+        connection = compatible(self._connection)
         if isinstance(connection, Connection):
             data, expected, name = self._step_data(action)
             return name, connection._submit_bytes(data, expected, decode, future)
@@ -204,11 +212,12 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         ``ProtocolError`` (an impossible state transition) or
         ``ConnectionClosedError``.
         """
-        if isinstance(self._connection, Connection):
+        connection = compatible(self._connection)
+        if isinstance(connection, Connection):
             return self._send_step(action, self._filed_step, StepFuture(self._timestep))[1]
         request = self.step_request(action)
         result: concurrent.futures.Future[dm_env.TimeStep] = concurrent.futures.Future()
-        sent = self._connection.send_async(request)
+        sent = connection.send_async(request)
 
         def convert(done: concurrent.futures.Future[Any]) -> None:
             try:
@@ -314,17 +323,20 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         if self._closed:
             return
         self._closed = True
+        self._release_extensions()
         timeout = self._close_timeout(timeout)
         refused: errors.DmEnvRpcError | None = None
+        connection = compatible(self._connection)
         try:
             try:
-                self._connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
+                connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
             except errors.DmEnvRpcError as exc:
                 refused = exc  # still destroy the world below
             if self._destroy_on_close and self.world_name is not None:
-                self._connection.send(
+                connection.send(
                     dm_env_rpc_pb2.DestroyWorldRequest(world_name=self.world_name), timeout
                 )
+                note_destroyed(self._connection, self.world_name)
         except (errors.ConnectionClosedError, errors.RequestTimeoutError):
             pass  # the server is gone or hung: nothing more to do
         finally:
@@ -362,30 +374,6 @@ class CreateAndJoinResult(NamedTuple):
 
     env: DmEnvAdaptor
     world_name: str
-
-
-def create_world(
-    connection: ConnectionLike,
-    create_world_settings: Mapping[str, Any] | None = None,
-    *,
-    timeout: float | None = DEFAULT_TIMEOUT,
-) -> str:
-    """Creates a world and returns its name. Settings: nested dicts of Python or NumPy values.
-
-    Args:
-      connection: a ``Connection``, or an object with the reference package's
-        ``send(request)``.
-      create_world_settings: the CreateWorldRequest settings.
-      timeout: seconds to wait for the response (default ``DEFAULT_TIMEOUT``,
-        60 s; None waits until the response or the stream's end).
-
-    Raises:
-      RequestTimeoutError: no response within ``timeout`` seconds.
-      InvalidArgumentError: the server refused the settings.
-    """
-    connection = as_connection(connection, "create_world")
-    request = dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(create_world_settings))
-    return connection.send(request, timeout).world_name
 
 
 def join_world(
@@ -438,7 +426,7 @@ def _join(
     request = dm_env_rpc_pb2.JoinWorldRequest(
         world_name=world_name, settings=pack_settings(join_world_settings)
     )
-    response = connection.send(request, timeout)
+    response = compatible(connection).send(request, timeout)
     try:
         return DmEnvAdaptor(connection, response.specs, world_name=world_name, **adaptor_kwargs)
     except BaseException:
@@ -454,6 +442,11 @@ def create_and_join_world(
     **adaptor_kwargs: Any,
 ) -> CreateAndJoinResult:
     """Creates a world and joins it; ``env.close()`` later leaves and destroys it.
+
+    Over an object with the reference's ``send(request)`` (a reference
+    connection), ``env.close()`` only leaves, as the reference's adaptor does.
+    Code written for the reference that destroys the world after ``env.close()``
+    works over an SDK ``Connection`` too: that request is answered as done.
 
     If the join fails, the world is left (if it was joined) and destroyed, so
     the connection stays usable, and the join's error is raised (never an
@@ -485,8 +478,13 @@ def create_and_join_world(
     try:
         world_name = create_world(conn, create_world_settings, timeout=timeout)
         try:
+            # Over a reference connection the reference's code around it destroys the world.
+            destroy = not isinstance(conn, ForeignConnection)
             env = _join(
-                conn, world_name, join_world_settings, {**adaptor_kwargs, "destroy_on_close": True}
+                conn,
+                world_name,
+                join_world_settings,
+                {**adaptor_kwargs, "destroy_on_close": destroy},
             )
         except BaseException:
             with contextlib.suppress(Exception):  # raise the join's error, not the cleanup's
@@ -499,36 +497,6 @@ def create_and_join_world(
         raise
     env._owns_connection = owned
     return CreateAndJoinResult(env, world_name)
-
-
-def leave_world(connection: ConnectionLike, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
-    """Leaves the joined world (a no-op when not joined); ``timeout`` as for ``create_world``."""
-    as_connection(connection, "leave_world").send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
-
-
-def destroy_world(
-    connection: ConnectionLike, world_name: str, *, timeout: float | None = DEFAULT_TIMEOUT
-) -> None:
-    """Destroys a world (it must not be joined); ``timeout`` as for ``create_world``."""
-    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name)
-    as_connection(connection, "destroy_world").send(request, timeout)
-
-
-def reset_world(
-    connection: ConnectionLike,
-    world_name: str,
-    settings: Mapping[str, Any] | None = None,
-    *,
-    timeout: float | None = DEFAULT_TIMEOUT,
-) -> None:
-    """Resets a world for every joined connection, optionally with new settings.
-
-    ``timeout`` as for ``create_world``.
-    """
-    request = dm_env_rpc_pb2.ResetWorldRequest(
-        world_name=world_name, settings=pack_settings(settings)
-    )
-    as_connection(connection, "reset_world").send(request, timeout)
 
 
 __all__ = [

@@ -24,7 +24,7 @@ so ``except ValueError`` keeps working::
     |   +-- PermissionDeniedError (PermissionError)
     |   +-- InvalidArgumentError (ValueError)
     +-- DmEnvRpcConnectionError (ConnectionError)
-    |   +-- ConnectionClosedError      the stream ended or broke; carries the gRPC status
+    |   +-- ConnectionClosedError (grpc.RpcError)  the stream ended or broke; its gRPC status
     |   +-- ConnectTimeoutError (TimeoutError)
     |   +-- ConnectRefusedError (ConnectionRefusedError)   nothing listens at the address
     +-- RequestTimeoutError (TimeoutError)
@@ -45,8 +45,14 @@ Code written for the reference ``dm-env-rpc`` package catches its
 ``dm_env_rpc.v1.error.DmEnvRpcError``. Once that package is imported (by the
 user; this SDK never imports it), every ``DmEnvRpcError`` this SDK builds is
 also an instance of the reference class, so such ``except`` clauses keep
-working. Its ``code`` stays a ``grpc.StatusCode`` (the reference's is an int:
-``error.code.value[0]``).
+working. Its ``code`` is an ``ErrorCode``: it equals both the ``grpc.StatusCode``
+and the reference's int (``error.code == 9`` and ``error.code ==
+grpc.StatusCode.FAILED_PRECONDITION`` both hold).
+
+A broken or ended stream raises ``ConnectionClosedError``, which is also a
+``grpc.RpcError`` (the reference lets gRPC's own error through there), so loaders
+that retry on ``except grpc.RpcError`` while a server starts keep retrying; like
+gRPC's errors, its ``code()`` and ``details()`` can be called.
 """
 
 from __future__ import annotations
@@ -131,12 +137,85 @@ class BoundsError(SpecError):
 
 
 def _status_code(code: int | grpc.StatusCode) -> grpc.StatusCode:
+    if isinstance(code, ErrorCode):
+        return code.status
     if isinstance(code, grpc.StatusCode):
         return code
     for status in grpc.StatusCode:
         if status.value[0] == code:
             return status
     return grpc.StatusCode.UNKNOWN
+
+
+class ErrorCode(int):
+    """A status code that is at once the reference package's int and a ``grpc.StatusCode``.
+
+    ``code == 9``, ``code == grpc.StatusCode.FAILED_PRECONDITION``, ``code.name``,
+    ``code.value[0]`` and ``code.status`` (the ``grpc.StatusCode``) all work, and
+    ``code()`` returns the ``grpc.StatusCode``, as a ``grpc.RpcError``'s ``code()``
+    does. It hashes as the ``grpc.StatusCode`` (a set or dict of ``grpc.StatusCode``
+    finds it; one of ints does not), and ``is`` never holds: compare with ``==``.
+    Made from a ``grpc.StatusCode`` or its int: ``ErrorCode(grpc.StatusCode.NOT_FOUND)``.
+    """
+
+    status: grpc.StatusCode
+
+    def __new__(cls, status: grpc.StatusCode | int) -> ErrorCode:
+        if isinstance(status, bool) or not isinstance(status, (grpc.StatusCode, int)):
+            raise ArgumentTypeError(
+                f"ErrorCode takes a grpc.StatusCode or its int, e.g. "
+                f"ErrorCode(grpc.StatusCode.NOT_FOUND); got {type(status).__name__} {status!r}."
+            )
+        status = _status_code(status)
+        code = super().__new__(cls, status.value[0])
+        code.status = status
+        return code
+
+    @property
+    def name(self) -> str:
+        """The status name, e.g. ``"NOT_FOUND"``."""
+        return self.status.name
+
+    @property
+    def value(self) -> tuple[int, str]:
+        """As ``grpc.StatusCode.value``: ``(int, "lower-case name")``."""
+        return self.status.value  # type: ignore[no-any-return]
+
+    def __call__(self) -> grpc.StatusCode:
+        return self.status
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, grpc.StatusCode):
+            return self.status is other
+        return int(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self.status)
+
+    def __repr__(self) -> str:
+        return f"<ErrorCode.{self.status.name}: {int(self)}>"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_error_code, (int(self),))
+
+
+def _error_code(code: int | grpc.StatusCode | None) -> ErrorCode | None:
+    """``code`` as an ``ErrorCode`` (None stays None)."""
+    if code is None or isinstance(code, ErrorCode):
+        return code
+    return ErrorCode(_status_code(code))
+
+
+class _Details(str):
+    """A details string that can also be called, as a ``grpc.RpcError``'s ``details()``."""
+
+    def __call__(self) -> str:
+        return str(self)
 
 
 _BRIDGED: dict[tuple[type, type], type] = {}
@@ -174,7 +253,8 @@ class DmEnvRpcError(DmEnvRpcClientError):
     instances of its ``DmEnvRpcError`` (see the module docs).
 
     Attributes:
-      code: the status code as a ``grpc.StatusCode``.
+      code: the status code, an ``ErrorCode``: equal to the ``grpc.StatusCode`` and
+        to its int (the reference's ``code``).
       message: the server's message.
       details: the status details (``google.protobuf.Any`` messages).
     """
@@ -188,7 +268,7 @@ class DmEnvRpcError(DmEnvRpcClientError):
         message: str,
         details: Sequence[Any] = (),
     ) -> None:
-        self.code = _status_code(code)
+        self.code: ErrorCode = ErrorCode(_status_code(code))
         self.message = message
         self.details = list(details)
         # Not super(): with the reference's class among the bases it takes other arguments.
@@ -253,23 +333,33 @@ class DmEnvRpcConnectionError(DmEnvRpcClientError, ConnectionError):
     """The connection to the server failed."""
 
 
-class ConnectionClosedError(DmEnvRpcConnectionError):
+class ConnectionClosedError(DmEnvRpcConnectionError, grpc.RpcError):
     """The stream ended, broke, or was closed; pending and later requests fail.
 
+    Also a ``grpc.RpcError``: where the reference package lets gRPC's own error
+    through (a stream that breaks, a server still starting that answers
+    UNAVAILABLE), code written for it catches this one.
+
     Attributes:
-      code: the gRPC status code of the stream's end, or None after ``close()``.
-      details: the gRPC status details string, if any.
+      code: the gRPC status code of the stream's end as an ``ErrorCode`` (compare
+        it with ``grpc.StatusCode``s or ints, or call it: ``error.code()``), or
+        None after ``close()``.
+      details: the gRPC status details string, if any (``error.details()`` works too).
     """
 
     def __init__(
-        self, message: str, code: grpc.StatusCode | None = None, details: str | None = None
+        self,
+        message: str,
+        code: int | grpc.StatusCode | None = None,
+        details: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.code = code
-        self.details = details
+        self.code = _error_code(code)
+        self.details = None if details is None else _Details(details)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.args[0], self.code, self.details))
+        details = None if self.details is None else str(self.details)
+        return (type(self), (self.args[0], self.code, details))
 
 
 class ConnectTimeoutError(DmEnvRpcConnectionError, TimeoutError):

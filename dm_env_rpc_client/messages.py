@@ -44,6 +44,7 @@ for _field in dm_env_rpc_pb2.EnvironmentRequest.DESCRIPTOR.oneofs_by_name["paylo
         dm_env_rpc_pb2, _message_name.replace("Request", "Response")
     )
 _EXTENSION_TAG = bytes([15 << 3 | 2])
+_REQUEST_NAMES = {kind.__name__ for kind in _REQUEST_FIELDS} | {"EnvironmentRequest"}
 
 _MISMATCH = (
     "The server answered a {expected} request with a {actual} response. Responses must "
@@ -57,6 +58,21 @@ _BAD_EXTENSION = (
 _UNEXPECTED = (
     "The server sent a response with no request pending; the stream is out of step and was closed."
 )
+
+
+def as_reference_request(request: message.Message) -> message.Message:
+    """``request`` as the reference's ``send(request)`` takes it.
+
+    A dm_env_rpc request (matched by name, so either package's class), an
+    ``EnvironmentRequest`` or an ``Any`` as it is; any other message, an
+    extension's such as a ``PropertyRequest``, packed into an ``Any``.
+    """
+    name = type(request).__name__
+    if name in _REQUEST_NAMES or isinstance(request, any_pb2.Any):
+        return request
+    packed = any_pb2.Any()
+    packed.Pack(request)
+    return packed
 
 
 def envelope(request: message.Message) -> tuple[bytes, str]:

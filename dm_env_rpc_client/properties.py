@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from dm_env import specs as dm_specs
 
 from dm_env_rpc_client import errors, specs, tensors
+from dm_env_rpc_client._foreign import compatible
 from dm_env_rpc_client._proto import properties_pb2
 
 
@@ -58,7 +59,8 @@ class PropertiesExtension:
     """Reads, writes and lists properties over a connection.
 
     Args:
-      connection: a ``Connection`` (anything with ``send(request, response_type=...)``).
+      connection: a ``Connection``, or any object with the reference's
+        ``send(request)`` (a reference connection, a replaced ``send``).
     """
 
     def __init__(self, connection: Any) -> None:
@@ -68,7 +70,8 @@ class PropertiesExtension:
 
     def _send(self, **payload: Any) -> properties_pb2.PropertyResponse:
         request = properties_pb2.PropertyRequest(**payload)
-        return self._connection.send(request, response_type=properties_pb2.PropertyResponse)
+        connection: Any = compatible(self._connection)  # its send takes response_type
+        return connection.send(request, response_type=properties_pb2.PropertyResponse)
 
     def read(self, key: str) -> Any:
         """Returns the value of a property (a NumPy value).

@@ -14,6 +14,7 @@ key                             shape             meaning
 ``meta/episode``                ``[]`` int64      the episode's number in that world, from 1
 ``meta/seed``                   ``[]`` int64      the world's seed; -1 for none
 ``meta/truncated``              ``[]`` bool       the recording stopped before the LAST step
+``meta/interrupted``            ``[]`` bool       the LAST step was INTERRUPTED, not TERMINATED
 ==============================  ================  =======================================
 
 A tensor whose shape changes from step to step (a variable-length spec) is
@@ -31,6 +32,11 @@ Guarantees:
 - ``Recording`` refuses a folder that already holds files, so two runs never
   mix: give every run a folder of its own.
 
+Other formats: ``Recording(..., writer=...)`` hands every finished episode, as
+an ``Episode``, to an ``EpisodeWriter`` instead of writing ``.npz`` files:
+``integrations.minari.MinariWriter`` and ``integrations.rlds.RldsWriter`` (see
+``docs/datasets.md``). ``NpzWriter`` is the default.
+
 Reading back::
 
     episode = dmr.load_episode("recordings/episode_000_000001.npz")
@@ -44,12 +50,13 @@ import dataclasses
 import os
 import pathlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import dm_env
 import numpy as np
 
 from dm_env_rpc_client import _checks, errors, specs
+from dm_env_rpc_client._background_writer import BackgroundWriter
 
 _NOT_EMPTY = (
     "The recording folder {path} already holds {count} entries (e.g. {example!r}); "
@@ -59,6 +66,7 @@ _NOT_A_FOLDER = "The recording folder {path} is not a folder; give a folder path
 _CANNOT_CREATE = "Cannot create the recording folder {path}: {error}. Give a writable folder path."
 _NO_FOLDER = "There is no recording folder {path}; give the folder a run recorded into."
 _NO_SEED = -1
+_INTERRUPTED = 3  # EnvironmentStateType.INTERRUPTED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +85,8 @@ class Episode:
       episode: the episode's number in its world, from 1 (None likewise).
       seed: the world's seed, None for none.
       truncated: True when the recording stopped before the episode's LAST step.
+      interrupted: True when the LAST step was INTERRUPTED (the server cut the
+        episode short: Gymnasium's ``truncated``), False when TERMINATED or cut.
     """
 
     step_type: np.ndarray
@@ -88,6 +98,7 @@ class Episode:
     episode: int | None = None
     seed: int | None = None
     truncated: bool = False
+    interrupted: bool = False
 
     def __len__(self) -> int:
         return max(0, len(self.step_type) - 1)
@@ -108,51 +119,127 @@ def _save_atomically(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
         raise
 
 
-def _stack(group: str, values: list[dict[str, Any]], arrays: dict[str, np.ndarray]) -> None:
-    for name in values[0] if values else ():
-        parts = [np.asarray(value[name]) for value in values]
-        if len({part.shape for part in parts}) == 1:
-            arrays[f"{group}/{name}"] = np.stack(parts)
+def _stacked(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-step flat dicts as one flat dict of ``[T, ...]`` arrays (lists where shapes differ)."""
+    stacked: dict[str, Any] = {}
+    for name in steps[0] if steps else ():
+        parts = [np.asarray(step[name]) for step in steps]
+        same = len({part.shape for part in parts}) == 1
+        stacked[name] = np.stack(parts) if same else parts
+    return stacked
+
+
+def _stack(group: str, values: Mapping[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    for name, value in values.items():
+        if isinstance(value, np.ndarray):
+            arrays[f"{group}/{name}"] = value
         else:  # a variable-length tensor: flattened values plus each step's shape
+            parts = [np.asarray(part) for part in value]
             arrays[f"ragged/{group}/{name}"] = np.concatenate([part.ravel() for part in parts])
             arrays[f"ragged_shape/{group}/{name}"] = np.array(
                 [part.shape for part in parts], np.int64
             ).reshape(len(parts), -1)
 
 
+class EpisodeWriter(Protocol):
+    """Where finished episodes go: ``.npz`` files, a Minari or an RLDS dataset."""
+
+    def write(self, episode: Episode) -> pathlib.Path | None:
+        """Stores one finished (or cut) episode; returns its file, if it has one of its own."""
+
+    def close(self) -> None:
+        """Finishes the dataset. Idempotent."""
+
+
+class NpzWriter:
+    """Writes each episode as ``episode_<world>_<n>.npz`` into a folder (created if missing).
+
+    Args:
+      directory: the folder.
+    """
+
+    def __init__(self, directory: str | pathlib.Path) -> None:
+        self.directory = pathlib.Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def write(self, episode: Episode) -> pathlib.Path:
+        """Writes ``episode`` atomically; returns its path."""
+        arrays: dict[str, np.ndarray] = {
+            "step_type": episode.step_type,
+            "reward": episode.reward,
+            "discount": episode.discount,
+            "meta/world": np.array(episode.world or 0, np.int64),
+            "meta/episode": np.array(episode.episode or 0, np.int64),
+            "meta/seed": np.array(_NO_SEED if episode.seed is None else episode.seed, np.int64),
+            "meta/truncated": np.array(episode.truncated),
+            "meta/interrupted": np.array(episode.interrupted),
+        }
+        _stack("observation", specs.flatten(episode.observation), arrays)
+        _stack("action", specs.flatten(episode.action), arrays)
+        path = self.directory / f"episode_{episode.world or 0:03d}_{episode.episode or 0:06d}.npz"
+        _save_atomically(path, arrays)
+        return path
+
+    def close(self) -> None:
+        """Nothing to finish: every file is complete when written."""
+
+
 class EpisodeRecorder:
-    """Buffers one world's steps and writes an ``.npz`` file at every LAST step.
+    """Buffers one world's steps and hands each finished episode to a writer.
 
     It writes into ``directory`` as it is (use ``Recording`` for a whole run,
     which refuses a folder that already holds files).
 
     Args:
-      directory: the folder to write into (created if missing).
+      directory: the folder to write ``.npz`` files into (created if missing),
+        unless ``writer`` is given.
       world: the world's index, in the file names and the metadata.
       seed: the world's seed, for the metadata (None: none).
+      writer: where the episodes go (default: an ``NpzWriter`` on ``directory``).
 
     Attributes:
-      written: the paths written so far, in order.
+      written: the paths written so far, in order (episodes of a writer with
+        no file per episode are counted in ``episodes``, not listed).
     """
 
     def __init__(
-        self, directory: str | pathlib.Path, world: int = 0, *, seed: int | None = None
+        self,
+        directory: str | pathlib.Path | None = None,
+        world: int = 0,
+        *,
+        seed: int | None = None,
+        writer: EpisodeWriter | None = None,
     ) -> None:
         _checks.check_count(world, "world", low=0)
-        self._directory = pathlib.Path(directory)
-        self._directory.mkdir(parents=True, exist_ok=True)
+        if writer is None:
+            if directory is None:
+                raise TypeError("EpisodeRecorder needs a directory or a writer.")
+            writer = NpzWriter(directory)
+        self._writer = writer
         self._world = world
         self._seed = seed
         self._count = 0
         self._steps: list[dm_env.TimeStep] = []
         self._actions: list[Mapping[str, Any]] = []
         self.written: list[pathlib.Path] = []
-        self.truncated = 0  # how many of ``written`` are truncated
+        self.episodes = 0  # episodes written
+        self.truncated = 0  # how many of them are truncated
 
-    def add(self, action: Mapping[str, Any] | None, timestep: dm_env.TimeStep) -> None:
+    def add(
+        self,
+        action: Mapping[str, Any] | None,
+        timestep: dm_env.TimeStep,
+        state: int | None = None,
+    ) -> None:
         """Adds a TimeStep and the action that led to it (None for FIRST).
 
         A FIRST step while an episode is unfinished saves that one truncated first.
+
+        Args:
+          action: the action that led to ``timestep`` (None for FIRST).
+          timestep: the step.
+          state: the server's ``EnvironmentStateType`` of a LAST step (2 TERMINATED,
+            3 INTERRUPTED); None: a LAST step with discount 0 is TERMINATED, else INTERRUPTED.
         """
         if timestep.first():
             self.truncate()
@@ -163,7 +250,11 @@ class EpisodeRecorder:
         self._steps.append(timestep)
         self._actions.append(action or {})
         if timestep.last():
-            self._write(truncated=False)
+            if state is None:
+                interrupted = _number(timestep.discount) != 0.0
+            else:
+                interrupted = int(state) == _INTERRUPTED
+            self._write(truncated=False, interrupted=interrupted)
 
     def truncate(self) -> pathlib.Path | None:
         """Saves the unfinished episode marked truncated, and starts afresh.
@@ -173,30 +264,36 @@ class EpisodeRecorder:
         transition yet is dropped.
 
         Returns:
-          The file written, or None when there was nothing to save.
+          The file written, or None when there was nothing to save (or the
+          writer has no file per episode).
         """
         if len(self._steps) < 2:
             self._steps, self._actions = [], []
             return None
-        return self._write(truncated=True)
+        return self._write(truncated=True, interrupted=False)
 
-    def _write(self, *, truncated: bool) -> pathlib.Path:
+    def _write(self, *, truncated: bool, interrupted: bool) -> pathlib.Path | None:
         self._count += 1
-        arrays: dict[str, np.ndarray] = {
-            "step_type": np.array([int(s.step_type) for s in self._steps], np.uint8),
-            "reward": np.array([_number(s.reward) for s in self._steps]),
-            "discount": np.array([_number(s.discount) for s in self._steps]),
-            "meta/world": np.array(self._world, np.int64),
-            "meta/episode": np.array(self._count, np.int64),
-            "meta/seed": np.array(_NO_SEED if self._seed is None else self._seed, np.int64),
-            "meta/truncated": np.array(truncated),
-        }
-        _stack("observation", [specs.flatten(_as_dict(s.observation)) for s in self._steps], arrays)
-        _stack("action", [specs.flatten(dict(a)) for a in self._actions], arrays)
-        path = self._directory / f"episode_{self._world:03d}_{self._count:06d}.npz"
+        steps, actions = self._steps, self._actions
         self._steps, self._actions = [], []
-        _save_atomically(path, arrays)
-        self.written.append(path)
+        episode = Episode(
+            step_type=np.array([int(s.step_type) for s in steps], np.uint8),
+            reward=np.array([_number(s.reward) for s in steps]),
+            discount=np.array([_number(s.discount) for s in steps]),
+            observation=specs.unflatten(
+                _stacked([specs.flatten(_as_dict(s.observation)) for s in steps])
+            ),
+            action=specs.unflatten(_stacked([specs.flatten(dict(a)) for a in actions])),
+            world=self._world,
+            episode=self._count,
+            seed=self._seed,
+            truncated=truncated,
+            interrupted=interrupted,
+        )
+        path = self._writer.write(episode)
+        if path is not None:
+            self.written.append(path)
+        self.episodes += 1
         self.truncated += truncated
         return path
 
@@ -210,6 +307,12 @@ class Recording:
       seeds: each world's seed, for the metadata (None: none).
       first_world: the index of world 0 in file names and metadata (a shard of a
         larger run records its worlds under their indices in the whole run).
+      writer: where the episodes go (default: ``.npz`` files in ``directory``);
+        a writer made for ``directory`` (``MinariWriter``, ``RldsWriter``) is
+        closed with the recording.
+      background: write on a thread of its own (``BackgroundWriter``), while the
+        batch steps (``run --record`` does); ``episodes`` then counts the episodes
+        handed over, all written by ``close``, and ``truncate`` returns None.
 
     Raises:
       RecordingError: the folder is not empty, not a folder, or cannot be created.
@@ -222,19 +325,39 @@ class Recording:
         seeds: Sequence[int | None] | None = None,
         *,
         first_world: int = 0,
+        writer: EpisodeWriter | None = None,
+        background: bool = False,
     ) -> None:
         _checks.check_count(worlds, "worlds")
-        self.directory = prepare_folder(directory)
+        if writer is None:
+            self.directory = prepare_folder(directory)
+            writer = NpzWriter(self.directory)
+        else:
+            self.directory = pathlib.Path(directory)
+        self.writer = writer
+        self._background: BackgroundWriter | None = None
+        if background:
+            writer = self._background = BackgroundWriter(writer)
         seeds = list(seeds) if seeds is not None else [None] * worlds
         self._recorders = [
-            EpisodeRecorder(self.directory, first_world + world, seed=seeds[world])
+            EpisodeRecorder(world=first_world + world, seed=seeds[world], writer=writer)
             for world in range(worlds)
         ]
         self._closed = False
 
-    def add(self, world: int, action: Mapping[str, Any] | None, timestep: dm_env.TimeStep) -> None:
-        """Adds world ``world``'s TimeStep and the action that led to it (None for FIRST)."""
-        self._recorders[world].add(action, timestep)
+    def add(
+        self,
+        world: int,
+        action: Mapping[str, Any] | None,
+        timestep: dm_env.TimeStep,
+        state: int | None = None,
+    ) -> None:
+        """Adds world ``world``'s TimeStep and the action that led to it (None for FIRST).
+
+        ``state`` is the server's state of the step (``BatchedTimeStep.state``):
+        it tells a TERMINATED LAST step from an INTERRUPTED one.
+        """
+        self._recorders[world].add(action, timestep, state)
 
     def truncate(self, world: int) -> pathlib.Path | None:
         """Saves world ``world``'s unfinished episode marked truncated (for a failed world).
@@ -245,21 +368,24 @@ class Recording:
         return self._recorders[world].truncate()
 
     def close(self) -> None:
-        """Saves every unfinished episode marked truncated. Idempotent."""
+        """Saves every unfinished episode marked truncated, and closes the writer. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        for recorder in self._recorders:
-            recorder.truncate()
+        try:
+            for recorder in self._recorders:
+                recorder.truncate()
+        finally:
+            (self._background or self.writer).close()
 
     @property
     def episodes(self) -> int:
-        """Episode files written so far, truncated ones included."""
-        return sum(len(recorder.written) for recorder in self._recorders)
+        """Episodes written so far, truncated ones included."""
+        return sum(recorder.episodes for recorder in self._recorders)
 
     @property
     def truncated(self) -> int:
-        """Truncated episode files written so far."""
+        """Truncated episodes written so far."""
         return sum(recorder.truncated for recorder in self._recorders)
 
     def __enter__(self) -> Recording:
@@ -347,6 +473,7 @@ def load_episode(path: str | pathlib.Path) -> Episode:
             episode=int(meta["episode"]) if "episode" in meta else None,
             seed=None if seed == _NO_SEED else seed,
             truncated=bool(meta.get("truncated", False)),
+            interrupted=bool(meta.get("interrupted", False)),
         )
 
 

@@ -121,7 +121,7 @@ def assert_killing_fails_pending(
     for future in futures:
         error = future.exception(timeout=0)
         assert isinstance(error, errors.ConnectionClosedError)
-        assert error.code is grpc.StatusCode.UNAVAILABLE
+        assert error.code == grpc.StatusCode.UNAVAILABLE
     assert wait_for(lambda: conn.closed, timeout=5)
     with pytest.raises(errors.ConnectionClosedError):
         conn.send(dm_env_rpc_pb2.StepRequest(), timeout=5)

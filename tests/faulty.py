@@ -36,6 +36,14 @@ def faulty_server(answer: Answer, options: Any = None) -> Iterator[str]:
         for request in requests:
             yield answer(request)
 
+    with process_server(process, options) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def process_server(process: Any, options: Any = None, max_workers: int = 8) -> Iterator[str]:
+    """Serves ``process(requests, context)``, a generator of responses, as the Process method
+    of each stream, with ``max_workers`` threads; yields the address."""
     handler = grpc.method_handlers_generic_handler(
         "dm_env_rpc.v1.Environment",
         {
@@ -46,7 +54,7 @@ def faulty_server(answer: Answer, options: Any = None) -> Iterator[str]:
             )
         },
     )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=options)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import doctest
+import importlib.util
 import io
 import pathlib
 import re
@@ -18,10 +19,15 @@ import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
+# A page whose examples need an optional package says so in a comment, e.g.
+# <!-- test_docs needs: stable_baselines3 -->; without it here its blocks are skipped, with
+# the reason, and a training-tier test runs them (tests/test_sb3.py for docs/sb3.md).
+_NEEDS = re.compile(r"^<!-- test_docs needs: ([\w., ]+) -->$", re.M)
 _BLOCK = re.compile(r"^```python\n(.*?)^```\n(?:[ \t]*\n)*(?:```output\n(.*?)^```)?", re.M | re.S)
 _OUTPUT = re.compile(r"^```output\n", re.M)
 _CHECKER = doctest.OutputChecker()
 _OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+_BLOCK_NEEDS = re.compile(r"# needs: (.*)\n")
 
 
 def test_every_guide_page_has_a_runnable_example() -> None:
@@ -35,9 +41,9 @@ def test_the_guide_list_and_the_site_nav_name_every_page() -> None:
     """docs/index.md's guide list, in mkdocs.yml's order (the README lists them too)."""
     index = (DOCS / "index.md").read_text()
     guide = index[index.index("## Guide") :]
-    listed = re.findall(r"^- \[[^]]+\]\(([a-z_]+\.md)\)", guide, re.M)
+    listed = re.findall(r"^- \[[^]]+\]\(([a-z0-9_]+\.md)\)", guide, re.M)
     nav = re.findall(
-        r"^ {6}- [^:]+: ([a-z_]+\.md)$", (DOCS.parent / "mkdocs.yml").read_text(), re.M
+        r"^ {6}- [^:]+: ([a-z0-9_]+\.md)$", (DOCS.parent / "mkdocs.yml").read_text(), re.M
     )
     assert listed[:-1] == nav  # the guide list ends with the API reference
     assert sorted([*listed, "index.md"]) == [p.name for p in PAGES]
@@ -72,8 +78,16 @@ def test_the_output_checker_compares() -> None:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_page_examples_run(page: pathlib.Path, tmp_path: pathlib.Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
+    text = page.read_text()
+    for needs in _NEEDS.findall(text):
+        missing = [m for m in needs.replace(",", " ").split() if not importlib.util.find_spec(m)]
+        if missing:
+            pytest.skip(f"{page.name}'s examples need {missing}; the training tier runs them")
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
-    for index, match in enumerate(_BLOCK.finditer(page.read_text())):
+    for index, match in enumerate(_BLOCK.finditer(text)):
+        needs = _BLOCK_NEEDS.match(match.group(1))
+        if needs and any(importlib.util.find_spec(name) is None for name in needs[1].split()):
+            continue  # a block for an optional extra ("# needs: minari"), run where it is installed
         name = f"{page.name}[block {index}]"
         code = compile(match.group(1), name, "exec")
         printed = io.StringIO()

@@ -308,7 +308,7 @@ def test_sdk_server_errors_are_reference_errors_once_it_is_imported(
         except reference_error.DmEnvRpcError as exc:  # the reference's except clause
             assert isinstance(exc, dmr.InvalidArgumentError)
             assert isinstance(exc, ValueError)
-            assert exc.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert exc.code == grpc.StatusCode.INVALID_ARGUMENT
             assert "colour" in exc.message
             clone = pickle.loads(pickle.dumps(exc))
             assert isinstance(clone, reference_error.DmEnvRpcError)

@@ -38,7 +38,8 @@ def test_from_status_picks_the_specific_class(
     assert _sdk_type(error) is cls
     assert isinstance(error, builtin)
     assert isinstance(error, errors.DmEnvRpcError)
-    assert error.code is code
+    # An ErrorCode: equal to the grpc.StatusCode and to the reference's int (issue 24).
+    assert error.code == code and error.code == code.value[0] and code == error.code
     assert str(error) == f"{code.name}: no such key 'a.b'"
     assert error.details[0].type_url == "type.googleapis.com/x.Y"
 
@@ -53,7 +54,7 @@ def test_server_errors_pickle_with_code_message_and_details() -> None:
 
 def test_unknown_numeric_code_maps_to_unknown() -> None:
     error = errors.DmEnvRpcError(12345, "odd")
-    assert error.code is grpc.StatusCode.UNKNOWN
+    assert error.code == grpc.StatusCode.UNKNOWN and error.code == 2
 
 
 def test_transport_and_world_errors_pickle() -> None:

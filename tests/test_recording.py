@@ -108,6 +108,12 @@ def test_writes_are_atomic(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(OSError, match="No space left"):
         _episode(recording, 0, 2)
     assert list((tmp_path / "run").iterdir()) == []  # neither the episode nor a temporary file
+    # Written on a thread, the error comes back at the next write or at close.
+    recording = Recording(tmp_path / "background", 1, background=True)
+    _episode(recording, 0, 2)
+    with pytest.raises(RecordingError, match="Writing an episode failed.*No space left"):
+        recording.close()
+    assert list((tmp_path / "background").iterdir()) == []
 
 
 def test_variable_length_tensors_are_kept_per_step(tmp_path: pathlib.Path) -> None:

@@ -158,6 +158,11 @@ ROWS: list[Row] = [
     Row("EpisodeRecorder", "world-negative", lambda w: dmr.EpisodeRecorder(w.folder / "e", -1), ("world=-1", "at least 0")),
     Row("load_episode", "folder-for-file", lambda w: dmr.load_episode(w.folder), ("is a folder", "iter_episodes")),
     Row("iter_episodes", "missing-folder", lambda w: list(dmr.iter_episodes(w.folder / "nope")), ("nope", "folder")),
+    # --- checking a server --------------------------------------------------------------------
+    *_address_rows("check_server", lambda a: dmr.check_server(a, timeout=LONG)),
+    Row("check_server", "timeout-zero", lambda w: dmr.check_server(w.address, timeout=0), ("timeout=0", "above 0")),
+    Row("check_server", "latency-steps-zero", lambda w: dmr.check_server(w.address, latency_steps=0), ("latency_steps=0", "at least 1")),
+    Row("check_server", "misspelled-keyword", lambda w: dmr.check_server(w.address, latency_step=5), ("latency_step", "'latency_steps'")),
     # --- the command line, from Python --------------------------------------------------------
     Row("cli_main", "string-for-argv", lambda w: dmr.cli_main("run --steps 5"), ("argv", "['run', '--steps', '5']")),
     # --- integrations -------------------------------------------------------------------------
@@ -181,9 +186,11 @@ NOT_ENTRY_POINTS = {
     "BatchedTimeStep": "a record the batch returns",
     "Bounds": "a record bounds() returns",
     "ConnectionLike": "a typing Protocol",
+    "ConformanceReport": "a record check_server returns",
     "CreateAndJoinResult": "a record create_and_join_world returns",
     "DataType": "the protocol's enum (its own ValueError names the value)",
     "Episode": "a record load_episode returns",
+    "ErrorCode": "the code server errors carry (its own TypeError: tests/test_dropin.py)",
     "PropertySpec": "a record the properties extension returns",
     "WorldFailure": "a record the batch's failures hold",
     "show": "takes any value: it shows what it is given",

@@ -1,0 +1,157 @@
+"""What recording costs a batched run: npz, Minari and RLDS against no recording.
+
+Run: ``python bench/record.py [--steps N] [--rounds R]`` (needs the ``minari`` and
+``rlds`` extras). Part 1: 16 Catch worlds on two server processes, stepped by
+the ``run`` command's loop (``step_worlds``, 8 in flight per world) with each
+recording (``--record --format``) and without, interleaved in rounds; steps/s
+are medians over the rounds and each format's ratio to no recording is the
+median of per-round ratios. Part 2: the same over 4 worlds of an in-process
+server whose observation is one uint8 84x84x3 image (episodes of 50 steps), to
+see what large observations cost. MB per 1,000 steps is the folder's size after
+the run (warm-up included) over the steps recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import tempfile
+from typing import Any
+
+# _common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_processes
+
+# isort: split
+import dm_env
+import numpy as np
+from dm_env import specs
+
+import dm_env_rpc_client as dmr
+from dm_env_rpc_client._cli_run import step_worlds
+from dm_env_rpc_client.integrations.minari import MinariWriter
+from dm_env_rpc_client.integrations.rlds import RldsWriter
+
+FORMATS = ("none", "npz", "minari", "rlds")
+WINDOW = 8
+
+
+class Frames(dm_env.Environment):
+    """84x84x3 uint8 frames (a moving gradient), episodes of 50 steps."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._t = seed * 0
+        self._frame = np.zeros((84, 84, 3), np.uint8)
+
+    def reset(self) -> dm_env.TimeStep:
+        self._t = 0
+        return dm_env.restart({"pixels": self._draw()})
+
+    def step(self, action: Any) -> dm_env.TimeStep:
+        self._t += 1
+        if self._t >= 50:
+            return dm_env.termination(1.0, {"pixels": self._draw()})
+        return dm_env.transition(0.0, {"pixels": self._draw()})
+
+    def _draw(self) -> np.ndarray:
+        self._frame[:] = (np.arange(84, dtype=np.uint8)[:, None, None] + self._t) % 251
+        return self._frame
+
+    def observation_spec(self) -> dict[str, specs.Array]:
+        return {"pixels": specs.BoundedArray((84, 84, 3), np.uint8, 0, 255, name="pixels")}
+
+    def action_spec(self) -> dict[str, specs.Array]:
+        return {"move": specs.DiscreteArray(4, name="move")}
+
+
+def _folder_mb(path: pathlib.Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def _variants(addresses: list[str], worlds: int, sizes: dict[str, list[float]]) -> dict[str, Any]:
+    def factory(fmt: str) -> Any:
+        def make() -> Any:
+            batch = dmr.BatchedEnvironment.connect(addresses, worlds, seed=0, timeout=30)
+            root = pathlib.Path(tempfile.mkdtemp(prefix="bench_record-"))
+            folder = root / "data-v0"
+            writer: Any = None
+            if fmt == "minari":
+                writer = MinariWriter.for_environment(folder, batch)
+            elif fmt == "rlds":
+                writer = RldsWriter.for_environment(folder, batch)
+            recording = (
+                None
+                if fmt == "none"
+                else dmr.Recording(
+                    folder, worlds, batch.world_seeds, writer=writer, background=True
+                )
+            )
+            done = [0]
+
+            def run(steps: int) -> None:
+                step_worlds(
+                    batch, steps=steps, pipeline=WINDOW, timeout=60, seed=0, recording=recording
+                )
+                done[0] += steps
+
+            def close() -> None:
+                if recording is not None:
+                    recording.close()
+                    sizes[fmt].append(_folder_mb(folder) / done[0] * 1000)
+                batch.close()
+                shutil.rmtree(root, ignore_errors=True)
+
+            return run, close
+
+        return make
+
+    return {fmt: factory(fmt) for fmt in FORMATS}
+
+
+def _report(title: str, rounds: Any, sizes: dict[str, list[float]]) -> None:
+    rows = []
+    for fmt in FORMATS:
+        mb = np.median(sizes[fmt]) if sizes[fmt] else 0.0
+        rows.append(
+            (
+                fmt,
+                rounds.median(fmt),
+                f"{rounds.ratio(fmt, 'none'):.3f}",
+                f"{rounds.median(fmt, 'cpu_us_per_step'):.1f}",
+                f"{mb:.3f}",
+            )
+        )
+    header = ("recording", "steps/s", "ratio to none", "client CPU µs/step", "MB / 1,000 steps")
+    print_table(title, header, rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=16000)
+    parser.add_argument("--image-steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    args = parser.parse_args()
+    sizes: dict[str, list[float]] = {fmt: [] for fmt in FORMATS}
+    with server_processes("sdk", 2) as servers:
+        rounds = measure_interleaved(
+            _variants([s.address for s in servers], 16, sizes),
+            args.steps,
+            rounds=args.rounds,
+            warmup=1600,
+            server_pid=[s.pid for s in servers],
+        )
+    _report(f"16 Catch worlds, {args.steps} steps per run, {rounds.rounds} rounds", rounds, sizes)
+    sizes = {fmt: [] for fmt in FORMATS}
+    with dmr.serve(Frames) as server:
+        rounds = measure_interleaved(
+            _variants([server.address], 4, sizes), args.image_steps, rounds=args.rounds, warmup=200
+        )
+    _report(
+        f"4 worlds of uint8 84x84x3 frames (in-process server), {args.image_steps} steps per run",
+        rounds,
+        sizes,
+    )
+
+
+if __name__ == "__main__":
+    main()

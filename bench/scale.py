@@ -1,0 +1,276 @@
+"""How a batch's cost grows with its worlds: 64, 1,024 and 4,096 Catch worlds over 4 servers.
+
+Run: ``python bench/scale.py [--worlds 64 1024 4096] [--servers sdk foreign]``.
+For each server kind (the SDK's embedded server, and a foreign one written on
+the reference package, ``_foreign_server.py``), 4 server processes serve Catch,
+each started with room for the largest batch (``--max-workers``: a stream per
+world). For each size, a fresh client process (so its RSS is its own) runs
+``BatchedEnvironment.connect`` over the 4 servers with the default
+``step_timeout`` watchdog and restart policy ``"restart"``, resets, keeps two
+steps in flight per world and takes ``recv(n // 2)`` at a time, sending each
+world that came back its next step at once, for ``--steps-per-world`` steps per
+world (at least ``--min-steps``) after a warm-up of 3 per world. Reported:
+
+- connect and close: wall seconds of ``connect`` and of ``close``;
+- client CPU per step: the client process's CPU (all threads) over the timed
+  steps; ``--threads`` adds each thread's share (from /proc/self/task);
+- RSS per world: the client's RSS after the run minus before connect, over n;
+  server RSS per world: the same for the 4 servers' processes, summed;
+- steps/s, p50 and p99 latency (send to response, ``envs.latencies``);
+- spread: the most steps any world took over the fewest (1.00 is even).
+
+The "vs" column divides each size's client CPU per step by the first size's
+(64 worlds by default). The client runs on its own CPU and the servers on the other (``--pin``, default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any
+
+# _common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _common import (
+    SERVERS,
+    add_pin_argument,
+    any_server_process_info,
+    apply_pin,
+    pin,
+    print_table,
+)
+
+# isort: split
+import contextlib
+
+WORLDS = (64, 1024, 4096)
+SERVER_COUNT = 4
+IN_FLIGHT = 2
+WARMUP_PER_WORLD = 3
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def servers_rss() -> int:
+    """The RSS of the server processes (pids in $SCALE_SERVER_PIDS), summed."""
+    pids = os.environ.get("SCALE_SERVER_PIDS", "").split()
+    return sum(rss_bytes(pid) for pid in pids)
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds per thread of this process, by thread name (same names summed)."""
+    seconds: dict[str, float] = {}
+    for task in pathlib.Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            stat = (task / "stat").read_text()
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+    return seconds
+
+
+def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict[str, Any]:
+    """One size, in this (child) process; returns the measurements."""
+    import numpy as np
+
+    import dm_env_rpc_client as dmr
+
+    rss0, server_rss0 = rss_bytes(), servers_rss()
+    started = time.perf_counter()
+    batch = dmr.BatchedEnvironment.connect(
+        addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
+    )
+    connect_s = time.perf_counter() - started
+    rng = np.random.default_rng(0)
+    paddles = rng.integers(-1, 2, worlds * 4).astype(np.int8)
+    cursor = 0
+
+    def send(ids: Any) -> None:
+        nonlocal cursor
+        if cursor + len(ids) > len(paddles):
+            cursor = 0
+        batch.send({"paddle": paddles[cursor : cursor + len(ids)]}, ids)
+        cursor += len(ids)
+
+    def run(total: int) -> np.ndarray:
+        counts = np.zeros(worlds, np.int64)
+        received = 0
+        while received < total:
+            got = batch.recv(worlds // 2, timeout=60)
+            ids = got.env_ids
+            np.add.at(counts, ids, 1)
+            received += len(ids)
+            send(list(ids))
+        return counts
+
+    batch.reset()
+    everyone = list(range(worlds))
+    for _ in range(IN_FLIGHT):
+        send(everyone)
+    run(WARMUP_PER_WORLD * worlds)
+    batch.latencies.clear()
+    before = thread_cpu() if threads else {}
+    wall, cpu = time.perf_counter(), time.process_time()
+    counts = run(steps)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    after = thread_cpu() if threads else {}
+    taken = int(counts.sum())
+    rss = rss_bytes() - rss0
+    server_rss = servers_rss() - server_rss0
+    latencies = np.array(batch.latencies) * 1e3
+    while batch.pending():  # the steps still in flight, so close does not count them
+        batch.recv(batch.pending(), timeout=60)
+    started = time.perf_counter()
+    batch.close()
+    close_s = time.perf_counter() - started
+    per_thread = {
+        name: (after[name] - before.get(name, 0.0)) / taken * 1e6
+        for name in after
+        if after[name] - before.get(name, 0.0) > 0
+    }
+    return {
+        "connect_s": connect_s,
+        "close_s": close_s,
+        "cpu_us": cpu / taken * 1e6,
+        "rss_kb": rss / worlds / 1024,
+        "server_rss_kb": server_rss / worlds / 1024,
+        "steps_s": taken / wall,
+        "p50_ms": float(np.percentile(latencies, 50)),
+        "p99_ms": float(np.percentile(latencies, 99)),
+        "spread": float(counts.max() / max(1, counts.min())),
+        "threads_us": per_thread,
+        "failures": len(batch.failures),
+    }
+
+
+def run_child(
+    servers: list[Any], worlds: int, steps: int, threads: bool, profile: str | None = None
+) -> dict[str, Any]:
+    addresses = [server.address for server in servers]
+    environment = {**os.environ, "SCALE_SERVER_PIDS": " ".join(str(s.pid) for s in servers)}
+    command = [sys.executable, __file__, "--child", str(worlds), str(steps), *addresses]
+    if threads:
+        command.append("--threads")
+    # The child inherits this process's CPUs (``pin`` put it on the client's).
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=environment)
+    spy = None
+    if profile:  # py-spy samples the client, every thread, for its whole life
+        spy_command = ["py-spy", "record", "-p", str(process.pid), "-f", "raw", "-r", "250"]
+        spy_command += ["--threads", "--nonblocking", "-o", f"{profile}-{worlds}.txt"]
+        spy = subprocess.Popen(spy_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        out, _ = process.communicate(timeout=600)
+        if spy is not None:
+            spy.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    if process.returncode:
+        raise SystemExit(f"the {worlds}-world client failed ({process.returncode})")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def child_main(argv: list[str]) -> None:
+    threads = "--threads" in argv
+    argv = [arg for arg in argv if arg != "--threads"]
+    worlds, steps, addresses = int(argv[0]), int(argv[1]), argv[2:]
+    print(json.dumps(client(addresses, worlds, steps, threads)), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS))
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
+    parser.add_argument("--steps-per-world", type=int, default=40)
+    parser.add_argument("--min-steps", type=int, default=20_000)
+    parser.add_argument("--threads", action="store_true", help="print CPU per step per thread")
+    parser.add_argument(
+        "--profile", metavar="PREFIX", help="py-spy record each client to PREFIX-<kind>-<n>.txt"
+    )
+    add_pin_argument(parser)
+    args = parser.parse_args()
+    pinned = apply_pin(args.pin)
+    per_server = -(-max(args.worlds) // SERVER_COUNT) + 16  # a stream per world, and some
+    rows = []
+    for kind in args.servers:
+        with contextlib.ExitStack() as stack:
+            servers = [
+                stack.enter_context(
+                    any_server_process_info(kind, "catch", "--max-workers", str(per_server))
+                )
+                for _ in range(SERVER_COUNT)
+            ]
+            pin([server.pid for server in servers])
+            base = None
+            for worlds in args.worlds:
+                steps = max(args.min_steps, args.steps_per_world * worlds)
+                profile = args.profile and f"{args.profile}-{kind}"
+                result = run_child(servers, worlds, steps, args.threads, profile)
+                base = base or result["cpu_us"]
+                rows.append(
+                    [
+                        SERVERS[kind],
+                        f"{worlds:,}",
+                        f"{result['connect_s']:.2f} s",
+                        f"{result['close_s']:.2f} s",
+                        f"{result['cpu_us']:.1f} µs",
+                        f"{result['cpu_us'] / base:.2f}x",
+                        f"{result['rss_kb']:.0f} KB",
+                        f"{result['server_rss_kb']:.0f} KB",
+                        f"{result['steps_s']:,.0f}",
+                        f"{result['p50_ms']:.1f} ms",
+                        f"{result['p99_ms']:.1f} ms",
+                        f"{result['spread']:.2f}",
+                    ]
+                )
+                if args.threads:
+                    shares = sorted(result["threads_us"].items(), key=lambda kv: -kv[1])
+                    print(
+                        f"{SERVERS[kind]}, {worlds} worlds, client CPU µs/step by thread: "
+                        + ", ".join(f"{name} {us:.1f}" for name, us in shares),
+                        flush=True,
+                    )
+                if result["failures"]:
+                    print(f"  ({result['failures']} world failures during the run)")
+    print_table(
+        f"BatchedEnvironment over {SERVER_COUNT} servers, Catch, {IN_FLIGHT} steps in flight "
+        "per world, recv(n // 2)",
+        [
+            "server",
+            "worlds",
+            "connect",
+            "close",
+            "client CPU/step",
+            f"vs {args.worlds[0]:,}",
+            "RSS/world",
+            "server RSS/world",
+            "steps/s",
+            "p50",
+            "p99",
+            "spread",
+        ],
+        rows,
+    )
+    print(
+        f"\n{args.steps_per_world} steps per world (at least {args.min_steps:,}) after a warm-up "
+        f"of {WARMUP_PER_WORLD}; each size in a fresh client process."
+    )
+    print(pinned)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child_main(sys.argv[2:])
+    else:
+        main()

@@ -1,0 +1,72 @@
+"""The world requests that need no adaptor, over any connection: create, leave, destroy, reset.
+
+Each takes a ``Connection`` or any object with the reference package's
+``send(request)`` (``_foreign.compatible``), and a ``timeout``. Importable from
+``environment`` (and ``dmr``) with ``join_world`` and ``create_and_join_world``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dm_env_rpc_client._adaptor_core import pack_settings
+from dm_env_rpc_client._foreign import as_connection, compatible
+from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client.connection import DEFAULT_TIMEOUT, ConnectionLike
+
+
+def create_world(
+    connection: ConnectionLike,
+    create_world_settings: Mapping[str, Any] | None = None,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+) -> str:
+    """Creates a world and returns its name. Settings: nested dicts of Python or NumPy values.
+
+    Args:
+      connection: a ``Connection``, or an object with the reference package's
+        ``send(request)``.
+      create_world_settings: the CreateWorldRequest settings.
+      timeout: seconds to wait for the response (default ``DEFAULT_TIMEOUT``,
+        60 s; None waits until the response or the stream's end).
+
+    Raises:
+      RequestTimeoutError: no response within ``timeout`` seconds.
+      InvalidArgumentError: the server refused the settings.
+    """
+    connection = compatible(as_connection(connection, "create_world"))
+    request = dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(create_world_settings))
+    return connection.send(request, timeout).world_name
+
+
+def leave_world(connection: ConnectionLike, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    """Leaves the joined world (a no-op when not joined); ``timeout`` as for ``create_world``."""
+    compatible(as_connection(connection, "leave_world")).send(
+        dm_env_rpc_pb2.LeaveWorldRequest(), timeout
+    )
+
+
+def destroy_world(
+    connection: ConnectionLike, world_name: str, *, timeout: float | None = DEFAULT_TIMEOUT
+) -> None:
+    """Destroys a world (it must not be joined); ``timeout`` as for ``create_world``."""
+    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name)
+    compatible(as_connection(connection, "destroy_world")).send(request, timeout)
+
+
+def reset_world(
+    connection: ConnectionLike,
+    world_name: str,
+    settings: Mapping[str, Any] | None = None,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+) -> None:
+    """Resets a world for every joined connection, optionally with new settings.
+
+    ``timeout`` as for ``create_world``.
+    """
+    request = dm_env_rpc_pb2.ResetWorldRequest(
+        world_name=world_name, settings=pack_settings(settings)
+    )
+    compatible(as_connection(connection, "reset_world")).send(request, timeout)

@@ -1,0 +1,125 @@
+"""BatchedEnvironment at scale: connecting and closing all at once, shared spec machinery, limits.
+
+The limits are tested on real servers (the SDK's server refusing streams past
+its ``max_workers`` is in test_batched_seeds): the reference-package peer (``bench/_foreign_server.py``)
+whose thread pool leaves a stream past its size unanswered, and a client
+process whose file-descriptor limit (RLIMIT_NOFILE) is lowered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from conftest import run_child, wait_for
+
+import dm_env_rpc_client as dmr
+from dm_env_rpc_client import errors
+from dm_env_rpc_client.server import Server, serve
+from dm_env_rpc_client.server._subprocess import _ADDRESS, _first_line, _stop
+from dm_env_rpc_client.server.catch import Catch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FOREIGN = ROOT / "bench" / "_foreign_server.py"
+
+
+@contextlib.contextmanager
+def foreign_server(max_workers: int) -> Iterator[str]:
+    """The reference-package peer serving Catch with a thread pool of ``max_workers``."""
+    command = [sys.executable, str(FOREIGN), "--env", "catch", "--max-workers", str(max_workers)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        line = _first_line(process.stdout, 30.0)
+        match = _ADDRESS.match(line.strip()) if line else None
+        assert match is not None, f"the peer server printed {line!r}"
+        yield match.group(1)
+    finally:
+        _stop(process)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def test_many_worlds_open_step_and_close_all_at_once() -> None:
+    with (
+        serve(lambda settings: Catch(**settings), max_workers=100) as one,
+        serve(lambda settings: Catch(**settings), max_workers=100) as two,
+    ):
+        addresses = [one.address, two.address]
+        batch = dmr.BatchedEnvironment.connect(addresses, 150, seed=3)
+        with batch:
+            assert batch.addresses == [addresses[i % 2] for i in range(150)]
+            worlds = set(zip(batch.addresses, (env.world_name for env in batch.envs), strict=True))
+            assert len(worlds) == 150
+            assert batch.world_seeds == [3 + i for i in range(150)]
+            first = batch.reset()
+            assert first.observation["board"].shape[0] == 150
+            step = batch.step({"paddle": np.ones(150, np.int8)})
+            assert list(step.env_ids) == list(range(150))
+        assert all(env._closed for env in batch.envs)
+        # every world was left and destroyed: its stream ended, and the servers have room again
+        for server in (one, two):
+            assert wait_for(lambda server=server: server._streams == 0)
+            assert not server._registry._worlds
+
+
+def test_worlds_alike_share_spec_machinery_but_not_state(catch_server: Server) -> None:
+    with dmr.BatchedEnvironment.connect([catch_server.address], 3) as batch:
+        first, second, third = batch.envs
+        assert second._observations is first._observations
+        assert second._plan is first._plan
+        assert len({id(env.connection) for env in batch.envs}) == 3
+        assert len({id(env._lock) for env in batch.envs}) == 3
+        first.reset()  # one world alone: the others' state machines do not move
+        assert first._last_state is not None
+        assert second._last_state is None and third._last_state is None
+        timestep = second.reset()
+        assert timestep.first()
+
+
+def test_a_thread_pool_servers_stream_limit_is_named_after_the_timeout() -> None:
+    with foreign_server(max_workers=2) as address:
+        with pytest.raises(errors.WorldError) as raised:
+            dmr.BatchedEnvironment.connect([address], 3, timeout=2)
+        message = str(raised.value)
+        assert "2 other streams" in message and "max_workers" in message, message
+        # the pool's threads were given back: two worlds connect and step
+        with dmr.BatchedEnvironment.connect([address], 2, timeout=10) as batch:
+            assert len(batch.step({"paddle": np.zeros(2, np.int8)}).env_ids) == 2
+
+
+_LOW_LIMIT = textwrap.dedent(
+    """
+    import os, resource, sys
+    import dm_env_rpc_client as dmr
+    from dm_env_rpc_client import errors
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+    try:
+        dmr.BatchedEnvironment.connect(sys.argv[1:], 4, timeout=10)
+    except errors.DmEnvRpcConnectionError as exc:
+        print("REFUSED", exc)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # as the message says
+    with dmr.BatchedEnvironment.connect(sys.argv[1:], 4, timeout=10) as batch:
+        print("STEPPED", len(batch.reset().env_ids))
+    """
+)
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/fd").exists(), reason="needs /proc")
+def test_too_few_file_descriptors_fail_before_anything_is_opened(catch_server: Server) -> None:
+    address = catch_server.address
+    port = address.rsplit(":", 1)[1]
+    addresses = [address, f"localhost:{port}"]
+    done = run_child([sys.executable, "-c", _LOW_LIMIT, *addresses], timeout=60)
+    assert done.returncode == 0, done.stderr
+    refused = next(line for line in done.stdout.splitlines() if line.startswith("REFUSED"))
+    assert "RLIMIT_NOFILE" in refused and "ulimit -n" in refused and "2 servers" in refused
+    assert "STEPPED 4" in done.stdout
+    # nothing was opened by the refused connect: the server saw only the second batch's streams
+    assert wait_for(lambda: catch_server._streams == 0)
