@@ -82,12 +82,15 @@ SB3_REQUIRES = ["stable-baselines3>=2.4", *GYMNASIUM_REQUIRES]
 # not listed: .ci/run installs torch==2.13.0 (the CPU build) first, which these then use.
 # stable-baselines3 is pinned to the version the tier was run with.
 TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3==2.9.2", *RLLIB_REQUIRES]
-# docs/datasets.md's offline learner: TorchRL (0.14.1 resolves beside torch==2.13.0) on Minari.
-TRAINING_REQUIRES += [*MINARI_REQUIRES, "torchrl>=0.14.1,<0.15"]
+# docs/datasets.md's offline learner: TorchRL (0.14.1 resolves beside torch==2.13.0) on Minari;
+# TorchRL over the gymnasium bridge (tests/test_gym_torchrl.py) was run with these two pins.
+TRAINING_REQUIRES += [*MINARI_REQUIRES, "torchrl==0.14.1", "tensordict==0.14.3"]
 
 # The tests run the notebook, build the site, run the Ray tests (a local Ray, about 20 s)
 # and drive the gymnasium bridge.
 TEST_REQUIRES += NOTEBOOK_REQUIRES + DOCS_REQUIRES + RAY_REQUIRES + GYMNASIUM_REQUIRES
+# Minari's own DataCollector checks the gymnasium bridge's infos (tests/test_gym_defects.py).
+TEST_REQUIRES += ["minari[hdf5]==0.5.4"]
 
 setuptools.setup(
     name="dm_env_rpc_client",

@@ -14,7 +14,14 @@ worlds in lockstep with the same random actions, one vector step at a time:
 - (d) ``BatchedEnvironment.send`` then ``recv`` directly: the floor under (c).
 
 Variants run interleaved in rounds (``bench/_common.py``); steps/s count world
-steps. Targets (issue 13): (c) >= 3x (a), >= 1.5x (b), >= 0.9x (d). Where the
+steps.
+
+A second table (``--modes``, on by default) compares ``GymnasiumVectorEnv``'s
+three autoreset modes over the SDK server: NEXT_STEP, SAME_STEP (the ended
+worlds' autoreset steps sent in one pipelined batch within the vector step)
+and DISABLED with ``reset(options={"reset_mask": ended})`` after each step that
+ended worlds. Its "transitions/s" leaves out NEXT_STEP's autoreset steps (the
+vector step after an end, whose action is ignored), counted during the runs. Targets (issue 13): (c) >= 3x (a), >= 1.5x (b), >= 0.9x (d). Where the
 installed gymnasium has ``gymnasium.utils.performance.benchmark_vector_step``,
 it is run on (a), (b) and (c) too.
 """
@@ -118,18 +125,90 @@ def _gymnasium_benchmark(addresses: list[str], count: int) -> list[list[Any]]:
     return rows
 
 
+MODES = {
+    "NEXT_STEP": AutoresetMode.NEXT_STEP,
+    "SAME_STEP": AutoresetMode.SAME_STEP,
+    "DISABLED + reset_mask": AutoresetMode.DISABLED,
+}
+
+
+def _mode_stepping(addresses: list[str], count: int, mode: Any, tally: list[int]) -> Any:
+    """(run, close) of a ``GymnasiumVectorEnv`` in ``mode``; ``tally`` counts [transitions, steps]."""
+    envs = GymnasiumVectorEnv(addresses=addresses, num_envs=count, autoreset_mode=mode)
+    envs.reset(seed=0)
+    pool = _actions(count)
+    wasted = np.zeros(count, bool)  # NEXT_STEP: the next step of these worlds is an autoreset
+
+    def run(steps: int) -> None:
+        nonlocal wasted
+        for index in range(steps // count):
+            _, _, terminations, truncations, _ = envs.step({"paddle": pool[index % POOL]})
+            ended = terminations | truncations
+            tally[0] += count - int(wasted.sum())
+            tally[1] += count
+            if mode == AutoresetMode.NEXT_STEP:
+                wasted = ended
+            elif mode == AutoresetMode.DISABLED and ended.any():
+                envs.reset(options={"reset_mask": ended})
+
+    return run, envs.close
+
+
+def _measure_modes(count: int, args: argparse.Namespace) -> None:
+    with server_processes("sdk") as servers:
+        addresses = [server.address for server in servers]
+        tallies = {name: [0, 0] for name in MODES}
+        variants = {
+            name: (lambda name=name: _mode_stepping(addresses, count, MODES[name], tallies[name]))
+            for name in MODES
+        }
+        variants[FLOOR] = lambda: floor(addresses, count)
+        results = measure_interleaved(
+            variants, args.steps, rounds=args.rounds, server_pid=[s.pid for s in servers]
+        )
+        rows = []
+        for name in variants:
+            useful = tallies[name][0] / tallies[name][1] if name in tallies else 1.0
+            rows.append(
+                [
+                    name,
+                    results.median(name),
+                    results.median(name) * useful,
+                    results.median(name, "cpu_us_per_step"),
+                    f"{results.ratio(name, 'NEXT_STEP'):.2f}x",
+                ]
+            )
+        print_table(
+            f"GymnasiumVectorEnv autoreset modes, {count} Catch worlds (10 rows) on 2 SDK servers",
+            ["variant", "world steps/s", "transitions/s", "client CPU µs/step", "vs NEXT_STEP"],
+            rows,
+        )
+        print(
+            f"\nMedians over {args.rounds} interleaved rounds of {args.steps:,} world steps; "
+            "transitions/s leaves out NEXT_STEP's autoreset steps (action ignored)."
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3200, help="world steps per timed run")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--worlds", type=int, default=16)
     parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
+    parser.add_argument(
+        "--modes", action=argparse.BooleanOptionalAction, default=True, help="the modes table"
+    )
+    parser.add_argument("--only-modes", action="store_true", help="only the autoreset modes table")
     args = parser.parse_args()
     count = args.worlds
     # AsyncVectorEnv's workers fork from a server that imported the SDK but opened nothing.
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         ["dm_env_rpc_client.integrations.gymnasium"]
     )
+    if args.modes or args.only_modes:
+        _measure_modes(count, args)
+    if args.only_modes:
+        return
     for server_key in args.servers:
         _measure(server_key, count, args)
 

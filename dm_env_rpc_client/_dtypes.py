@@ -36,10 +36,26 @@ DATA_TYPE_TO_NUMPY: Mapping[int, np.dtype] = {  # keyed by DataType values
     DataType.PROTO: np.dtype(object),
 }
 
-# Keyed by dtype *kind+size* through np.dtype(...).type, so '<U3' and '<U9' both match.
-NUMPY_TO_DATA_TYPE: Mapping[type, int] = {
-    dtype.type: data_type for data_type, dtype in DATA_TYPE_TO_NUMPY.items()
-}
+
+def _aliases() -> dict[type, int]:
+    """Every NumPy scalar type whose dtype is one of ``DATA_TYPE_TO_NUMPY``'s.
+
+    NumPy has several scalar types per dtype: on Linux ``np.ulonglong`` (what a
+    Python int of 2**63 or more becomes) is not ``np.uint64`` (``np.ulong``),
+    though their dtypes are equal; ``np.intc`` is int32, ``np.longlong`` int64.
+    Each is keyed here by its own type, so a lookup by ``dtype.type`` finds it.
+    """
+    table = {dtype.type: data_type for data_type, dtype in DATA_TYPE_TO_NUMPY.items()}
+    for scalar in set(np.sctypeDict.values()):
+        dtype = np.dtype(scalar)
+        for data_type, supported in DATA_TYPE_TO_NUMPY.items():
+            if dtype.kind in "biuf" and dtype == supported:
+                table.setdefault(dtype.type, data_type)
+    return table
+
+
+# Keyed by scalar type (np.dtype(...).type, so '<U3' and '<U9' both match), aliases included.
+NUMPY_TO_DATA_TYPE: Mapping[type, int] = _aliases()
 
 # DataType -> (Tensor payload field name, Tensor field number, TensorSpec.Value field number)
 _PAYLOAD: dict[int, tuple[str, int, int | None]] = {
@@ -72,7 +88,7 @@ _VARINT: set[int] = {
 _BYTES_FIELD: dict[np.dtype, str] = {np.dtype(np.int8): "int8s", np.dtype(np.uint8): "uint8s"}
 _NATIVE_NUMERIC: dict[np.dtype, int] = {
     DATA_TYPE_TO_NUMPY[data_type]: data_type for data_type in (*_FIXED, *_BYTES, *_VARINT)
-}
+}  # dtype equality and hashing ignore the scalar type: np.dtype(np.ulonglong) finds UINT64
 
 
 def _name(data_type: int) -> str:
@@ -140,7 +156,8 @@ def not_a_tensor(value: Any) -> errors.TensorTypeError:
 
 def _unsupported(dtype: np.dtype) -> errors.UnsupportedDtypeError:
     fix = _UNSUPPORTED_FIXES.get(dtype.kind, "convert it to one of those.")
-    return errors.UnsupportedDtypeError(_UNSUPPORTED_DTYPE.format(what=f"dtype {dtype}", fix=fix))
+    what = f"dtype {dtype} (numpy.{dtype.type.__name__}, {dtype.itemsize} bytes)"
+    return errors.UnsupportedDtypeError(_UNSUPPORTED_DTYPE.format(what=what, fix=fix))
 
 
 def _resolve_dtype(dtype: Any) -> int:

@@ -318,7 +318,7 @@ def test_termination_and_truncation_come_from_the_server_state(catch_server: Ser
     assert (terminated, truncated) == (False, True) and info["discount"] == 1.0
     # Stepping on after the end starts the next episode, as the protocol does.
     observation, reward, terminated, truncated, info = env.step({"paddle": 0})
-    assert (reward, terminated, truncated, info) == (0.0, False, False, {})
+    assert (reward, terminated, truncated, info) == (0.0, False, False, {"discount": 1.0})
     assert observation["board"][0].max() == 1.0  # the ball is back in the top row
     env.close()
 
@@ -547,7 +547,7 @@ def test_vector_autoreset_is_next_step_with_no_extra_round_trip() -> None:
             {"paddle": np.ones(2, np.int8)}  # ignored: these steps start the next episodes
         )
         assert (rewards == 0).all() and not terminations.any() and not truncations.any()
-        assert not infos["_discount"].any()
+        assert infos["_discount"].all() and (infos["discount"] == 1.0).all()  # as after a reset
         assert (observations["board"][:, 0].max(axis=1) == 1.0).all()  # balls in the top row
         assert (observations["board"][:, -1, 2] == 1.0).all()  # paddles back in the middle
         assert _CountingCatch.calls == 3 * 2  # one server step per world per step(), no more
@@ -765,7 +765,7 @@ def test_a_restarted_world_is_truncated_then_autoreset(server_process: Any) -> N
     # truncated again, and the world was sent nothing (the ball did not fall).
     observations, rewards, terminations, truncations, infos = envs.step(zeros)
     assert "restarted" not in infos and not truncations.any() and not terminations.any()
-    assert rewards[1] == 0.0 and infos["_discount"].tolist() == [True, False]
+    assert rewards[1] == 0.0 and infos["_discount"].all() and infos["discount"][1] == 1.0
     np.testing.assert_array_equal(observations["board"][1], first)
     observations, _, _, truncations, infos = envs.step(zeros)  # then it steps again
     assert observations["board"][1, 1].max() == 1.0 and not truncations.any()

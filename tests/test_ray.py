@@ -389,7 +389,7 @@ class _EnvContext(dict):
 def test_rllib_creator_gives_runners_and_vector_indices_distinct_worlds(clean_ray: None) -> None:
     gymnasium = pytest.importorskip("gymnasium")
     with rayi.ServerFleet(make_catch, 2, num_cpus=FRACTION) as fleet:
-        env_config = rayi.rllib_env_config(fleet, seed=100)
+        env_config = rayi.rllib_env_config(fleet, seed=100, connector_flattens=True)
         try:
             # What RLlib does under VECTOR_ENTRY_POINT (Ray 2.60): `env_context | {"num_envs":
             # n}` drops the EnvContext, worker_index with it; every runner must still get a slot.
@@ -460,7 +460,9 @@ def test_rllib_ppo_trains_on_catch_served_by_a_fleet(clean_ray: None) -> None:
     from ray.rllib.connectors.env_to_module import FlattenObservations
 
     with rayi.ServerFleet(make_catch, 2, num_cpus=0.25) as fleet:
-        env_config = rayi.rllib_env_config(fleet, seed=0, wrap=paddle_moves)
+        env_config = rayi.rllib_env_config(
+            fleet, seed=0, wrap=paddle_moves, connector_flattens=True
+        )
         config = (
             PPOConfig()
             .environment(env=rayi.register_rllib_env(), env_config=env_config)

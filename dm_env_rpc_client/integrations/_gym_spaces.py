@@ -185,12 +185,31 @@ class SpaceAdapter:
             if isinstance(leaf(self.dict_space, name), spaces.Box)
             and not leaf(self.dict_space, name).shape
         ]
+        self._scalars = [
+            name
+            for name in self.names
+            if isinstance(leaf(self.dict_space, name), (spaces.Box, spaces.Discrete))
+            and not leaf(self.dict_space, name).shape
+        ]
 
-    def to_sdk(self, value: Any) -> Any:
-        """A gymnasium value (an action) as the SDK's nested dict."""
-        if self.single is None:
-            return value
-        return specs.unflatten({self.single: value})
+    def to_sdk(self, value: Any, lenient: bool = False) -> Any:
+        """A gymnasium value (an action) as the SDK's nested dict.
+
+        Args:
+          value: a value of ``space`` (one world's).
+          lenient: also take what TorchRL's ``GymWrapper`` sends: the bare value
+            of a one-tensor ``Dict``, and a scalar tensor as shape ``[1]``.
+        """
+        if self.single is not None or (lenient and len(self.names) == 1 and _bare(value)):
+            value = specs.unflatten({self.names[0]: value})
+        if lenient and self._scalars and isinstance(value, Mapping):
+            flat = dict(specs.flatten(value))
+            for name in self._scalars:
+                item = flat.get(name)
+                if isinstance(item, np.ndarray) and item.shape == (1,):
+                    flat[name] = item.reshape(())
+            value = specs.unflatten(flat)
+        return value
 
     def from_sdk(self, value: dict[str, Any]) -> Any:
         """The SDK's nested dict (an observation; changed in place) as a value of the space."""
@@ -202,6 +221,11 @@ class SpaceAdapter:
         if self.single is None:
             return value
         return leaf(value, self.single)
+
+
+def _bare(value: Any) -> bool:
+    """Not a mapping: a lone tensor's value."""
+    return not isinstance(value, Mapping)
 
 
 def leaf(tree: Any, dotted: str) -> Any:

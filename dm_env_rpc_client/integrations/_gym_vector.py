@@ -2,17 +2,20 @@
 
 Every ``step`` sends all the worlds' actions in one pipelined batch and waits
 for their answers (``step_async`` / ``step_wait`` split the two, so inference
-can overlap the servers' work). Autoreset is gymnasium's NEXT_STEP, which is
-what the protocol does already: the step after a world's LAST step is the
-FIRST step of its next sequence, and that step's action is ignored. So a world
-that ended is carried into its next episode by the next ``step``, with no
+can overlap the servers' work). Autoreset is gymnasium's NEXT_STEP by default,
+which is what the protocol does already: the step after a world's LAST step is
+the FIRST step of its next sequence, and that step's action is ignored. So a
+world that ended is carried into its next episode by the next ``step``, with no
 extra round trip, and that step reports reward 0 and neither terminated nor
-truncated.
+truncated. ``autoreset_mode=AutoresetMode.SAME_STEP`` or ``DISABLED`` give
+gymnasium's other two modes (``_gym_autoreset``), and
+``reset(options={"reset_mask": mask})`` resets only the masked worlds.
 
 Each world's ``terminated`` is its server state TERMINATED, ``truncated`` its
 state INTERRUPTED. ``infos`` follow gymnasium's vector format: ``discount``
-(masked by ``_discount``, False on a FIRST step) and ``env_id`` (the world's
-index in the batch) with its ``_env_id`` mask.
+(1.0 on a FIRST step and after a reset, as ``GymnasiumEnv`` reports it; masked
+by ``_discount``, False only for a world without a step) and ``env_id`` (the
+world's index in the batch) with its ``_env_id`` mask.
 
 No step a world answered is lost (``_gym_uneven``):
 
@@ -21,7 +24,10 @@ No step a world answered is lost (``_gym_uneven``):
   short), with ``restarted`` (mask ``_restarted``) True and its
   ``WorldFailure`` in ``failure`` (mask ``_failure``); its observation is the
   new episode's first, and the next vector step is its autoreset step, as
-  after any truncation (that step's action is not sent);
+  after any truncation (that step's action is not sent). In SAME_STEP that
+  first observation is also the row's observation (and ``final_obs``: the cut
+  episode has no last one), and the next step is a real step; in DISABLED the
+  world is reset by ``reset_mask`` like any world that ended;
 - when a world has no step for a vector step (it failed under the default
   ``on_world_failure="raise"``, was removed, missed the timeout, or the server
   refused its step), ``step_wait`` raises that ``WorldError``, and the next
@@ -32,7 +38,6 @@ No step a world answered is lost (``_gym_uneven``):
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -48,11 +53,13 @@ from dm_env_rpc_client import _checks, errors, specs
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.integrations import _gym_autoreset as autoreset
 from dm_env_rpc_client.integrations._gym_spaces import AnyText, SpaceAdapter, leaf
 from dm_env_rpc_client.integrations._gym_uneven import Uneven
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = 0  # dm_env.StepType.FIRST
+_RESET_INFO = "discount"  # GymnasiumEnv's reset info: {"discount": 1.0}, the keys of a step's
 
 _ONE_SOURCE = "Give GymnasiumVectorEnv either a BatchedEnvironment or addresses=, not {what}."
 _NUM_ENVS = "num_envs={num_envs} but the BatchedEnvironment has {count} worlds."
@@ -111,12 +118,15 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         space, not a ``Dict``.
       connect_kwargs: more arguments for ``BatchedEnvironment.connect``
         (credentials, ``on_world_failure``, ``restart``, ...).
+      autoreset_mode: gymnasium's ``AutoresetMode`` (or its value, ``"SameStep"``):
+        NEXT_STEP (the protocol's own), SAME_STEP or DISABLED; also in
+        ``metadata["autoreset_mode"]`` and the ``autoreset_mode`` attribute.
 
     Raises:
       ArgumentTypeError: ``batch`` is not a BatchedEnvironment (addresses name ``addresses=``).
       ArgumentValueError: neither or both of ``batch`` and ``addresses``, a bad address,
-        ``num_envs`` or timeout (``BatchedEnvironment.connect`` checks them), or
-        ``requested_observations`` with ``batch``.
+        ``num_envs`` or timeout (``BatchedEnvironment.connect`` checks them),
+        ``requested_observations`` with ``batch``, or an unknown autoreset mode.
       UnknownNameError: a requested observation the worlds do not have.
       SpecError: a tensor has no gymnasium space (the message says how to leave it out).
       WorldError: a world could not be created or joined.
@@ -142,7 +152,10 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         seed_setting: str | None = "seed",
         unwrap_single: bool = False,
         connect_kwargs: Mapping[str, Any] | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
     ) -> None:
+        self.autoreset_mode = autoreset.autoreset_mode(autoreset_mode)
+        self.metadata = {**type(self).metadata, "autoreset_mode": self.autoreset_mode}
         if batch is not None and not isinstance(batch, BatchedEnvironment):
             example = [batch] if isinstance(batch, str) else batch
             if not isinstance(batch, (str, list, tuple)):
@@ -203,6 +216,11 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         ]
         self._infos_env_id = np.arange(self.num_envs, dtype=np.int64)
         self._uneven = Uneven(batch, self.num_envs)
+        self._ended = np.zeros(self.num_envs, bool)  # DISABLED: ended, not reset since
+        self._at_last = np.zeros(self.num_envs, bool)  # the world's latest step was LAST
+        self._latest: Any = None  # the observations last returned (for reset_mask)
+        self._sent: Any = None  # the SDK actions last sent (SAME_STEP's autoreset steps)
+        self._firsts: dict[int, Any] = {}  # SAME_STEP: autoreset steps received as LAST landed
 
     @property
     def batch(self) -> BatchedEnvironment:
@@ -224,13 +242,17 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
           seed: world ``i`` gets ``seed + i`` (as gymnasium's vector envs do), or
             one seed (or None) per world; each goes to its server as the reset
             setting ``seed_setting``.
-          options: ``{"settings": {...}}`` adds reset settings for every world.
+          options: ``{"settings": {...}}`` adds reset settings for every world;
+            ``{"reset_mask": mask}`` (a bool array, one per world) resets only
+            the worlds where it is True (gymnasium 1.1 and newer): the others
+            keep their episode and their last observation.
 
         Returns:
-          ``(observations, infos)``, batched; ``infos`` holds ``env_id``.
+          ``(observations, infos)``, batched; ``infos`` holds ``discount`` (1.0)
+          and ``env_id``, masked by the worlds reset.
 
         Raises:
-          ValueError: a seed list of the wrong length.
+          ValueError: a seed list of the wrong length, or a bad ``reset_mask``.
           WorldError: a world failed or refused the reset.
         """
         super().reset(seed=seed if isinstance(seed, int) else None)
@@ -242,32 +264,86 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             seeds = list(seed)
         else:
             raise ValueError(_SEEDS.format(count=self.num_envs, seed=seed))
+        mask = (options or {}).get("reset_mask")
+        if mask is not None:
+            mask = autoreset.reset_mask(mask, self.num_envs)
+        targets = self._ids if mask is None else np.flatnonzero(mask).tolist()
         if self._waiting or self._batch.pending():
             self._drop_in_flight(self._timeout)
         self._waiting, self._partial = False, None
-        self._uneven.clear()
+        self._firsts.clear()
+        if mask is None:
+            self._uneven.clear()
+        for index in targets:
+            self._uneven.held.pop(index, None)
+            self._uneven.cut.discard(index)
         extra = dict((options or {}).get("settings", {}))
-        timesteps = []
-        for index, env in enumerate(self._batch.envs):
-            settings = dict(extra)
-            if seeds[index] is not None and self._seed_setting is not None:
-                settings[self._seed_setting] = seeds[index]
+        # A world whose last step was LAST starts its next sequence with its autoreset step
+        # (all of them in one pipelined batch); the others, or seeded, take a ResetRequest.
+        stepped = [i for i in targets if self._at_last[i] and seeds[i] is None and not extra]
+        firsts = self._autoreset_steps(stepped) if stepped else {}
+        for index in targets:
+            if index not in firsts:
+                firsts[index] = self._reset_world(index, seeds[index], extra)
+        self._ended[targets] = self._at_last[targets] = False
+        timesteps = [firsts[index] for index in targets]
+        observations = self._from_batch(batch_of(timesteps, targets).observation)
+        reset = self._all() if mask is None else mask.copy()
+        if mask is not None:
+            rows = autoreset.rows(self.observation_space, self._latest_or_empty())
+            for index, row in zip(
+                targets, autoreset.rows(self.observation_space, observations), strict=True
+            ):
+                rows[index] = row
+            observations = autoreset.stacked(self.single_observation_space, rows)
+        self._latest = observations
+        infos = {
+            _RESET_INFO: np.where(reset, 1.0, 0.0),
+            f"_{_RESET_INFO}": reset,
+            "env_id": self._infos_env_id.copy(),
+            "_env_id": reset.copy(),
+        }
+        return observations, infos
+
+    def _reset_world(self, index: int, seed: int | None, extra: dict[str, Any]) -> Any:
+        """A ResetRequest to world ``index`` with ``extra`` settings and its seed."""
+        env = self._batch.envs[index]
+        settings = dict(extra)
+        if seed is not None and self._seed_setting is not None:
+            settings[self._seed_setting] = seed
+        try:
             try:
-                try:
-                    timesteps.append(env.reset(self._timeout, settings=settings))
-                except errors.InvalidArgumentError as exc:
-                    if seeds[index] is None or not refused_setting(exc, self._seed_setting):
-                        raise
-                    warnings.warn(
-                        _SEED_REFUSED.format(index=index, name=self._seed_setting, error=exc),
-                        stacklevel=2,
-                    )
-                    self._seed_setting = None
-                    timesteps.append(env.reset(self._timeout, settings=extra))
-            except errors.DmEnvRpcClientError as exc:
-                raise self._batch._wrap(index, exc) from exc
-        observations = self._from_batch(batch_of(timesteps, self._ids).observation)
-        return observations, {"env_id": self._infos_env_id.copy(), "_env_id": self._all()}
+                return env.reset(self._timeout, settings=settings)
+            except errors.InvalidArgumentError as exc:
+                if seed is None or not refused_setting(exc, self._seed_setting):
+                    raise
+                warnings.warn(
+                    _SEED_REFUSED.format(index=index, name=self._seed_setting, error=exc),
+                    stacklevel=3,
+                )
+                self._seed_setting = None
+                return env.reset(self._timeout, settings=extra)
+        except errors.DmEnvRpcClientError as exc:
+            raise self._batch._wrap(index, exc) from exc
+
+    def _autoreset_steps(self, ids: list[int]) -> dict[int, Any]:
+        """Sends worlds at a LAST step their next step in one pipelined batch: their FIRST steps.
+
+        The action is the one each was last sent; the server ignores it (the
+        step after LAST starts the next sequence).
+        """
+        self._send_autoresets(ids)
+        got = self._batch.recv(env_ids=ids, timeout=self._timeout)
+        return {i: got.at(position) for position, i in enumerate(got.env_ids.tolist())}
+
+    def _send_autoresets(self, ids: list[int]) -> None:
+        rows = split_actions(self._sent, self.num_envs, self._actions.names)
+        self._batch.send([rows[i] for i in ids], ids)
+
+    def _latest_or_empty(self) -> Any:
+        if self._latest is None:
+            return autoreset.empty(self.single_observation_space, self.num_envs)
+        return self._latest
 
     def _all(self) -> np.ndarray:
         return np.ones(self.num_envs, dtype=bool)
@@ -296,6 +372,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                 _AGAIN if self._partial is None else _AFTER_ERROR.format(index=self._partial_index),
                 "step",
             )
+        if self.autoreset_mode == AutoresetMode.DISABLED:
+            autoreset.check_not_ended(self._ended)
         sdk_actions = self._actions.to_sdk(actions)
         for name, space in self._action_checks:
             try:
@@ -315,6 +393,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
                 raise errors.SpecValidationError(
                     _BAD_ACTION.format(name=name, space=space, count=self.num_envs, value=shown)
                 )
+        self._sent = sdk_actions
         if not self._uneven.held and not self._batch.pending():
             self._batch.send(sdk_actions, self._ids)
         else:
@@ -351,7 +430,14 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         wait = self._timeout if timeout is None else timeout
         deadline = None if wait is None else time.monotonic() + wait
         got, error = None, None
-        if not self._uneven.held:
+        if self.autoreset_mode == AutoresetMode.SAME_STEP and not self._uneven.held:
+            got, self._firsts, error = autoreset.receive_resetting(
+                self._batch, self.num_envs, self._send_autoresets, wait
+            )
+            flagged = got is not None and got.truncated is not None and got.truncated.any()
+            if error is None and got is not None and not flagged:
+                return self._finish(self._vector_step(got), None)
+        elif not self._uneven.held:
             try:
                 got = self._batch.recv(env_ids=self._ids, timeout=wait)
             except errors.WorldError as exc:
@@ -359,7 +445,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             else:
                 flagged = got.truncated is not None and got.truncated.any()
                 if len(got.env_ids) == self.num_envs and not flagged:
-                    return self._vector_step(got)
+                    return self._finish(self._vector_step(got), None)
         return self._uneven_step(*self._uneven.collect(got, error, deadline), error)
 
     def _vector_step(self, batch: BatchedTimeStep) -> VectorStep:
@@ -367,8 +453,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         states = np.asarray(batch.state)  # BatchedEnvironment always fills it
         not_first = batch.step_type != _FIRST
         infos = {
-            "discount": batch.discount,
-            "_discount": not_first,
+            "discount": np.where(not_first, batch.discount, 1.0),
+            "_discount": self._all(),
             "env_id": batch.env_ids,
             "_env_id": self._all(),
         }
@@ -391,23 +477,53 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         if out.restarted.any():
             infos.update(restarted=out.restarted, _restarted=self._all())
             infos.update(failure=out.failures, _failure=out.restarted.copy())
+        missing = np.array([e is not None for e in out.errors])
+        infos["_discount"] = ~missing
         result = (observations, rewards, terminations, truncations, infos)
+        result = self._finish(result, missing | out.cut | out.restarted)
         if not failed:
             return result
-        infos.update(error=out.errors, _error=np.array([e is not None for e in out.errors]))
+        infos.update(error=out.errors, _error=missing)
         first = first if first is not None else failed[min(failed)]
         self._partial, self._partial_index, self._waiting = result, first.index, True
         message = _TAKE_THE_REST.format(error=str(first).rstrip("."))
         raise type(first)(message, first.index, first.address) from first
 
+    def _finish(self, result: VectorStep, not_last: np.ndarray | None) -> VectorStep:
+        """The vector step in the env's autoreset mode.
+
+        ``not_last``: the worlds truncated without a LAST step of their own (no
+        step, restarted, being restarted).
+        """
+        observations, rewards, terminations, truncations, infos = result
+        ended = terminations | truncations
+        self._at_last = ended if not_last is None else ended & ~not_last
+        if self.autoreset_mode == AutoresetMode.DISABLED:
+            self._ended = ended.copy()
+            for index in np.flatnonzero(ended).tolist():  # a restarted world: reset_mask resets it
+                self._uneven.held.pop(index, None)
+        elif self.autoreset_mode == AutoresetMode.SAME_STEP:
+            restarted = [i for i in np.flatnonzero(ended).tolist() if i in self._uneven.held]
+            ready = np.flatnonzero(self._at_last).tolist() + restarted
+            if ready:
+                observations = self._same_step(observations, infos, sorted(ready))
+            self._at_last = np.zeros(self.num_envs, bool)
+        self._latest = observations
+        return observations, rewards, terminations, truncations, infos
+
+    def _same_step(self, observations: Any, infos: dict[str, Any], ended: list[int]) -> Any:
+        """SAME_STEP: the ended worlds' next FIRST steps replace their rows (``_gym_autoreset``)."""
+        firsts = {i: self._uneven.held.pop(i)[0] for i in ended if i in self._uneven.held}
+        firsts.update({i: self._firsts.pop(i) for i in ended if i in self._firsts})
+        others = [i for i in ended if i not in firsts]
+        if others:
+            firsts.update(self._autoreset_steps(others))
+        new = self._from_batch(batch_of(list(firsts.values()), list(firsts)).observation)
+        return autoreset.same_step_rows(self, observations, infos, list(firsts), new)
+
     def _drop_in_flight(self, timeout: float | None) -> None:
         """Receives and drops every step still in flight (before a reset)."""
-        for _ in self._ids:
-            pending = [index for index in self._ids if self._batch.in_flight(index) > 0]
-            if not pending:
-                return
-            with contextlib.suppress(errors.DmEnvRpcClientError, ValueError):
-                self._batch.recv(env_ids=pending, timeout=timeout)
+        autoreset.drop_in_flight(self._batch, self._ids, timeout)
 
     def _from_batch(self, observation: dict[str, Any]) -> Any:
         """Stacked SDK observations as a value of ``observation_space``."""
@@ -423,8 +539,9 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Closes the batch if this env made it (``VectorEnv.close`` calls this once)."""
-        if self._owned:
-            self._batch.close()
+        batch = getattr(self, "_batch", None)  # None: connecting failed in __init__
+        if self._owned and batch is not None:
+            batch.close()
 
     def __repr__(self) -> str:
         return f"GymnasiumVectorEnv({self._batch!r})"

@@ -43,6 +43,22 @@ _LIVE_SLOTS: dict[str, Any] = {}  # slot counters this driver started, by name
 _NO_ADDRESSES = (
     "The env_config has no 'addresses'; build it with rllib_env_config(fleet_or_addresses, ...)."
 )
+_NOT_VECTOR = (
+    "RLlib called the env creator without num_envs, so it is not using the vector entry "
+    "point and would treat the vector env as one env (an IndexError in the driver). Set "
+    ".env_runners(gym_env_vectorize_mode=gymnasium.VectorizeMode.VECTOR_ENTRY_POINT, "
+    "num_envs_per_env_runner=N) in the algorithm config."
+)
+_BAD_NUM_ENVS = "num_envs must be a positive int (num_envs_per_env_runner), not {value!r}."
+_NOT_FLAT = (
+    "The observation space {space} is {ndim}-D; RLlib's default encoders take 1-D or 3-D "
+    "Boxes and fail on it with an IndexError in the driver. Flatten it: add "
+    "env_to_module_connector=lambda env, spaces=None, device=None: FlattenObservations() "
+    "(ray.rllib.connectors.env_to_module) to .env_runners(...) and pass "
+    "rllib_env_config(..., connector_flattens=True), or wrap= the env in "
+    "gymnasium.wrappers.vector.FlattenObservation."
+)
+_FLATTENS = "connector_flattens"
 _NO_SLOT = (
     "RLlib gave the env creator no worker_index and the env_config names no slot counter; "
     "build the env_config with rllib_env_config(...) in the driver."
@@ -71,6 +87,7 @@ def rllib_env_config(
     insecure: bool = True,
     unwrap_single: bool = True,
     wrap: Callable[[Any], Any] | None = None,
+    connector_flattens: bool = False,
     **vector_kwargs: Any,
 ) -> dict[str, Any]:
     """The ``env_config`` for ``rllib_env_creator``; call it in the driver.
@@ -92,6 +109,10 @@ def rllib_env_config(
         gymnasium vector wrappers RLlib needs (Ray pickles it): Catch's int8
         paddle move, say, as a ``Discrete(3)`` action (RLlib takes no integer
         ``Box`` action).
+      connector_flattens: the algorithm's ``env_to_module_connector`` flattens
+        observations (``FlattenObservations``). Without it the creator refuses
+        an observation Box that is neither 1-D nor 3-D, naming the fix, since
+        RLlib's default encoders fail on it with an ``IndexError``.
       **vector_kwargs: more ``GymnasiumVectorEnv`` arguments (``seed_setting``,
         ``connect_kwargs``).
 
@@ -112,6 +133,7 @@ def rllib_env_config(
         "insecure": insecure,
         "unwrap_single": unwrap_single,
         _WRAP: wrap,
+        _FLATTENS: connector_flattens,
         _SLOTS: name,
         **vector_kwargs,
     }
@@ -155,7 +177,9 @@ def rllib_env_creator(env_config: Mapping[str, Any]) -> Any:
       The ``GymnasiumVectorEnv`` (wrapped by the config's ``wrap``); RLlib closes it.
 
     Raises:
-      ValueError: the env_config was not made by ``rllib_env_config``.
+      ValueError: the env_config was not made by ``rllib_env_config``, RLlib was
+        not configured for the vector entry point (no ``num_envs``), or the
+        observation is 2-D with no flattening (each message names the setting).
       WorldError: a world could not be created.
     """
     from dm_env_rpc_client.integrations.gymnasium import GymnasiumVectorEnv
@@ -164,7 +188,12 @@ def rllib_env_creator(env_config: Mapping[str, Any]) -> Any:
     addresses = list(config.pop("addresses", None) or ())
     if not addresses:
         raise ValueError(_NO_ADDRESSES)
-    num_envs = int(config.pop("num_envs", 1))
+    if "num_envs" not in config:
+        raise ValueError(_NOT_VECTOR)
+    num_envs = config.pop("num_envs")
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(_BAD_NUM_ENVS.format(value=num_envs))
+    flattens = bool(config.pop(_FLATTENS, False))
     slot = runner_slot(env_config)
     seed = config.pop("seed", None)
     config.pop(_SLOTS, None)
@@ -181,7 +210,13 @@ def rllib_env_creator(env_config: Mapping[str, Any]) -> Any:
         connect_kwargs=connect_kwargs,
         **config,
     )
-    return envs if wrap is None else wrap(envs)
+    wrapped = envs if wrap is None else wrap(envs)
+    space = wrapped.single_observation_space
+    shape: tuple[int, ...] = getattr(space, "shape", None) or ()
+    if not flattens and type(space).__name__ == "Box" and len(shape) not in (1, 3):
+        wrapped.close()
+        raise ValueError(_NOT_FLAT.format(space=space, ndim=len(shape)))
+    return wrapped
 
 
 def register_rllib_env(name: str = ENV_NAME) -> str:

@@ -18,7 +18,11 @@ gymnasium 1.2.2 or newer)::
   ``unwrap_single=True`` a world with one action (observation) has that
   tensor's space instead of a ``Dict``.
 - ``step``: ``terminated`` when the server's state is TERMINATED, ``truncated``
-  when it is INTERRUPTED; dm_env's discount is ``info["discount"]``.
+  when it is INTERRUPTED; dm_env's discount is ``info["discount"]`` (1.0 after a
+  reset and on a step that starts an episode: every info has the same keys, as
+  Minari's ``DataCollector(record_infos=True)`` needs).
+- ``metadata["render_modes"]`` of an instance is ``["rgb_array"]`` only when the
+  world has an image observation (gymnasium's ``check_env`` renders each mode).
 - ``reset(seed=s)``: the seed goes to the server as the reset setting
   ``seed_setting`` (default ``"seed"``; the embedded Catch takes it); a server
   that refuses it gets a warning, once, and unseeded resets.
@@ -130,7 +134,8 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
       DmEnvRpcClientError: connecting, creating or joining failed.
     """
 
-    # gymnasium declares ``metadata`` as a class attribute dict.
+    # gymnasium declares ``metadata`` as a class attribute dict: the modes any world may have.
+    # Each instance has its own: ``rgb_array`` only for a world with an image to render.
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 30}  # noqa: RUF012
 
     def __init__(
@@ -192,6 +197,8 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
             self._actions = SpaceAdapter(wire.actions, action_names, "action", unwrap_single)
             self.render_mode = render_mode
             self._render_name = self._render_choice(render_mode, render_observation)
+            renders = self._render_name is not None or self._image() is not None
+            self.metadata = {**self.metadata, "render_modes": ["rgb_array"] if renders else []}
         except BaseException:
             self.close()
             raise
@@ -205,10 +212,17 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
             raise ValueError(_UNKNOWN_RENDER.format(name=name, names=names))
         if render_mode is None or name is not None:
             return name
-        for candidate in names:
+        image = self._image()
+        if image is None:
+            raise ValueError(_NO_IMAGE.format(names=names))
+        return image
+
+    def _image(self) -> str | None:
+        """The first uint8 ``[height, width, 3]`` observation, if any."""
+        for candidate in self._observations.names:
             if _is_image(leaf(self._observations.dict_space, candidate)):
                 return candidate
-        raise ValueError(_NO_IMAGE.format(names=names))
+        return None
 
     @property
     def dm_env(self) -> DmEnvAdaptor:
@@ -226,7 +240,7 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
           options: ``{"settings": {...}}`` adds reset settings of your own.
 
         Returns:
-          ``(observation, info)``; ``info`` is empty.
+          ``(observation, info)``; ``info`` is ``{"discount": 1.0}`` (the keys of a step's).
 
         Raises:
           DmEnvRpcClientError: the server failed or refused the reset.
@@ -245,7 +259,7 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
             self._seed_setting = None
             timestep = self._env.reset(self._timeout, settings=settings)
         self._last_observation = timestep.observation
-        return self._observations.from_sdk(timestep.observation), {}
+        return self._observations.from_sdk(timestep.observation), {DISCOUNT_KEY: 1.0}
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         """Takes one step.
@@ -255,7 +269,10 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
           the server's state is TERMINATED, truncated when it is INTERRUPTED, and
           ``info["discount"]`` is dm_env's discount. A step after the end of an
           episode starts the next one, as the protocol does (its action is
-          ignored; reward 0, no discount in ``info``).
+          ignored; reward 0, discount 1.0 as after a reset).
+
+        An action may also come as TorchRL's ``GymWrapper`` sends it: the bare
+        value of a one-action ``Dict``, and a scalar as shape ``[1]``.
 
         Raises:
           UnknownNameError, SpecValidationError: the action does not fit the specs.
@@ -264,12 +281,12 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
         """
         # The adaptor's own step: its request written as bytes, a large observation read
         # from the response's bytes and copied once (not parsed into a message first).
-        timestep = self._env._step(self._actions.to_sdk(action), self._timeout)
+        timestep = self._env._step(self._actions.to_sdk(action, lenient=True), self._timeout)
         state = self._env._last_state  # this step's: the env is stepped in lockstep
         self._last_observation = timestep.observation
         observation = self._observations.from_sdk(timestep.observation)
         if timestep.first():
-            return observation, 0.0, False, False, {}
+            return observation, 0.0, False, False, {DISCOUNT_KEY: 1.0}
         reward = timestep.reward
         reward = float(reward) if np.ndim(reward) == 0 else reward
         terminated = state == State.TERMINATED

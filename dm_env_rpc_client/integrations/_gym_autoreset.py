@@ -1,0 +1,216 @@
+"""Gymnasium's autoreset modes for ``GymnasiumVectorEnv``, and ``reset_mask``.
+
+The protocol itself autoresets the NEXT_STEP way: the step after a world's
+LAST step is the FIRST step of its next sequence (its action is ignored). The
+other two modes are built on that:
+
+- SAME_STEP: the vector step on which worlds end also returns their next
+  episode's first observation. ``receive_resetting`` takes the worlds' answers
+  as they land (``recv`` of whichever worlds finished), and the moment a
+  world's answer is LAST it sends that world its next step (the protocol's
+  autoreset step, with the action it was just sent, which the server
+  ignores), while the other worlds' answers are still on their way; that
+  FIRST step's observation replaces the ended world's row; the LAST observation goes to ``infos["final_obs"]`` and its
+  info to ``infos["final_info"]``, with gymnasium's own ``_add_info``, so the
+  layout is exactly that of gymnasium's ``SyncVectorEnv`` of the version in
+  use. The next ``step()`` then sends every world a real step. A world counts
+  the same server steps per episode as in NEXT_STEP (its autoreset step is
+  taken one vector step earlier); a vector step on which a world ended waits
+  for its autoreset step's round trip, which overlaps the other worlds'
+  answers still due (measured in ``bench/gym_vector.py``).
+- DISABLED: nothing is reset; a world that ended must be reset with
+  ``reset(options={"reset_mask": mask})`` before it is stepped again.
+
+``reset_mask`` (gymnasium 1.1 and newer) resets only the masked worlds; the
+others keep their episode and their last observation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dm_env
+import numpy as np
+from gymnasium import Space
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import concatenate, create_empty_array, iterate
+
+from dm_env_rpc_client import errors
+from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of
+from dm_env_rpc_client.batched import BatchedEnvironment
+
+_LAST = 2  # dm_env.StepType.LAST
+Row = tuple[dm_env.TimeStep, int, bool]  # a world's step, its server state, restart flag
+
+_MODE = (
+    "autoreset_mode must be one of gymnasium's AutoresetMode values {modes} (or their names), "
+    "not {value!r}."
+)
+_MASK = (
+    "options['reset_mask'] must be a NumPy bool array of shape ({count},) with at least one "
+    "True (the worlds to reset); got {what}."
+)
+_NOT_RESET = (
+    "World(s) {indices} ended on an earlier step and autoreset_mode is DISABLED: reset them "
+    "first with envs.reset(options={{'reset_mask': mask}}) (mask True for those worlds)."
+)
+
+
+def autoreset_mode(value: AutoresetMode | str) -> AutoresetMode:
+    """``value`` as an ``AutoresetMode``: the enum, its value (``"SameStep"``) or name."""
+    if isinstance(value, AutoresetMode):
+        return value
+    for mode in AutoresetMode:
+        if value in (mode.value, mode.name):
+            return mode
+    modes = [mode.value for mode in AutoresetMode]
+    raise errors.ArgumentValueError(_MODE.format(modes=modes, value=value))
+
+
+def reset_mask(mask: Any, count: int) -> np.ndarray:
+    """Checks ``options["reset_mask"]`` as gymnasium's ``SyncVectorEnv`` does (ArgumentValueError)."""
+    if not isinstance(mask, np.ndarray):
+        what = type(mask).__name__
+    elif mask.dtype != np.bool_ or mask.shape != (count,):
+        what = f"{mask.dtype} {mask.shape}"
+    elif not mask.any():
+        what = "no True value"
+    else:
+        return mask
+    raise errors.ArgumentValueError(_MASK.format(count=count, what=what))
+
+
+def check_not_ended(ended: np.ndarray) -> None:
+    """Raises for DISABLED worlds that ended and were not reset."""
+    if ended.any():
+        indices = np.flatnonzero(ended).tolist()
+        raise errors.DmEnvRpcClientError(_NOT_RESET.format(indices=indices))
+
+
+def rows(space: Space[Any], batched: Any) -> list[Any]:
+    """The per-world values of a batched value of ``space`` (its single space)."""
+    return list(iterate(space, batched))
+
+
+def stacked(single: Space[Any], values: Sequence[Any]) -> Any:
+    """Per-world values of ``single`` stacked as its batched space holds them."""
+    out: Any = create_empty_array(single, len(values))
+    return concatenate(single, values, out)
+
+
+def empty(single: Space[Any], count: int) -> Any:
+    """A zero-filled batched value (the observations of worlds never reset yet)."""
+    return create_empty_array(single, count, fn=np.zeros)
+
+
+def receive_resetting(
+    batch: BatchedEnvironment,
+    count: int,
+    autoreset: Callable[[list[int]], None],
+    timeout: float | None,
+) -> tuple[BatchedTimeStep | None, dict[int, dm_env.TimeStep], errors.WorldError | None]:
+    """SAME_STEP's receive: every world's answer, each LAST one's autoreset step sent as it lands.
+
+    Args:
+      batch: the worlds, each with one step in flight.
+      count: how many worlds (all of them answer).
+      autoreset: sends the given worlds their autoreset steps.
+      timeout: seconds for every world to answer, autoreset steps included.
+
+    Returns:
+      ``(got, firsts, error)``: the answers received, in world order (all of
+      them when ``error`` is None); the autoreset FIRST steps by world; and the
+      ``WorldError`` that stopped the receive, if any (the autoreset steps in
+      flight are received before it returns).
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    rows: dict[int, Row] = {}
+    firsts: dict[int, dm_env.TimeStep] = {}
+    resetting: set[int] = set()
+    whole: BatchedTimeStep | None = None  # a single recv that had every world's answer
+    try:
+        while len(rows) < count or resetting:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                got = batch.recv(1, timeout=remaining)
+            except errors.RequestTimeoutError:  # recv by world fails the late one, as usual
+                late = sorted(resetting | {i for i in range(count) if i not in rows})
+                got = batch.recv(env_ids=late, timeout=0)
+            if not rows and len(got.env_ids) == count:
+                whole = got
+            ended = _file(got, rows, firsts, resetting)
+            if ended:
+                autoreset(ended)
+                resetting.update(ended)
+    except errors.WorldError as exc:
+        if resetting:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # Those worlds fail on, if they do; SAME_STEP then tries their autoreset again.
+            with contextlib.suppress(errors.WorldError):
+                got = batch.recv(env_ids=sorted(resetting), timeout=remaining)
+                _file(got, {}, firsts, resetting)
+        return _stitched(rows), firsts, exc
+    return (whole if whole is not None else _stitched(rows)), firsts, None
+
+
+def _file(
+    got: BatchedTimeStep,
+    rows: dict[int, Row],
+    firsts: dict[int, dm_env.TimeStep],
+    resetting: set[int],
+) -> list[int]:
+    """Files ``got``'s answers; returns the worlds whose answer was LAST."""
+    ended = []
+    states = got.state if got.state is not None else np.zeros(len(got.env_ids), np.uint8)
+    flags = got.truncated if got.truncated is not None else np.zeros(len(got.env_ids), bool)
+    for position, index in enumerate(got.env_ids.tolist()):
+        if index in resetting:
+            resetting.discard(index)
+            firsts[index] = got.at(position)
+        else:
+            rows[index] = (got.at(position), int(states[position]), bool(flags[position]))
+            if got.step_type[position] == _LAST and not flags[position]:
+                ended.append(index)
+    return ended
+
+
+def _stitched(rows: dict[int, Row]) -> BatchedTimeStep | None:
+    """The answers of ``rows`` as one batch in world order (None if there are none)."""
+    if not rows:
+        return None
+    ids = sorted(rows)
+    return batch_of([rows[i][0] for i in ids], ids)._replace(
+        state=np.array([rows[i][1] for i in ids], np.uint8),
+        truncated=np.array([rows[i][2] for i in ids], bool),
+    )
+
+
+def same_step_rows(
+    env: Any, observations: Any, infos: dict[str, Any], ended: list[int], firsts: Any
+) -> Any:
+    """SAME_STEP: each ended world's row becomes its first observation ``firsts`` (stacked).
+
+    Its last observation and info go to ``infos["final_obs"]`` and
+    ``infos["final_info"]`` through gymnasium's own ``_add_info``, and its
+    ``discount`` becomes the reset's 1.0, as ``SyncVectorEnv`` merges it.
+    """
+    items = rows(env.observation_space, observations)
+    for index, first in zip(ended, rows(env.observation_space, firsts), strict=True):
+        final_info = {"discount": infos["discount"][index]}
+        env._add_info(infos, {"final_obs": items[index], "final_info": final_info}, index)
+        items[index] = first
+        infos["discount"][index] = 1.0
+    return stacked(env.single_observation_space, items)
+
+
+def drop_in_flight(batch: BatchedEnvironment, ids: list[int], timeout: float | None) -> None:
+    """Receives and drops every step still in flight (before a reset)."""
+    for _ in ids:
+        pending = [index for index in ids if batch.in_flight(index) > 0]
+        if not pending:
+            return
+        with contextlib.suppress(errors.DmEnvRpcClientError, ValueError):
+            batch.recv(env_ids=pending, timeout=timeout)
