@@ -6,7 +6,9 @@ come from ``cli``, which owns them);
 ``check_command(args, channel_kwargs, check_address)`` runs it on
 ``args.address`` and returns the exit code: 0 when the server conforms, 1 when
 it does not. A caller that starts the server first (``--launch``) sets
-``args.address`` to the address of what it started.
+``args.address`` to the address of what it started: ``check --launch "CMD {port}"``
+starts one server with ``launch.launch`` (no relaunch: a server that dies is a finding),
+checks it, and stops it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,14 @@ from typing import Any
 
 from dm_env_rpc_client._args import UsageError, positive_float, positive_int
 from dm_env_rpc_client.conformance import DEFAULT_CHECK_TIMEOUT, check_server
+from dm_env_rpc_client.launch import launch
 
 CONFORMS, DOES_NOT_CONFORM = 0, 1
 _WORLD_CREATE = "--world joins an existing world: --create-setting does not apply to it."
+_ONE_TARGET = (
+    'check takes a server ADDRESS or --launch "COMMAND {{port}}", not {given}: '
+    "pass exactly one of them."
+)
 
 DESCRIPTION = (
     "Checks a dm_env_rpc server against the protocol: the lifecycle (create, join, step, "
@@ -44,7 +51,12 @@ def add_check_command(
     parser: argparse.ArgumentParser = commands.add_parser(
         "check", help="check a server against the protocol", description=DESCRIPTION
     )
-    parser.add_argument("address", metavar="HOST:PORT", help="the server")
+    parser.add_argument("address", metavar="HOST:PORT", nargs="?", help="the server")
+    parser.add_argument(
+        "--launch",
+        metavar="COMMAND",
+        help='start this server command ("{port}" is replaced) and check it (docs/launching.md)',
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--world", metavar="NAME", help="join this existing world instead of creating worlds"
@@ -91,6 +103,21 @@ def check_command(
     """
     if args.world is not None and args.create_setting:
         raise UsageError(_WORLD_CREATE)
+    if (args.address is None) == (args.launch is None):
+        raise UsageError(_ONE_TARGET.format(given="both" if args.address else "neither"))
+    if args.launch is not None:
+        with launch(args.launch, 1, relaunch=None) as servers:
+            args.address = servers[0]
+            return _check(args, channel_kwargs, check_address)
+    return _check(args, channel_kwargs, check_address)
+
+
+def _check(
+    args: argparse.Namespace,
+    channel_kwargs: dict[str, Any],
+    check_address: Callable[[str, dict[str, Any], float, bool], None],
+) -> int:
+    """``check_command`` on ``args.address``, once there is one."""
     check_address(args.address, channel_kwargs, args.timeout, True)
     report = check_server(
         args.address,

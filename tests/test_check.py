@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sys
 import unittest
 from typing import Any, ClassVar
 
@@ -169,8 +170,13 @@ def test_check_command_passes_world_settings(catch_server: Server, capsys) -> No
 
 @pytest.mark.parametrize(
     "argv",
-    [["check"], ["check", "127.0.0.1:1", "--timeout", "0"], ["check", "not an address"]],
-    ids=["no address", "zero timeout", "bad address"],
+    [
+        ["check"],
+        ["check", "127.0.0.1:1", "--timeout", "0"],
+        ["check", "not an address"],
+        ["check", "127.0.0.1:1", "--launch", "server --port {port}"],
+    ],
+    ids=["no address", "zero timeout", "bad address", "address and launch"],
 )
 def test_check_command_usage_errors_exit_2(argv: list[str], capsys) -> None:
     try:
@@ -185,6 +191,22 @@ def test_check_command_nothing_listening_exits_1_saying_so(capsys) -> None:
     code = cli.main(["check", f"127.0.0.1:{_closed_port()}"])
     assert code == 1
     assert "Nothing accepts connections" in capsys.readouterr().err
+
+
+def test_check_launch_starts_checks_and_stops_the_server(tmp_path, capsys) -> None:
+    command = f"{sys.executable} -m dm_env_rpc_client.server --port {{port}} --env catch"
+    code = cli.main(
+        ["check", "--launch", f"{command} --skip-check", "--latency-steps", "20", "--seed", "1"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "PASS  lifecycle.destroy" in out
+
+
+def test_check_launch_names_a_command_that_does_not_exist(capsys) -> None:
+    code = cli.main(["check", "--launch", "/nonexistent/player --port {port}"])
+    assert code == 1
+    assert "/nonexistent/player" in capsys.readouterr().err
 
 
 # --- agreement with the reference package's compliance suites --------------------------------
