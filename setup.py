@@ -89,8 +89,9 @@ TRAINING_REQUIRES += [*MINARI_REQUIRES, "torchrl==0.14.1", "tensordict==0.14.3"]
 # The tests run the notebook, build the site, run the Ray tests (a local Ray, about 20 s)
 # and drive the gymnasium bridge.
 TEST_REQUIRES += NOTEBOOK_REQUIRES + DOCS_REQUIRES + RAY_REQUIRES + GYMNASIUM_REQUIRES
-# Minari's own DataCollector checks the gymnasium bridge's infos (tests/test_gym_defects.py).
-TEST_REQUIRES += ["minari[hdf5]==0.5.4"]
+# Minari's own DataCollector checks the gymnasium bridge's infos (tests/test_gym_defects.py,
+# docs/gymnasium.md). Its episode buffer imports jax, which only the `create` extra installs.
+TEST_REQUIRES += ["minari[create,hdf5]==0.5.4"]
 
 setuptools.setup(
     name="dm_env_rpc_client",
