@@ -134,6 +134,13 @@ def test_each_module_imports_alone() -> None:
         "    sys.modules['dm_env_rpc_client'] = stub\n"
         "    try:\n"
         "        importlib.import_module(name)\n"
+        "    except ImportError as exc:  # an integration whose extra is not installed\n"
+        "        missing = exc.name or getattr(exc.__cause__, 'name', None) or ''\n"
+        "        module = name.rsplit('.', 1)[1]\n"
+        "        if not (name.startswith('dm_env_rpc_client.integrations.') and missing\n"
+        "                and not missing.startswith('dm_env_rpc')\n"
+        "                and (module.startswith('_') or 'dm_env_rpc_client[' in str(exc))):\n"
+        "            print(f'{name}: {type(exc).__name__}: {exc}')\n"
         "    except Exception as exc:\n"
         "        print(f'{name}: {type(exc).__name__}: {exc}')\n"
     )
