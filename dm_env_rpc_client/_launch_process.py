@@ -97,13 +97,13 @@ def command_line(template: str | Sequence[str], host: str, port: int) -> list[st
     """The template's words with ``{port}`` and ``{host}`` filled in.
 
     Raises:
-      ValueError: the template is empty or has no ``{port}``.
+      ArgumentValueError: the template is empty or has no ``{port}`` (a ValueError).
     """
     words = shlex.split(template) if isinstance(template, str) else [str(w) for w in template]
     if not words:
-        raise ValueError(_EMPTY)
+        raise errors.ArgumentValueError(_EMPTY)
     if not any("{port}" in word for word in words):
-        raise ValueError(_NO_PORT.format(template=template))
+        raise errors.ArgumentValueError(_NO_PORT.format(template=template))
     return [word.replace("{port}", str(port)).replace("{host}", host) for word in words]
 
 

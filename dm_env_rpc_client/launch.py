@@ -53,8 +53,8 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, overload
 
+from dm_env_rpc_client import _checks, errors
 from dm_env_rpc_client import _launch_process as _process
-from dm_env_rpc_client import errors
 
 _NO_SERVERS = "num_servers must be at least 1, not {count}."
 _PORTS_COUNT = "Give one port per server: {ports} ports for {count} servers."
@@ -286,6 +286,7 @@ def _start(
         return _process.start(words, log, environment, cwd, grace)
 
 
+@_checks.keywords_checked
 def launch(
     command: str | Sequence[str],
     num_servers: int = 1,
@@ -319,16 +320,24 @@ def launch(
       The running servers (use as a context manager, or call ``close()``).
 
     Raises:
-      ValueError: ``{port}`` missing, an empty command, ``num_servers`` below 1,
-        or ``ports`` not one per server.
+      ArgumentTypeError: a command that is neither a string nor a list, a misspelled
+        keyword, or a count or seconds of the wrong type.
+      ArgumentValueError: ``{port}`` missing, an empty command, ``num_servers`` below 1,
+        ``ports`` not one per server, or seconds not above 0.
       ServerLaunchError: a program that does not exist, a port already taken, a
         server that exited while starting or did not answer in time (naming the
         command, exit code, output tail and log file). Nothing is left running.
     """
-    if num_servers < 1:
-        raise ValueError(_NO_SERVERS.format(count=num_servers))
+    _checks.check_type(
+        command, (str, list, tuple), "command", "a command template: a string or a list of words"
+    )
+    if isinstance(num_servers, int) and not isinstance(num_servers, bool) and num_servers < 1:
+        raise errors.ArgumentValueError(_NO_SERVERS.format(count=num_servers))
+    _checks.check_count(num_servers, "num_servers")
+    _checks.check_seconds(ready_timeout, "ready_timeout", allow_none=False)
+    _checks.check_seconds(grace, "grace", allow_none=False)
     if ports is not None and len(ports) != num_servers:
-        raise ValueError(_PORTS_COUNT.format(ports=len(ports), count=num_servers))
+        raise errors.ArgumentValueError(_PORTS_COUNT.format(ports=len(ports), count=num_servers))
     _process.command_line(command, host, 0)  # checks the template before anything starts
     for port in ports or ():
         _process.check_port_free(host, port)

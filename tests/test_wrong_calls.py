@@ -163,6 +163,15 @@ ROWS: list[Row] = [
     Row("check_server", "timeout-zero", lambda w: dmr.check_server(w.address, timeout=0), ("timeout=0", "above 0")),
     Row("check_server", "latency-steps-zero", lambda w: dmr.check_server(w.address, latency_steps=0), ("latency_steps=0", "at least 1")),
     Row("check_server", "misspelled-keyword", lambda w: dmr.check_server(w.address, latency_step=5), ("latency_step", "'latency_steps'")),
+    # --- launching servers --------------------------------------------------------------------
+    Row("launch", "no-port-in-template", lambda w: dmr.launch("my_server --port 5"), ("{port}", "put {port} where")),
+    Row("launch", "empty-command", lambda w: dmr.launch(""), ("command to launch is empty", "give a program")),
+    Row("launch", "dict-for-command", lambda w: dmr.launch({"cmd": "s {port}"}), ("command", "a string or a list")),
+    Row("launch", "num-servers-zero", lambda w: dmr.launch("s {port}", 0), ("num_servers", "at least 1")),
+    Row("launch", "num-servers-string", lambda w: dmr.launch("s {port}", "2"), ("num_servers", "whole number")),
+    Row("launch", "ready-timeout-negative", lambda w: dmr.launch("s {port}", ready_timeout=-1), ("ready_timeout=-1", "above 0")),
+    Row("launch", "ports-not-one-per-server", lambda w: dmr.launch("s {port}", 2, ports=[5000]), ("one port per server", "1 ports for 2")),
+    Row("launch", "misspelled-keyword", lambda w: dmr.launch("s {port}", num_server=2), ("num_server", "'num_servers'")),
     # --- the command line, from Python --------------------------------------------------------
     Row("cli_main", "string-for-argv", lambda w: dmr.cli_main("run --steps 5"), ("argv", "['run', '--steps', '5']")),
     # --- integrations -------------------------------------------------------------------------
@@ -177,6 +186,8 @@ ROWS: list[Row] = [
     Row("GymnasiumVectorEnv", "no-addresses", lambda w: gym.GymnasiumVectorEnv(addresses=[]), ("addresses", "at least one")),
     Row("ServerFleet", "instance-for-factory", lambda w: ray_integration.ServerFleet(Catch()), ("make_env", "Catch (the class)")),
     Row("ServerFleet", "num-servers-zero", lambda w: ray_integration.ServerFleet(Catch, 0), ("num_servers=0", "at least 1")),
+    Row("LaunchedFleet", "no-port-in-template", lambda w: ray_integration.LaunchedFleet("my_server --port 5"), ("{port}", "put {port} where")),
+    Row("LaunchedFleet", "num-servers-zero", lambda w: ray_integration.LaunchedFleet("s {port}", 0), ("num_servers=0", "at least 1")),
 ]  # fmt: skip
 
 # Public callables that no person calls with input of their own: records the SDK builds and
@@ -190,6 +201,10 @@ NOT_ENTRY_POINTS = {
     "CreateAndJoinResult": "a record create_and_join_world returns",
     "DataType": "the protocol's enum (its own ValueError names the value)",
     "Episode": "a record load_episode returns",
+    "LaunchedServer": "a record LaunchedServers holds, one per process launch started",
+    "LaunchedServers": "what launch returns",
+    "Relaunch": "a record of one relaunch (LaunchedServers.relaunches)",
+    "RelaunchPolicy": "a NamedTuple of relaunch bounds, given to launch",
     "ErrorCode": "the code server errors carry (its own TypeError: tests/test_dropin.py)",
     "PropertySpec": "a record the properties extension returns",
     "WorldFailure": "a record the batch's failures hold",
@@ -199,7 +214,7 @@ NOT_ENTRY_POINTS = {
 # gymnasium space with gymnasium's own checks, left out).
 INTEGRATION_CLASSES = {
     gym: {"GymnasiumEnv", "GymnasiumVectorEnv"},
-    ray_integration: {"ServerFleet"},
+    ray_integration: {"ServerFleet", "LaunchedFleet"},
 }
 
 
