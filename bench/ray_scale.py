@@ -305,8 +305,8 @@ def _scale_rounds(kind: str, args: argparse.Namespace) -> dict[str, list[ScaleSa
         pids = [server.pid for server in servers]
         pin(pids)
         addresses = [server.address for server in servers]
-        samples: dict[str, list[ScaleSample]] = {name: [] for name in SCALE_VARIANTS}
-        order = list(SCALE_VARIANTS)
+        samples: dict[str, list[ScaleSample]] = {name: [] for name in args.variants}
+        order = [name for name in SCALE_VARIANTS if name in args.variants]
         rng = random.Random(0)
         for _ in range(args.rounds):
             rng.shuffle(order)
@@ -326,14 +326,16 @@ def _scale_rows(kind: str, samples: dict[str, list[ScaleSample]]) -> list[list[A
         return statistics.median(sample.cpu_us)
 
     def ratio(name: str, base: str) -> str:
+        if base not in samples:
+            return "-"
         ratios = [
             median_cpu(a) / median_cpu(b) for a, b in zip(samples[name], samples[base], strict=True)
         ]
         return f"{statistics.median(ratios):.2f}x"
 
     rows = []
-    for name, same in SCALE_VARIANTS.items():
-        runs = samples[name]
+    for name in samples:
+        runs, same = samples[name], SCALE_VARIANTS[name]
         steps = [sum(s.steps for s in sample.steppers) for sample in runs]
         rows.append(
             [
@@ -369,6 +371,13 @@ def main() -> None:
     parser.add_argument(
         "--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS), help="with --scale"
     )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(SCALE_VARIANTS),
+        default=list(SCALE_VARIANTS),
+        help="with --scale: which to run (1 local batch always runs: the others' base)",
+    )
     add_pin_argument(parser)
     args, addresses = parser.parse_known_args()
     if args.local_child is not None:
@@ -376,6 +385,7 @@ def main() -> None:
         return
     if args.scale:
         args.steps, args.rounds = args.steps or 20_000, args.rounds or 1
+        args.variants = [n for n in SCALE_VARIANTS if n == ONE_LOCAL or n in args.variants]
         scale_out(args)
         return
     args.steps, args.rounds = args.steps or 8000, args.rounds or DEFAULT_ROUNDS
