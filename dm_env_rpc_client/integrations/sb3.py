@@ -17,13 +17,14 @@ SB3's autoreset. When a world's step is LAST, ``step_wait`` returns the next
 episode's first observation for it in the same call, with the LAST observation
 in ``infos[i]["terminal_observation"]``, the LAST reward, ``dones[i]`` True and
 ``infos[i]["TimeLimit.truncated"]`` True when the server's state is INTERRUPTED
-(a time limit) rather than TERMINATED. The reset is pipelined: ``step_wait``
-takes answers as they land (``recv`` of whichever worlds finished), and the
-moment a world's LAST step is in, it sends that world the step that starts its
-next sequence (the protocol's reset: the step after a LAST step is the FIRST
-step of the next sequence, its action ignored), while the other worlds' steps
-are still on their way. An ending world costs its own extra round trip,
-overlapped with the rest of the batch, never a second round of the whole batch.
+(a time limit) rather than TERMINATED. The reset costs no round trip of its
+own: the VecEnv turns on its batch's autoreset, so the batch's loop thread,
+the moment a world's answer lands LAST, sends that world the step that starts
+its next sequence (the protocol's reset: the step after a LAST step is the
+FIRST step of the next sequence, its action ignored), before ``step_wait``
+even has the other worlds' answers. ``step_wait`` takes every world's answer in
+one ``recv``, then the ended worlds' FIRST steps, already in or close behind
+(see the autoreset section of ``docs/gymnasium.md``).
 
 Failures. By default a world that fails (its server dies, its stream breaks,
 it stalls past ``step_timeout``) is made again by the batch
