@@ -118,6 +118,21 @@ def same_step_rows(
     ``infos["final_info"]`` through gymnasium's own ``_add_info``, and its
     ``discount`` becomes the reset's 1.0, as ``SyncVectorEnv`` merges it.
     """
+    if _plain(observations) and _plain(firsts):  # arrays: rows by indexing, not per world
+        for index in ended:
+            final_info = {"discount": infos["discount"][index]}
+            env._add_info(
+                infos, {"final_obs": _row(observations, index), "final_info": final_info}, index
+            )
+            infos["discount"][index] = 1.0
+        if isinstance(observations, np.ndarray):
+            out = observations.copy()
+            out[ended] = firsts
+            return out
+        out = {key: value.copy() for key, value in observations.items()}
+        for key, value in out.items():
+            value[ended] = firsts[key]
+        return out
     items = rows(env.observation_space, observations)
     for index, first in zip(ended, rows(env.observation_space, firsts), strict=True):
         final_info = {"discount": infos["discount"][index]}
@@ -125,6 +140,20 @@ def same_step_rows(
         items[index] = first
         infos["discount"][index] = 1.0
     return stacked(env.single_observation_space, items)
+
+
+def _plain(value: Any) -> bool:
+    """An array, or a flat dict of arrays (a Box, or a Dict of Boxes, batched)."""
+    if isinstance(value, dict):
+        return all(isinstance(item, np.ndarray) for item in value.values())
+    return isinstance(value, np.ndarray)
+
+
+def _row(value: Any, index: int) -> Any:
+    """World ``index``'s row of a ``_plain`` value (copied: the batch's arrays live on)."""
+    if isinstance(value, dict):
+        return {key: item[index].copy() for key, item in value.items()}
+    return value[index].copy()
 
 
 def drop_in_flight(batch: BatchedEnvironment, ids: list[int], timeout: float | None) -> None:

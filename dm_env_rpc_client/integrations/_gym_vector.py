@@ -250,9 +250,10 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         # A world whose last step was LAST starts its next sequence with its autoreset step
         # (all of them in one pipelined batch); the others, or seeded, take a ResetRequest.
         stepped = [i for i in targets if self._at_last[i] and seeds[i] is None and not extra]
-        firsts, failed = self._autoreset_steps(stepped) if stepped else ({}, {})
+        got, failed = self._autoreset_steps(stepped) if stepped else (None, {})
         if failed:
             raise failed[min(failed)]
+        firsts = {} if got is None else {i: got.at(p) for p, i in enumerate(got.env_ids.tolist())}
         for index in targets:
             if index not in firsts:
                 firsts[index] = self._reset_world(index, seeds[index], extra)
@@ -286,14 +287,14 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
 
     def _autoreset_steps(
         self, ids: list[int]
-    ) -> tuple[dict[int, Any], dict[int, errors.WorldError]]:
-        """The FIRST steps that start the next sequences of worlds at a LAST step, by world.
+    ) -> tuple[BatchedTimeStep | None, dict[int, errors.WorldError]]:
+        """The FIRST steps that start the next sequences of worlds at a LAST step, as a batch.
 
         A world whose next step is in flight already (in SAME_STEP the batch's
         loop sent it as the LAST step landed) is not sent another; the others
         are sent it now, in one pipelined batch, with the action each was last
         sent (the server ignores it). A world that fails on the way is left out,
-        with its ``WorldError`` in the second dict.
+        with its ``WorldError`` in the dict.
         """
         unsent = [i for i in ids if not self._batch.in_flight(i)]
         if unsent:
@@ -484,16 +485,18 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
 
         A world whose autoreset step failed keeps its LAST row; it is returned with its error.
         """
-        firsts = {i: self._uneven.held.pop(i)[0] for i in ended if i in self._uneven.held}
-        others = [i for i in ended if i not in firsts]
+        held = {i: self._uneven.held.pop(i)[0] for i in ended if i in self._uneven.held}
+        others = [i for i in ended if i not in held]
         lost: dict[int, errors.WorldError] = {}
+        if held:
+            new = self._from_batch(batch_of(list(held.values()), list(held)).observation)
+            observations = autoreset.same_step_rows(self, observations, infos, list(held), new)
         if others:
-            received, lost = self._autoreset_steps(others)
-            firsts.update(received)
-        if not firsts:
-            return observations, lost
-        new = self._from_batch(batch_of(list(firsts.values()), list(firsts)).observation)
-        return autoreset.same_step_rows(self, observations, infos, list(firsts), new), lost
+            got, lost = self._autoreset_steps(others)
+            if got is not None:
+                new, ids = self._from_batch(got.observation), got.env_ids.tolist()
+                observations = autoreset.same_step_rows(self, observations, infos, ids, new)
+        return observations, lost
 
     def _drop_in_flight(self, timeout: float | None) -> None:
         """Receives and drops every step still in flight (before a reset)."""

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dm_env_rpc_client import _checks, errors
+from dm_env_rpc_client._stacked import BatchedTimeStep
 from dm_env_rpc_client.batched import BatchedEnvironment
 
 _ONE_SOURCE = "Give {owner} either a BatchedEnvironment or addresses=, not {what}."
@@ -132,16 +133,16 @@ def reset_world(
 
 def receive_firsts(
     batch: BatchedEnvironment, ids: list[int], timeout: float | None
-) -> tuple[dict[int, Any], dict[int, errors.WorldError]]:
-    """The next answer of each world of ``ids`` (their autoreset FIRST steps), by world.
+) -> tuple[BatchedTimeStep | None, dict[int, errors.WorldError]]:
+    """The next answer of each world of ``ids`` (their autoreset FIRST steps), as one batch.
 
     Every world of ``ids`` has that step in flight. A world that fails, or was
-    removed, on the way is left out of the first dict and named in the second
-    with its ``WorldError``; the others are still received, all within
-    ``timeout`` seconds.
+    removed, on the way is left out of the batch (None if none is left) and
+    named in the dict with its ``WorldError``; the others are still received,
+    all within ``timeout`` seconds.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    firsts: dict[int, Any] = {}
+    firsts: BatchedTimeStep | None = None
     failed: dict[int, errors.WorldError] = {}
     waiting = list(ids)
     while waiting:
@@ -154,9 +155,10 @@ def receive_firsts(
             failed[exc.index] = exc
             waiting = [index for index in waiting if index != exc.index]
             continue
-        firsts.update((index, got.at(at)) for at, index in enumerate(got.env_ids.tolist()))
+        firsts = got
         break
+    received = set() if firsts is None else set(firsts.env_ids.tolist())
     for index in waiting:
-        if index not in firsts:  # removed from the batch meanwhile
+        if index not in received:  # removed from the batch meanwhile
             failed[index] = batch._refusal(index)
     return firsts, failed

@@ -359,8 +359,9 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
             firsts, failed = receive_firsts(batch, ended, remaining)
             if failed:
                 raise failed[min(failed)]
-            for index, first in firsts.items():
-                self._write_row(index, first.observation)
+            assert firsts is not None
+            for name, buffer in self._buffers.items():
+                buffer[firsts.env_ids] = leaf(firsts.observation, name)
         return rewards, dones, infos
 
     def _drop_in_flight(self) -> None:
