@@ -17,8 +17,8 @@ SB3's autoreset. When a world's step is LAST, ``step_wait`` returns the next
 episode's first observation for it in the same call, with the LAST observation
 in ``infos[i]["terminal_observation"]``, the LAST reward, ``dones[i]`` True and
 ``infos[i]["TimeLimit.truncated"]`` True when the server's state is INTERRUPTED
-(a time limit) rather than TERMINATED. The reset costs no round trip of its
-own: the VecEnv turns on its batch's autoreset, so the batch's loop thread,
+(a time limit) rather than TERMINATED. The reset is pipelined: the VecEnv
+turns on its batch's autoreset, so the batch's loop thread,
 the moment a world's answer lands LAST, sends that world the step that starts
 its next sequence (the protocol's reset: the step after a LAST step is the
 FIRST step of the next sequence, its action ignored), before ``step_wait``
