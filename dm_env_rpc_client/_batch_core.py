@@ -534,10 +534,14 @@ def _shut_down(
             with contextlib.suppress(errors.DmEnvRpcClientError):
                 conn.close()
 
-    async def close_all() -> None:
-        streams = (conn.async_connection.aclose() for conn in on_loop)
-        await asyncio.gather(*streams, return_exceptions=True)
-        await asyncio.gather(*(channel.close() for channel in channels.values()))
+    async def close_all() -> None:  # each stream's aclose, but one wait for all their tasks
+        streams = [conn.async_connection for conn in on_loop]
+        tasks = [task for stream in streams for task in stream._abort()]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        own = [stream._channel for stream in streams if stream._owns_channel and stream._channel]
+        for stream in streams:
+            stream._call = stream._channel = None  # as aclose: let go of gRPC's objects
+        await asyncio.gather(*(channel.close() for channel in [*channels.values(), *own]))
 
     with contextlib.suppress(errors.DmEnvRpcClientError):
         runner.run(close_all(), timeout=10)
