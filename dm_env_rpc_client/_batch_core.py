@@ -458,11 +458,10 @@ class BatchCore:
     def _leave_all(self, timeout: float) -> None:
         """Leaves (and destroys) every live world at once, waiting at most ``timeout`` s.
 
-        One call on the loop writes every world's requests before any answer is
-        awaited, so closing takes about one round trip, not one per world. As
-        ``DmEnvAdaptor.close``, a world whose server refuses to leave still gets
-        its DestroyWorldRequest, and a dead or hung server ends the wait quietly.
-        """
+        One call on the loop writes every world's requests and half-closes its stream, then
+        waits for the servers to end the streams: about one round trip in all. As
+        ``DmEnvAdaptor.close``, a world whose server refuses to leave still gets its
+        DestroyWorldRequest, and a dead or hung server ends the wait quietly."""
         live = [
             (index, env)
             for index, env in enumerate(self.envs)
@@ -472,16 +471,18 @@ class BatchCore:
             env._closed = True
         leave = messages.envelope(dm_env_rpc_pb2.LeaveWorldRequest())
 
-        async def leave_all() -> None:
-            answers = []
+        async def leave_all() -> None:  # and half-close: each server ends its streams once done
+            readers = []
             for index, env in live:
                 stream = self._streams[index]
-                answers.append(stream._submit(*leave))
+                stream._submit(*leave)
                 if env._destroy_on_close and env.world_name is not None:
                     request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=env.world_name)
-                    answers.append(stream._submit(*messages.envelope(request)))
-            if answers:
-                await asyncio.wait(answers, timeout=timeout)
+                    stream._submit(*messages.envelope(request))
+                stream._end_writing()
+                readers.append(stream._reader)
+            if readers:
+                await asyncio.wait(readers, timeout=timeout)
 
         assert self._runner is not None
         with contextlib.suppress(errors.DmEnvRpcClientError):

@@ -163,6 +163,12 @@ class AsyncConnection:
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write_loop())
 
+    def _end_writing(self) -> None:
+        """Half-closes the stream after the queued requests (idempotent; on the loop)."""
+        if not self._end_queued:
+            self._end_queued = True
+            self._queue(None)
+
     async def _write_loop(self) -> None:
         """Writes the queued requests in order, then ends (``_queue`` starts it again)."""
         try:
@@ -207,9 +213,7 @@ class AsyncConnection:
         if self._closed_error is None:
             self._closed_error = exc
         self._pending.fail_all(self._closed_error)
-        if not self._end_queued:
-            self._end_queued = True
-            self._queue(None)
+        self._end_writing()
         if self._slots is not None:
             for _ in range(self._limit or 0):  # wake senders waiting for room
                 self._slots.release()
