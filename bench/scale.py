@@ -21,6 +21,15 @@ world (at least ``--min-steps``) after a warm-up of 3 per world. Reported:
 
 The "vs" column divides each size's client CPU per step by the first size's
 (64 worlds by default). The client runs on its own CPU and the servers on the other (``--pin``, default).
+
+A second table says where connect and close go: their wall time, the client's
+CPU and the 4 servers' CPU (summed, from /proc) in each. ``--floor`` adds the raw
+gRPC floor of the same opening and closing on bare ``grpc.aio`` (``_open_floor.py``),
+``--connect-only`` skips the steps, ``--profile PREFIX`` records the client and
+every server with py-spy. The last lines say which of the issue's targets each
+size meets (PASS) or misses (FAIL): at 4,096 worlds connect 2 s, close 1 s, 40 KB
+per world, client CPU per step 1.2x the first size's; at every size a spread of
+at most 1.10.
 """
 
 from __future__ import annotations
@@ -262,7 +271,7 @@ def main() -> None:
     args = parser.parse_args()
     pinned = apply_pin(args.pin)
     per_server = -(-max(args.worlds) // SERVER_COUNT) + 16  # a stream per world, and some
-    rows, phases = [], []
+    rows, phases, verdicts = [], [], []
     for kind in args.servers:
         with contextlib.ExitStack() as stack:
             servers = [
@@ -286,6 +295,7 @@ def main() -> None:
                 if args.connect_only:
                     continue
                 base = base or result["cpu_us"]
+                verdicts += targets(SERVERS[kind], worlds, result, result["cpu_us"] / base)
                 rows.append(
                     [
                         SERVERS[kind],
@@ -351,7 +361,30 @@ def main() -> None:
         ],
         phases,
     )
+    for verdict in verdicts:
+        print(verdict)
     print(pinned)
+
+
+# The issue's targets at 4,096 worlds over 4 servers, and fairness at every size.
+TARGETS = {"connect": 2.0, "close": 1.0, "rss_kb": 40.0, "cpu_vs_first": 1.2, "spread": 1.10}
+
+
+def targets(server: str, worlds: int, result: dict[str, Any], cpu_ratio: float) -> list[str]:
+    """Lines saying which targets this size meets (PASS) or misses (FAIL)."""
+    checks = [("spread", result["spread"], "step counts' spread (fairness)")]
+    if worlds == max(WORLDS):
+        checks += [
+            ("connect", result["connect"]["wall"], "connect, s"),
+            ("close", result["close"]["wall"], "close, s"),
+            ("rss_kb", result["rss_kb"], "RSS per world, KB"),
+            ("cpu_vs_first", cpu_ratio, "client CPU per step vs the first size"),
+        ]
+    return [
+        f"{'PASS' if value <= TARGETS[key] else 'FAIL'} {server}, {worlds:,} worlds: {what} "
+        f"{value:.2f} (at most {TARGETS[key]})"
+        for key, value, what in checks
+    ]
 
 
 def phase_row(server: str, worlds: int, result: dict[str, Any]) -> list[str]:
