@@ -126,15 +126,13 @@ def test_too_few_file_descriptors_fail_before_anything_is_opened(catch_server: S
     assert wait_for(lambda: catch_server._streams == 0)
 
 
-def test_close_leaves_destroys_and_half_closes_every_world_even_when_leave_is_refused() -> None:
+def test_close_leaves_and_destroys_every_world_even_when_leave_is_refused() -> None:
     seen: list[str] = []
     with faulty_server(refusing_leave(float_specs(), seen)) as address:
         batch = dmr.BatchedEnvironment.connect([address], 4, timeout=10)
-        streams = [conn.async_connection for conn in batch._connections]
         batch.close(timeout=5)
-        # Each world's Leave (refused) and Destroy reached the server, and each stream was
-        # half-closed after them, so the server ended it (the reader saw the end, no cancel).
-        assert sorted(seen).count("leave_world") == 4
-        assert sorted(seen).count("destroy_world") == 4
-        assert all(stream._reader.done() and not stream._reader.cancelled() for stream in streams)
+        # Each world's Leave (refused) and Destroy reached the server before its stream ended.
+        assert seen.count("leave_world") == 4
+        assert seen.count("destroy_world") == 4
+        assert all(env._closed for env in batch.envs)
         batch.close()  # idempotent
