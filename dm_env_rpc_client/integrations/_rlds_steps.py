@@ -48,7 +48,8 @@ _REPEATED = {
     np.dtype(np.uint64): ("uint64_values", int),
     np.dtype(np.bool_): ("bool_values", bool),
 }
-Setter = Callable[[int], None]
+Prepare = Callable[[Any], Any]
+Put = Callable[[Any, int], None]
 
 if not hasattr(codec.np, "unicode_"):
     # envlogger 1.2's codec names np.unicode_, gone in NumPy 2 (np.str_ is the same type):
@@ -83,8 +84,9 @@ def _leaf(data: Any, name: str) -> Any:
     return data
 
 
-def _setter(slot: Any, column: Any, offset: int) -> Setter:
-    """Puts the value of step ``t`` (``column[t - offset]``) into the leaf message ``slot``."""
+def _setter(slot: Any, column: Any) -> tuple[Prepare, Put]:
+    """How to put a value of a column like ``column`` into the leaf message ``slot``: a
+    function of the whole column, run once per episode, and one of its result and a row."""
     if isinstance(column, np.ndarray) and column.dtype.kind in "biuf":
         values = slot.datum.values
         if column.ndim > 1 and column.dtype == np.float32:
@@ -92,39 +94,44 @@ def _setter(slot: Any, column: Any, offset: int) -> Setter:
         else:
             field, big_endian = _BYTES.get(column.dtype, ("", ""))
         if field:
-            converted = column.astype(big_endian)
 
-            def put_bytes(t: int) -> None:  # a slice: a scalar's tobytes is native-endian
-                setattr(values, field, converted[t - offset : t - offset + 1].tobytes())
+            def put_bytes(converted: Any, row: int) -> None:  # a slice: a scalar's is native
+                setattr(values, field, converted[row : row + 1].tobytes())
 
-            return put_bytes
+            return (lambda whole: whole.astype(big_endian)), put_bytes
         if column.dtype in _REPEATED:
             repeated, kind = _REPEATED[column.dtype]
             target = getattr(values, repeated)
             if column.ndim == 1:  # a scalar a step
 
-                def put_scalar(t: int) -> None:
-                    target[0] = kind(column[t - offset])
+                def put_scalar(whole: Any, row: int) -> None:
+                    target[0] = kind(whole[row])
 
-                return put_scalar
+                return _same, put_scalar
 
-            def put_array(t: int) -> None:
+            def put_array(whole: Any, row: int) -> None:
                 del target[:]
-                target.extend(column[t - offset].ravel().tolist())
+                target.extend(whole[row].ravel().tolist())
 
-            return put_array
+            return _same, put_array
 
-    def put_encoded(t: int) -> None:
-        slot.CopyFrom(codec.encode(column[t - offset]))
+    def put_encoded(whole: Any, row: int) -> None:
+        slot.CopyFrom(codec.encode(whole[row]))
 
-    return put_encoded
+    return _same, put_encoded
+
+
+def _same(column: Any) -> Any:
+    return column
 
 
 class StepEncoder:
     """Encodes episodes' steps as envlogger ``Data`` protos (see the module docs)."""
 
     def __init__(self) -> None:
-        self._templates: dict[Any, Any] = {}  # (first, layout) -> Data
+        # (first, layout) -> the template and its leaves: (column's name, offset, prepare, put)
+        self._templates: dict[Any, tuple[Any, list[tuple[str, int, Prepare, Put]]]] = {}
+        self._metadata: dict[Any, Any] = {}
 
     def steps(self, episode: recording.Episode) -> Iterator[Any]:
         """Every step of ``episode``, as the ``Data`` proto ``codec.encode`` gives.
@@ -132,49 +139,67 @@ class StepEncoder:
         The proto yielded is reused for a later step: hand it on (``add_step``)
         before asking for the next.
         """
-        observation = specs.flatten(episode.observation)
-        action = specs.flatten(episode.action)
-        layout = (
-            tuple((name, _layout(value)) for name, value in observation.items()),
-            tuple((name, _layout(value)) for name, value in action.items()),
-        )
-        bound: dict[bool, tuple[Any, list[Setter]]] = {}
+        columns: dict[str, Any] = {"step_type": episode.step_type}
+        columns.update(("obs/" + k, v) for k, v in specs.flatten(episode.observation).items())
+        columns.update(("act/" + k, v) for k, v in specs.flatten(episode.action).items())
+        columns.update(reward=episode.reward, discount=episode.discount)
+        layout = tuple((name, _layout(value)) for name, value in columns.items())
+        bound: dict[bool, tuple[Any, list[tuple[Put, Any, int]]]] = {}
         for t in range(len(episode.step_type)):
             first = t == 0
             if first not in bound:
-                data = self._templates.get((first, layout))
-                if data is None:
-                    data = self._templates[first, layout] = codec.encode(step(episode, t))
-                bound[first] = (data, self._bind(data, episode, observation, action, first))
-            data, setters = bound[first]
-            for put in setters:
-                put(t)
+                template = self._templates.get((first, layout))
+                if template is None:
+                    template = self._templates[first, layout] = _template(episode, t, columns)
+                data, leaves = template
+                puts = [
+                    (put, prepare(columns[name]), offset) for name, offset, prepare, put in leaves
+                ]
+                bound[first] = data, puts
+            data, puts = bound[first]
+            for put, column, offset in puts:
+                put(column, t - offset)
             yield data
 
-    def _bind(
-        self, data: Any, episode: recording.Episode, observation: Any, action: Any, first: bool
-    ) -> list[Setter]:
-        timestep = data.tuple.values[0].tuple
-        step_types = episode.step_type
+    def metadata(self, values: dict[str, Any]) -> Any:
+        """``codec.encode(values)`` for a flat dict of NumPy scalars and strings, likewise."""
+        layout = tuple(
+            (name, _layout(np.asarray(value)[np.newaxis])) for name, value in values.items()
+        )
+        template = self._metadata.get(layout)
+        if template is None:
+            data = codec.encode(values)
+            columns = {name: np.asarray(value)[np.newaxis] for name, value in values.items()}
+            leaves = [_setter(data.dict.values[name], column) for name, column in columns.items()]
+            template = self._metadata[layout] = data, leaves
+        data, leaves = template
+        for (prepare, put), value in zip(leaves, values.values(), strict=True):
+            put(prepare(np.asarray(value)[np.newaxis]), 0)
+        return data
 
-        bigint = timestep.values[0].datum.values.bigint_values
 
-        def put_step_type(t: int) -> None:
-            bigint[0] = bytes((int(step_types[t]),))  # codec's bytes of a small int
+def _template(
+    episode: recording.Episode, t: int, columns: dict[str, Any]
+) -> tuple[Any, list[tuple[str, int, Prepare, Put]]]:
+    """Step ``t`` encoded by ``codec``, and its leaves (see ``StepEncoder``)."""
+    data = codec.encode(step(episode, t))
+    timestep = data.tuple.values[0].tuple
+    bigint = timestep.values[0].datum.values.bigint_values
 
-        setters: list[Setter] = [put_step_type]
-        setters += [
-            _setter(_leaf(timestep.values[3], name), column, 0)
-            for name, column in observation.items()
-        ]
-        if not first:
-            setters.append(_setter(timestep.values[1], episode.reward, 0))
-            setters.append(_setter(timestep.values[2], episode.discount, 0))
-            setters += [
-                _setter(_leaf(data.tuple.values[1], name), column, 1)
-                for name, column in action.items()
-            ]
-        return setters
+    def put_step_type(step_types: Any, row: int) -> None:
+        bigint[0] = bytes((int(step_types[row]),))  # codec's bytes of a small int
+
+    leaves: list[tuple[str, int, Prepare, Put]] = [("step_type", 0, _same, put_step_type)]
+    for name, column in columns.items():
+        group, _, key = name.partition("/")
+        if group == "obs":
+            leaves.append((name, 0, *_setter(_leaf(timestep.values[3], key), column)))
+        elif t > 0 and group == "act":
+            leaves.append((name, 1, *_setter(_leaf(data.tuple.values[1], key), column)))
+        elif t > 0 and name in ("reward", "discount"):
+            slot = timestep.values[1 if name == "reward" else 2]
+            leaves.append((name, 0, *_setter(slot, column)))
+    return data, leaves
 
 
 def _layout(column: Any) -> Any:

@@ -149,7 +149,7 @@ class RldsWriter:
             "seed": np.int64(_NO_SEED if episode.seed is None else episode.seed),
             "end": end,
         }
-        self._writer.set_episode_metadata(codec.encode(meta))
+        self._writer.set_episode_metadata(self._encoder.metadata(meta))
         self._pending += 1
         if time.monotonic() - self._last_commit >= self._commit_every:
             self.commit()
