@@ -97,21 +97,18 @@ def _dqn_block() -> str:
     return block
 
 
-@pytest.mark.parametrize("mode", ["SAME_STEP", "DISABLED"])
-def test_dqn_trains_on_remote_catch_and_beats_random(mode: str) -> None:
+@pytest.mark.timeout(300)  # about 20 s alone on 2 cores; more on a machine shared with others
+def test_dqn_trains_on_remote_catch_and_beats_random() -> None:
     """TorchRL's DQN (its modules, loss, collector, buffer) learns Catch over the vector route.
 
-    The docs' example as it is for SAME_STEP; with ``mode=AutoresetMode.DISABLED`` passed to its
-    env builder for DISABLED. Seeded: the random policy scores about -0.6 on the same balls.
+    docs/gymnasium.md's example as it is (SAME_STEP; TorchRL's reset_mask path under DISABLED is
+    checked with a collector above). Seeded; the random return is measured first, on the same
+    balls as the trained policy's.
     """
     _torchrl()
-    block = _dqn_block()
-    if mode == "DISABLED":
-        block = block.replace("mode=AutoresetMode.SAME_STEP):", "mode=AutoresetMode.DISABLED):")
-        assert "AutoresetMode.DISABLED" in block
-    namespace: dict[str, Any] = {"__name__": f"docs_gymnasium_dqn_{mode}"}
-    exec(compile(block, f"gymnasium.md[dqn {mode}]", "exec"), namespace)
+    namespace: dict[str, Any] = {"__name__": "docs_gymnasium_dqn"}
+    exec(compile(_dqn_block(), "gymnasium.md[dqn]", "exec"), namespace)
     random_return, trained_return = namespace["random_return"], namespace["trained_return"]
     assert -0.9 < random_return < -0.3  # Catch of 5 columns: a random paddle catches ~1 in 5
     assert trained_return > random_return + 1.0, (random_return, trained_return)
-    assert namespace["test_env"].is_closed and namespace["env"].is_closed
+    assert namespace["env"].is_closed  # the collector's shutdown closed it
