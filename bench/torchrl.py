@@ -1,10 +1,12 @@
 """TorchRL collector frames/s over Catch worlds: the batched route against ParallelEnv.
 
-Run: ``python bench/torchrl.py [--worlds N] [--frames F]`` (needs torch, torchrl).
-Two SDK server processes hold the worlds (round-robin). One run, every variant
-in turn (set up, warmed up with one batch, timed, closed), with a random
-policy (``None``: TorchRL samples the action spec) and the same collector
-settings:
+Run: ``python bench/torchrl.py [--worlds N] [--frames F] [--rounds R]`` (needs torch, torchrl).
+Two SDK server processes hold the worlds (round-robin). Every variant is timed
+once per round, rounds interleaved in a shuffled order (``bench/_common.py``'s
+``measure_interleaved``, unpinned: ParallelEnv's workers may use every CPU), each
+run set up, warmed up with one batch, timed for F frames and closed, with a
+random policy (``None``: TorchRL samples the action spec) and the same collector
+settings (batches of 50 steps per world):
 
 - (a) TorchRL's ``ParallelEnv`` of N ``GymWrapper(GymnasiumEnv)`` (one worker
   process per world, what TorchRL offers for N environments that are not
@@ -22,11 +24,10 @@ import argparse
 import functools
 import pathlib
 import sys
-import time
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import print_table, server_processes
+from _common import measure_interleaved, print_table, server_processes
 
 # This file is bench/torchrl.py: with bench/ first on sys.path, ``import torchrl`` would
 # find it instead of TorchRL. bench/ is left out for TorchRL's imports only (ParallelEnv's
@@ -66,27 +67,34 @@ def vector(addresses: list[str], count: int, mode: AutoresetMode) -> Any:
     return GymWrapper(envs)
 
 
-def frames_per_second(env: Any, frames: int, per_batch: int) -> float:
-    """Collects ``frames`` after one warm-up batch; frames/s."""
+def collecting(make: Any, per_batch: int) -> Any:
+    """(run, close): ``run(frames)`` gathers at least ``frames`` frames with one Collector."""
+    env = make()
     env.set_seed(0)
-    collector = Collector(env, None, frames_per_batch=per_batch, total_frames=frames + per_batch)
-    try:
-        batches = iter(collector)
-        next(batches)  # warm-up: the first batch pays for set-up
-        start, got = time.perf_counter(), 0
-        for batch in batches:
-            got += batch.numel()
-        return got / (time.perf_counter() - start)
-    finally:
-        collector.shutdown()
+    collector = Collector(env, None, frames_per_batch=per_batch, total_frames=-1)
+    batches = iter(collector)
+
+    def run(frames: int) -> None:
+        got = 0
+        while got < frames:
+            got += next(batches).numel()
+
+    def close() -> None:
+        collector.shutdown()  # closes the env too
+        if not getattr(env, "is_closed", True):
+            env.close()
+
+    return run, close
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, default=8)
-    parser.add_argument("--frames", type=int, default=8000)
+    parser.add_argument("--frames", type=int, default=8000, help="frames per timed run")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     count, per_batch = args.worlds, args.worlds * 50
+    frames = -(-args.frames // per_batch) * per_batch  # whole batches: the same for every variant
     torch.set_num_threads(1)
     with server_processes("sdk") as servers:
         addresses = [server.address for server in servers]
@@ -95,21 +103,21 @@ def main() -> None:
             SAME: lambda: vector(addresses, count, AutoresetMode.SAME_STEP),
             DISABLED: lambda: vector(addresses, count, AutoresetMode.DISABLED),
         }
-        results = {}
-        for name, make in makers.items():
-            env = make()
-            try:
-                results[name] = frames_per_second(env, args.frames, per_batch)
-            finally:
-                if not getattr(env, "is_closed", False):  # the collector may have closed it
-                    env.close()
-    base = results[PARALLEL]
+        rounds = measure_interleaved(
+            {name: functools.partial(collecting, make, per_batch) for name, make in makers.items()},
+            frames,
+            rounds=args.rounds,
+            warmup=per_batch,
+        )
     print_table(
         f"TorchRL Collector frames/s, {count} Catch worlds on 2 SDK servers, random policy",
         ["variant", "frames/s", "vs (a)"],
-        [[name, value, f"{value / base:.2f}x"] for name, value in results.items()],
+        [[name, rounds.median(name), f"{rounds.ratio(name, PARALLEL):.2f}x"] for name in makers],
     )
-    print(f"\nOne run of {args.frames:,} frames per variant (batches of {per_batch}).")
+    print(
+        f"\nMedians over {args.rounds} interleaved rounds of {frames:,} frames per variant "
+        f"(batches of {per_batch}, after a one-batch warm-up); ratios within each round."
+    )
 
 
 if __name__ == "__main__":
