@@ -22,13 +22,27 @@ On one 2-core machine this can only show what Ray costs, not what it gains:
 2 servers and 2 shards share 2 cores. docs/ray.md projects to N nodes from
 one shard's client CPU per step.
 
-``--scale`` instead compares many worlds (issue 28): over 4 SDK server
-processes (``--max-workers`` room for 1,024 worlds each), one local batch of
-1,024 worlds in a plain child process, then 4 such batches at once (4
-processes), then ``run_sharded`` with 4 shards of 1,024 worlds; 2 steps in
-flight per world. Each row gives the aggregate steps/s and each batch's or
-shard's client CPU per step (median over them, and the largest), against the
-one local batch's.
+``--scale [--servers sdk foreign] [--steps N] [--rounds R]`` instead compares
+many worlds (issue 28). Over 4 server processes of each kind (``--max-workers``
+room for 1,024 streams each), with 1,024 worlds per batch or shard (world ``i``
+on server ``i % 4``), 2 steps in flight per world, ``--steps`` (20,000) steps
+per batch or shard, in rounds in a seeded shuffled order:
+
+- **1 local batch**: the shards' stepping loop over 1,024 worlds in a plain
+  child process (no Ray there);
+- **1 Ray shard**: ``run_sharded`` with one shard of 1,024 worlds;
+- **4 local batches at once**: 4 such child processes side by side;
+- **4 Ray shards at once**: ``run_sharded`` with 4 shards of 1,024 worlds.
+
+Client CPU per step is each batch's or shard's own process's CPU time (all its
+threads, Ray's included) over its steps: the per-shard number the target is
+about. The table gives the median over the batches or shards, the largest,
+and the median against the one local batch and against the local variant at
+the same concurrency. Pinned by default (``--pin``): the servers on CPU 0,
+this process on CPU 1, and so everything it starts (the child processes, and
+Ray's, which it starts after pinning itself). On 2 cores, 4 shards and their
+servers share them, so the wall-clock steps/s is what 2 cores give, not what 4
+machines would.
 """
 
 from __future__ import annotations
@@ -41,12 +55,16 @@ import random
 import statistics
 import subprocess
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
 from _common import (
     DEFAULT_ROUNDS,
+    SERVERS,
+    add_pin_argument,
     any_server_process_info,
+    apply_pin,
+    pin,
     print_table,
     process_cpu_seconds,
     server_processes,
@@ -98,7 +116,9 @@ def _local_command(steps: int, worlds: int, pipeline: int) -> list[str]:
     return ["--local-child", str(steps), "--worlds", str(worlds), "--pipeline", str(pipeline)]
 
 
-def local_child(steps: int, addresses: list[str], count: int, pipeline: int) -> None:
+def local_child(
+    steps: int, addresses: list[str], count: int, pipeline: int, raw: bool = False
+) -> None:
     worlds = list(range(count))
     options = {"timeout": 120.0}
     shard = _Shard(0, worlds, [addresses[w % len(addresses)] for w in worlds], 0, options)
@@ -106,6 +126,9 @@ def local_child(steps: int, addresses: list[str], count: int, pipeline: int) -> 
         stats = shard.run(steps, None, pipeline, False)
     finally:
         shard.close()
+    if raw:  # steps, stepping seconds, CPU seconds
+        print(json.dumps([stats.stats.steps, stats.stats.elapsed, stats.cpu]))
+        return
     print(
         json.dumps([stats.stats.steps / stats.stats.elapsed, stats.cpu / stats.stats.steps * 1e6])
     )
@@ -166,96 +189,206 @@ def report(title: str, samples: Samples) -> None:
 
 
 SCALE_WORLDS, SCALE_SHARDS, SCALE_PIPELINE = 1024, 4, 2
+ONE_LOCAL, ONE_SHARD = "1 local batch", "1 Ray shard"
+ALL_LOCAL, ALL_SHARDS = (
+    f"{SCALE_SHARDS} local batches at once",
+    f"{SCALE_SHARDS} Ray shards at once",
+)
+# Each variant: the name it is compared with at the same concurrency.
+SCALE_VARIANTS = {
+    ONE_LOCAL: ONE_LOCAL,
+    ONE_SHARD: ONE_LOCAL,
+    ALL_LOCAL: ALL_LOCAL,
+    ALL_SHARDS: ALL_LOCAL,
+}
 
 
-def scale_out(steps: int) -> None:
-    """``--scale``: 4 Ray shards of 1,024 worlds against local batches of 1,024 (see above)."""
-    room = str(SCALE_WORLDS + 16)
-    with contextlib.ExitStack() as stack:
-        servers = [
-            stack.enter_context(any_server_process_info("sdk", "catch", "--max-workers", room))
-            for _ in range(SCALE_SHARDS)
-        ]
-        addresses = [server.address for server in servers]
-        one = [local(addresses, steps, SCALE_WORLDS, SCALE_PIPELINE)]
-        command = [sys.executable, __file__, *_local_command(steps, SCALE_WORLDS, SCALE_PIPELINE)]
-        children = [
-            subprocess.Popen([*command, *addresses], stdout=subprocess.PIPE, text=True)
-            for _ in range(SCALE_SHARDS)
-        ]
-        together = []
-        for child in children:
-            out, _ = child.communicate(timeout=600)
-            together.append(tuple(json.loads(out.strip().splitlines()[-1])))
-        started = init_ray("local", num_cpus=2, log_to_driver=False)
-        try:
-            run = run_sharded(
-                addresses,
-                num_worlds=SCALE_WORLDS * SCALE_SHARDS,
-                num_shards=SCALE_SHARDS,
-                steps=steps * SCALE_SHARDS,
-                seed=0,
-                pipeline=SCALE_PIPELINE,
-                num_cpus=1 / SCALE_SHARDS,
-                timeout=120,
-            )
-        finally:
-            if started:
-                ray.shutdown()
-    shards = [
-        (shard.stats.steps / shard.stats.elapsed, shard.cpu / shard.stats.steps * 1e6)
-        for shard in run.shards
-    ]
-    base = one[0][1]
+class Stepper(NamedTuple):
+    """One batch's or shard's run: its steps, stepping seconds and CPU seconds (its process)."""
+
+    steps: int
+    elapsed: float
+    cpu: float
+
+
+class ScaleSample(NamedTuple):
+    """One variant in one round: every batch's or shard's run, and the servers' CPU seconds."""
+
+    steppers: list[Stepper]
+    server_cpu: float
+
+    @property
+    def cpu_us(self) -> list[float]:
+        return [s.cpu / s.steps * 1e6 for s in self.steppers]
+
+    @property
+    def steps_per_second(self) -> float:
+        """All steps over the slowest stepper's seconds (they step side by side)."""
+        return sum(s.steps for s in self.steppers) / max(s.elapsed for s in self.steppers)
+
+
+def _local_children(addresses: list[str], steps: int, count: int) -> list[Stepper]:
+    """``count`` local batches of ``SCALE_WORLDS`` at once, each in a child process."""
+    command = [sys.executable, __file__, *_local_command(steps, SCALE_WORLDS, SCALE_PIPELINE)]
+    command += ["--raw", *addresses]
+    children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    results = []
+    for child in children:
+        out, _ = child.communicate(timeout=600)
+        if child.returncode:
+            raise SystemExit(f"a local batch failed ({child.returncode})")
+        results.append(Stepper(*json.loads(out.strip().splitlines()[-1])))
+    return results
+
+
+def _ray_shards(addresses: list[str], steps: int, count: int) -> list[Stepper]:
+    """``run_sharded`` with ``count`` shards of ``SCALE_WORLDS`` worlds each."""
+    run = run_sharded(
+        addresses,
+        num_worlds=SCALE_WORLDS * count,
+        num_shards=count,
+        steps=steps * count,
+        seed=0,
+        pipeline=SCALE_PIPELINE,
+        num_cpus=1 / SCALE_SHARDS,
+        timeout=120,
+    )
+    return [Stepper(s.stats.steps, s.stats.elapsed, s.cpu) for s in run.shards]
+
+
+def scale_out(args: argparse.Namespace) -> None:
+    """``--scale``: Ray shards of 1,024 worlds against local batches of 1,024 (see above)."""
+    pinned = apply_pin(args.pin)
+    pin([])  # this process on the clients' CPUs: the local batches and Ray's processes inherit it
+    started = init_ray("local", num_cpus=2, log_to_driver=False)
+    node = ray.util.get_node_ip_address()
     rows = []
-    for name, samples, aggregate in (
-        ("1 local batch of 1,024", one, one[0][0]),
-        (f"{SCALE_SHARDS} local batches of 1,024 at once", together, sum(s[0] for s in together)),
-        (f"{SCALE_SHARDS} Ray shards of 1,024", shards, run.steps_per_second),
-    ):
-        cpus = [cpu for _, cpu in samples]
-        middle = statistics.median(cpus)
-        rows.append(
-            [
-                name,
-                aggregate,
-                middle,
-                max(cpus),
-                f"{middle / base:.2f}x",
-                f"{max(cpus) / base:.2f}x",
-            ]
-        )
+    try:
+        for kind in args.servers:
+            samples = _scale_rounds(kind, args)
+            rows += _scale_rows(kind, samples)
+    finally:
+        if started:
+            ray.shutdown()
     print_table(
-        f"{SCALE_WORLDS:,} Catch worlds per batch or shard over {SCALE_SHARDS} SDK servers, "
-        f"{SCALE_PIPELINE} steps in flight per world",
+        f"{SCALE_WORLDS:,} Catch worlds per batch or shard, worlds i on server i % "
+        f"{SCALE_SHARDS}, {SCALE_PIPELINE} steps in flight per world",
         [
+            "servers",
             "client",
             "steps/s (all)",
-            "CPU µs/step (median)",
-            "CPU µs/step (largest)",
-            "median vs 1 local",
-            "largest vs 1 local",
+            "client CPU µs/step (median)",
+            "(largest)",
+            "median vs 1 local batch",
+            "median vs local, same concurrency",
+            "server CPU µs/step",
         ],
         rows,
     )
-    print(f"\n{steps:,} steps per batch or shard; Ray {ray.__version__}, {os.cpu_count()} cores.")
+    print(
+        f"\n{args.steps:,} steps per batch or shard, medians over {args.rounds} interleaved "
+        f"round(s); client CPU: each batch's or shard's process over its steps (all threads). "
+        f"Server CPU: the {SCALE_SHARDS} servers' processes per step, over the whole variant "
+        f"(connect and close included). Ray {ray.__version__} on {node}, {os.cpu_count()} cores."
+    )
+    print(pinned)
+
+
+def _scale_rounds(kind: str, args: argparse.Namespace) -> dict[str, list[ScaleSample]]:
+    """Every variant once per round, in a seeded shuffled order, on 4 servers of ``kind``."""
+    room = str(SCALE_WORLDS + 16)  # the 4,096 worlds of 4 shards put 1,024 on each server
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(any_server_process_info(kind, "catch", "--max-workers", room))
+            for _ in range(SCALE_SHARDS)
+        ]
+        pids = [server.pid for server in servers]
+        pin(pids)
+        addresses = [server.address for server in servers]
+        samples: dict[str, list[ScaleSample]] = {name: [] for name in args.variants}
+        order = [name for name in SCALE_VARIANTS if name in args.variants]
+        rng = random.Random(0)
+        for _ in range(args.rounds):
+            rng.shuffle(order)
+            for name in order:
+                count = SCALE_SHARDS if name in (ALL_LOCAL, ALL_SHARDS) else 1
+                step = _ray_shards if name in (ONE_SHARD, ALL_SHARDS) else _local_children
+                before = sum(process_cpu_seconds(pid) for pid in pids)
+                steppers = step(addresses, args.steps, count)
+                server = sum(process_cpu_seconds(pid) for pid in pids) - before
+                samples[name].append(ScaleSample(steppers, server))
+                print(f"{SERVERS[kind]}, {name}: {samples[name][-1].cpu_us}", flush=True)
+    return samples
+
+
+def _scale_rows(kind: str, samples: dict[str, list[ScaleSample]]) -> list[list[Any]]:
+    def median_cpu(sample: ScaleSample) -> float:
+        return statistics.median(sample.cpu_us)
+
+    def ratio(name: str, base: str) -> str:
+        if base not in samples:
+            return "-"
+        ratios = [
+            median_cpu(a) / median_cpu(b) for a, b in zip(samples[name], samples[base], strict=True)
+        ]
+        return f"{statistics.median(ratios):.2f}x"
+
+    rows = []
+    for name in samples:
+        runs, same = samples[name], SCALE_VARIANTS[name]
+        steps = [sum(s.steps for s in sample.steppers) for sample in runs]
+        rows.append(
+            [
+                SERVERS[kind],
+                name,
+                statistics.median(sample.steps_per_second for sample in runs),
+                statistics.median(median_cpu(sample) for sample in runs),
+                statistics.median(max(sample.cpu_us) for sample in runs),
+                ratio(name, ONE_LOCAL),
+                ratio(name, same),
+                statistics.median(
+                    sample.server_cpu / total * 1e6
+                    for sample, total in zip(runs, steps, strict=True)
+                ),
+            ]
+        )
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8000)
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument(
+        "--steps", type=int, help="steps per client (default 8,000; 20,000 with --scale)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, help=f"rounds (default {DEFAULT_ROUNDS}; 1 with --scale)"
+    )
     parser.add_argument("--local-child", type=int, metavar="STEPS", help=argparse.SUPPRESS)
     parser.add_argument("--worlds", type=int, default=WORLDS, help=argparse.SUPPRESS)
     parser.add_argument("--pipeline", type=int, default=PIPELINE, help=argparse.SUPPRESS)
+    parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--scale", action="store_true", help="4 shards of 1,024 worlds (see above)")
+    parser.add_argument(
+        "--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS), help="with --scale"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(SCALE_VARIANTS),
+        default=list(SCALE_VARIANTS),
+        help="with --scale: which to run (1 local batch always runs: the others' base)",
+    )
+    add_pin_argument(parser)
     args, addresses = parser.parse_known_args()
     if args.local_child is not None:
-        local_child(args.local_child, addresses, args.worlds, args.pipeline)
+        local_child(args.local_child, addresses, args.worlds, args.pipeline, args.raw)
         return
     if args.scale:
-        scale_out(args.steps)
+        args.steps, args.rounds = args.steps or 20_000, args.rounds or 1
+        args.variants = [n for n in SCALE_VARIANTS if n == ONE_LOCAL or n in args.variants]
+        scale_out(args)
         return
+    args.steps, args.rounds = args.steps or 8000, args.rounds or DEFAULT_ROUNDS
     started = init_ray("local", num_cpus=2, log_to_driver=False)
     try:
         with ServerFleet(make_catch, 2, num_cpus=FRACTION) as fleet:

@@ -8,7 +8,10 @@ are medians over the rounds and each format's ratio to no recording is the
 median of per-round ratios. Part 2: the same over 4 worlds of an in-process
 server whose observation is one uint8 84x84x3 image (episodes of 50 steps), to
 see what large observations cost. MB per 1,000 steps is the folder's size after
-the run (warm-up included) over the steps recorded.
+the run (warm-up included) over the steps recorded. Part 3: each writer alone (no
+stepping) on 400 recorded Catch episodes, CPU µs per step, and envlogger's own
+``add_step`` alone on the same steps (protos encoded beforehand): the part of RLDS's
+cost that is the library's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import pathlib
 import shutil
 import tempfile
+import time
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
@@ -31,6 +35,7 @@ import dm_env_rpc_client as dmr
 from dm_env_rpc_client._cli_run import step_worlds
 from dm_env_rpc_client.integrations.minari import MinariWriter
 from dm_env_rpc_client.integrations.rlds import RldsWriter
+from dm_env_rpc_client.server.catch import Catch
 
 FORMATS = ("none", "npz", "minari", "rlds")
 WINDOW = 8
@@ -125,13 +130,82 @@ def _report(title: str, rounds: Any, sizes: dict[str, list[float]]) -> None:
     print_table(title, header, rows)
 
 
+def _writers_alone(episodes: list[Any], spaces_of: Any) -> None:
+    from envlogger.converters import codec
+
+    from dm_env_rpc_client.integrations import _rlds_steps, rlds
+
+    steps = sum(len(e.step_type) for e in episodes)
+    rows = []
+
+    def timed(name: str, write: Any, close: Any) -> None:
+        started = time.process_time()
+        for episode in episodes:
+            write(episode)
+        close()
+        cpu = (time.process_time() - started) / steps * 1e6
+        rows.append((name, f"{cpu:.1f}", f"{1e6 / cpu:,.0f}"))
+
+    for fmt in ("npz", "minari", "rlds"):
+        root = pathlib.Path(tempfile.mkdtemp(prefix="bench_record-"))
+        writer: Any
+        if fmt == "npz":
+            writer = dmr.recording.NpzWriter(root / "npz")
+        elif fmt == "minari":
+            writer = MinariWriter(root / "m-v0", *spaces_of)
+        else:
+            writer = RldsWriter(root / "rlds")
+        timed(f"{fmt} writer", writer.write, writer.close)
+        shutil.rmtree(root, ignore_errors=True)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="bench_record-"))
+    protos = [
+        (codec.encode(_rlds_steps.step(e, t)), t == 0)
+        for e in episodes
+        for t in range(len(e.step_type))
+    ]
+    shard = rlds._open(root, {}, rlds.WRITER_OPTIONS)
+    started = time.process_time()
+    for data, first in protos:
+        shard.add_step(data, first)
+    shard.close()
+    cpu = (time.process_time() - started) / steps * 1e6
+    rows.append(("envlogger add_step alone", f"{cpu:.1f}", f"{1e6 / cpu:,.0f}"))
+    shutil.rmtree(root, ignore_errors=True)
+    header = ("writer", "CPU µs/step", "steps/s of one core")
+    print_table(f"Writers alone: {len(episodes)} Catch episodes, {steps} steps", header, rows)
+
+
+def _catch_episodes(address: str) -> tuple[list[Any], Any]:
+    batch = dmr.BatchedEnvironment.connect([address], 16, seed=0, timeout=30)
+    kept: list[Any] = []
+
+    class Keep:
+        def write(self, episode: Any) -> None:
+            kept.append(episode)
+
+        def close(self) -> None:
+            pass
+
+    with dmr.Recording("unused", 16, writer=Keep()) as recording:
+        step_worlds(batch, steps=4400, pipeline=WINDOW, timeout=60, seed=0, recording=recording)
+    writer = MinariWriter.for_environment(pathlib.Path(tempfile.mkdtemp()) / "spaces-v0", batch)
+    batch.close()
+    episodes = [e for e in kept if not e.truncated][:400]
+    return episodes, (writer.observation_space, writer.action_space)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=16000)
+    parser.add_argument("--only-writers", action="store_true", help="part 3 alone")
     parser.add_argument("--image-steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     args = parser.parse_args()
     sizes: dict[str, list[float]] = {fmt: [] for fmt in FORMATS}
+    if args.only_writers:
+        with dmr.serve(lambda settings: Catch(**settings)) as server:
+            _writers_alone(*_catch_episodes(server.address))
+        return
     with server_processes("sdk", 2) as servers:
         rounds = measure_interleaved(
             _variants([s.address for s in servers], 16, sizes),
@@ -151,6 +225,9 @@ def main() -> None:
         rounds,
         sizes,
     )
+    with dmr.serve(lambda settings: Catch(**settings)) as server:
+        episodes, spaces_of = _catch_episodes(server.address)
+    _writers_alone(episodes, spaces_of)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,22 @@ world (at least ``--min-steps``) after a warm-up of 3 per world. Reported:
 - RSS per world: the client's RSS after the run minus before connect, over n;
   server RSS per world: the same for the 4 servers' processes, summed;
 - steps/s, p50 and p99 latency (send to response, ``envs.latencies``);
-- spread: the most steps any world took over the fewest (1.00 is even).
+- spread: the most steps any world took over the fewest (1.00 is even); "per
+  server": the same among the worlds of one server, the largest of the 4 (the
+  servers share a CPU, so one may run faster than another; within one server's
+  worlds an uneven count could only be the client's doing).
 
 The "vs" column divides each size's client CPU per step by the first size's
 (64 worlds by default). The client runs on its own CPU and the servers on the other (``--pin``, default).
+
+A second table says where connect and close go: their wall time, the client's
+CPU and the 4 servers' CPU (summed, from /proc) in each. ``--floor`` adds the raw
+gRPC floor of the same opening and closing on bare ``grpc.aio`` (``_open_floor.py``),
+``--connect-only`` skips the steps, ``--profile PREFIX`` records the client and
+every server with py-spy. The last lines say which of the issue's targets each
+size meets (PASS) or misses (FAIL): at 4,096 worlds connect 2 s, close 1 s, 40 KB
+per world, client CPU per step 1.2x the first size's; at every size a spread of
+at most 1.10.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +55,7 @@ from _common import (
     apply_pin,
     pin,
     print_table,
+    process_cpu_seconds,
 )
 
 # isort: split
@@ -60,10 +74,36 @@ def rss_bytes(pid: int | str = "self") -> int:
         return int(f.read().split()[1]) * PAGE
 
 
+def server_pids() -> list[str]:
+    """The server processes' pids ($SCALE_SERVER_PIDS)."""
+    return os.environ.get("SCALE_SERVER_PIDS", "").split()
+
+
 def servers_rss() -> int:
-    """The RSS of the server processes (pids in $SCALE_SERVER_PIDS), summed."""
-    pids = os.environ.get("SCALE_SERVER_PIDS", "").split()
-    return sum(rss_bytes(pid) for pid in pids)
+    """The RSS of the server processes, summed."""
+    return sum(rss_bytes(pid) for pid in server_pids())
+
+
+def servers_cpu() -> float:
+    """The CPU seconds the server processes have used, summed."""
+    return sum(process_cpu_seconds(int(pid)) for pid in server_pids())
+
+
+class Spent:
+    """Wall, client CPU and servers' CPU seconds of one phase (``with Spent() as spent:``)."""
+
+    def __enter__(self) -> Spent:
+        self._start = (time.perf_counter(), time.process_time(), servers_cpu())
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        wall, cpu, servers = self._start
+        self.wall = time.perf_counter() - wall
+        self.cpu = time.process_time() - cpu
+        self.servers = servers_cpu() - servers
+
+    def seconds(self) -> dict[str, float]:
+        return {"wall": self.wall, "cpu": self.cpu, "servers": self.servers}
 
 
 def thread_cpu() -> dict[str, float]:
@@ -85,11 +125,23 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
     import dm_env_rpc_client as dmr
 
     rss0, server_rss0 = rss_bytes(), servers_rss()
-    started = time.perf_counter()
-    batch = dmr.BatchedEnvironment.connect(
-        addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
-    )
-    connect_s = time.perf_counter() - started
+    if steps < 0:  # --floor: the same opening and closing on bare grpc.aio
+        from _open_floor import open_close_floor
+
+        return {**open_close_floor(addresses, worlds, servers_cpu), "rss_kb": float("nan")}
+    with Spent() as connecting:
+        batch = dmr.BatchedEnvironment.connect(
+            addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
+        )
+    if steps == 0:  # --connect-only: connect and close, nothing else
+        rss = rss_bytes() - rss0
+        with Spent() as closing:
+            batch.close()
+        return {
+            "connect": connecting.seconds(),
+            "close": closing.seconds(),
+            "rss_kb": rss / worlds / 1024,
+        }
     rng = np.random.default_rng(0)
     paddles = rng.integers(-1, 2, worlds * 4).astype(np.int8)
     cursor = 0
@@ -129,17 +181,16 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
     latencies = np.array(batch.latencies) * 1e3
     while batch.pending():  # the steps still in flight, so close does not count them
         batch.recv(batch.pending(), timeout=60)
-    started = time.perf_counter()
-    batch.close()
-    close_s = time.perf_counter() - started
+    with Spent() as closing:
+        batch.close()
     per_thread = {
         name: (after[name] - before.get(name, 0.0)) / taken * 1e6
         for name in after
         if after[name] - before.get(name, 0.0) > 0
     }
     return {
-        "connect_s": connect_s,
-        "close_s": close_s,
+        "connect": connecting.seconds(),
+        "close": closing.seconds(),
         "cpu_us": cpu / taken * 1e6,
         "rss_kb": rss / worlds / 1024,
         "server_rss_kb": server_rss / worlds / 1024,
@@ -147,6 +198,13 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
         "p50_ms": float(np.percentile(latencies, 50)),
         "p99_ms": float(np.percentile(latencies, 99)),
         "spread": float(counts.max() / max(1, counts.min())),
+        "server_spread": max(
+            float(
+                counts[first :: len(addresses)].max()
+                / max(1, counts[first :: len(addresses)].min())
+            )
+            for first in range(min(len(addresses), worlds))
+        ),
         "threads_us": per_thread,
         "failures": len(batch.failures),
     }
@@ -162,19 +220,30 @@ def run_child(
         command.append("--threads")
     # The child inherits this process's CPUs (``pin`` put it on the client's).
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=environment)
-    spy = None
-    if profile:  # py-spy samples the client, every thread, for its whole life
-        spy_command = ["py-spy", "record", "-p", str(process.pid), "-f", "raw", "-r", "250"]
-        spy_command += ["--threads", "--nonblocking", "-o", f"{profile}-{worlds}.txt"]
-        spy = subprocess.Popen(spy_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    spies = []
+    if profile:  # py-spy samples the client and each server, every thread, for the client's life
+        targets = [("client", process.pid)]
+        targets += [(f"server{number}", server.pid) for number, server in enumerate(servers)]
+        for name, pid in targets:
+            spy_command = ["py-spy", "record", "-p", str(pid), "-f", "raw", "-r", "250"]
+            spy_command += ["--threads", "--nonblocking", "-o", f"{profile}-{worlds}-{name}.txt"]
+            spies.append(
+                subprocess.Popen(spy_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
     try:
         out, _ = process.communicate(timeout=600)
-        if spy is not None:
+        for spy in spies[1:]:  # the servers live on: stop their samplers (they write on SIGINT)
+            spy.send_signal(signal.SIGINT)
+        for spy in spies:
             spy.wait(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+        for spy in spies:
+            if spy.poll() is None:
+                spy.kill()
+                spy.wait()
     if process.returncode:
         raise SystemExit(f"the {worlds}-world client failed ({process.returncode})")
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
@@ -196,13 +265,23 @@ def main() -> None:
     parser.add_argument("--min-steps", type=int, default=20_000)
     parser.add_argument("--threads", action="store_true", help="print CPU per step per thread")
     parser.add_argument(
-        "--profile", metavar="PREFIX", help="py-spy record each client to PREFIX-<kind>-<n>.txt"
+        "--connect-only", action="store_true", help="only connect and close (no steps)"
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also connect and close each size on bare grpc.aio (the raw gRPC floor)",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="PREFIX",
+        help="py-spy record each client and each server to PREFIX-<kind>-<n>-<process>.txt",
     )
     add_pin_argument(parser)
     args = parser.parse_args()
     pinned = apply_pin(args.pin)
     per_server = -(-max(args.worlds) // SERVER_COUNT) + 16  # a stream per world, and some
-    rows = []
+    rows, phases, verdicts = [], [], []
     for kind in args.servers:
         with contextlib.ExitStack() as stack:
             servers = [
@@ -214,16 +293,25 @@ def main() -> None:
             pin([server.pid for server in servers])
             base = None
             for worlds in args.worlds:
-                steps = max(args.min_steps, args.steps_per_world * worlds)
+                steps = (
+                    0 if args.connect_only else max(args.min_steps, args.steps_per_world * worlds)
+                )
                 profile = args.profile and f"{args.profile}-{kind}"
+                if args.floor:
+                    floor = run_child(servers, worlds, -1, False)
+                    phases.append(phase_row(f"{SERVERS[kind]}, raw gRPC floor", worlds, floor))
                 result = run_child(servers, worlds, steps, args.threads, profile)
+                phases.append(phase_row(SERVERS[kind], worlds, result))
+                if args.connect_only:
+                    continue
                 base = base or result["cpu_us"]
+                verdicts += targets(SERVERS[kind], worlds, result, result["cpu_us"] / base)
                 rows.append(
                     [
                         SERVERS[kind],
                         f"{worlds:,}",
-                        f"{result['connect_s']:.2f} s",
-                        f"{result['close_s']:.2f} s",
+                        f"{result['connect']['wall']:.2f} s",
+                        f"{result['close']['wall']:.2f} s",
                         f"{result['cpu_us']:.1f} µs",
                         f"{result['cpu_us'] / base:.2f}x",
                         f"{result['rss_kb']:.0f} KB",
@@ -232,6 +320,7 @@ def main() -> None:
                         f"{result['p50_ms']:.1f} ms",
                         f"{result['p99_ms']:.1f} ms",
                         f"{result['spread']:.2f}",
+                        f"{result['server_spread']:.2f}",
                     ]
                 )
                 if args.threads:
@@ -243,30 +332,84 @@ def main() -> None:
                     )
                 if result["failures"]:
                     print(f"  ({result['failures']} world failures during the run)")
+    if rows:
+        print_table(
+            f"BatchedEnvironment over {SERVER_COUNT} servers, Catch, {IN_FLIGHT} steps in flight "
+            "per world, recv(n // 2)",
+            [
+                "server",
+                "worlds",
+                "connect",
+                "close",
+                "client CPU/step",
+                f"vs {args.worlds[0]:,}",
+                "RSS/world",
+                "server RSS/world",
+                "steps/s",
+                "p50",
+                "p99",
+                "spread",
+                "per server",
+            ],
+            rows,
+        )
+        print(
+            f"\n{args.steps_per_world} steps per world (at least {args.min_steps:,}) after a "
+            f"warm-up of {WARMUP_PER_WORLD}; each size in a fresh client process."
+        )
     print_table(
-        f"BatchedEnvironment over {SERVER_COUNT} servers, Catch, {IN_FLIGHT} steps in flight "
-        "per world, recv(n // 2)",
+        "Where connect and close go: wall seconds, the client's CPU seconds (all threads), and "
+        f"the {SERVER_COUNT} servers' CPU seconds (summed)",
         [
             "server",
             "worlds",
             "connect",
+            "client CPU",
+            "servers CPU",
             "close",
-            "client CPU/step",
-            f"vs {args.worlds[0]:,}",
+            "client CPU",
+            "servers CPU",
             "RSS/world",
-            "server RSS/world",
-            "steps/s",
-            "p50",
-            "p99",
-            "spread",
         ],
-        rows,
+        phases,
     )
-    print(
-        f"\n{args.steps_per_world} steps per world (at least {args.min_steps:,}) after a warm-up "
-        f"of {WARMUP_PER_WORLD}; each size in a fresh client process."
-    )
+    for verdict in verdicts:
+        print(verdict)
     print(pinned)
+
+
+# The issue's targets at 4,096 worlds over 4 servers, and fairness at every size.
+TARGETS = {"connect": 2.0, "close": 1.0, "rss_kb": 40.0, "cpu_vs_first": 1.2, "spread": 1.10}
+
+
+def targets(server: str, worlds: int, result: dict[str, Any], cpu_ratio: float) -> list[str]:
+    """Lines saying which targets this size meets (PASS) or misses (FAIL)."""
+    checks = [
+        ("spread", result["spread"], "step counts' spread (fairness)"),
+        ("spread", result["server_spread"], "step counts' spread within a server's worlds"),
+    ]
+    if worlds == max(WORLDS):
+        checks += [
+            ("connect", result["connect"]["wall"], "connect, s"),
+            ("close", result["close"]["wall"], "close, s"),
+            ("rss_kb", result["rss_kb"], "RSS per world, KB"),
+            ("cpu_vs_first", cpu_ratio, "client CPU per step vs the first size"),
+        ]
+    return [
+        f"{'PASS' if value <= TARGETS[key] else 'FAIL'} {server}, {worlds:,} worlds: {what} "
+        f"{value:.2f} (at most {TARGETS[key]})"
+        for key, value, what in checks
+    ]
+
+
+def phase_row(server: str, worlds: int, result: dict[str, Any]) -> list[str]:
+    """One row of the connect-and-close table."""
+    row = [server, f"{worlds:,}"]
+    for phase in ("connect", "close"):
+        spent = result[phase]
+        row += [f"{spent['wall']:.2f} s", f"{spent['cpu']:.2f} s", f"{spent['servers']:.2f} s"]
+    rss = result["rss_kb"]
+    return [*row, "-" if rss != rss else f"{rss:.0f} KB"]  # NaN: not measured
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 ``BatchCore`` holds a batch's state and everything that runs on the batch's
 event loop: ``_write_steps`` queues requests, ``_landed`` moves a world's
-step-type state machine on and files the answer for ``recv``, ``_watch`` fails
+step-type state machine on and files the answer for ``recv`` (with ``_autoreset``
+on, a world whose step lands LAST is sent its next, resetting step right there,
+a round trip before anyone asks for it: ``GymnasiumVectorEnv``'s SAME_STEP and
+SB3's ``BatchedVecEnv`` want the reset observation with the LAST one), ``_watch`` fails
 a world that passes its ``step_timeout``, and ``_fail`` applies the failure
 policy (``_restore`` makes a world again with ``_restart.reopen``). Answers
 are filed under a per-world *generation*: a failure bumps it, so an answer to a
@@ -23,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import dm_env
 import grpc
 import numpy as np
 
@@ -34,7 +38,7 @@ from dm_env_rpc_client._stacked import BatchedTimeStep, StackedDecoder, batch_of
 from dm_env_rpc_client._step_encoder import StepEncoder
 from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.aio import AsyncConnection
-from dm_env_rpc_client.connection import ConnectionLike, wait_response
+from dm_env_rpc_client.connection import ConnectionLike
 from dm_env_rpc_client.environment import DmEnvAdaptor
 
 _WORLD_FAILED = "World {index} at {address} failed: {error}"
@@ -117,7 +121,16 @@ class BatchCore:
         ]
         self._ready = 0  # finished and not yet received, over all worlds
         self._want = _NO_WAITER  # recv wakes when _ready reaches this
-        self._in_flight = [0] * count  # sent and not yet received, per world
+        # Per world: steps sent by send() and not yet received (it goes below 0 when recv takes
+        # an autoreset step), and (written on the loop only) the autoreset steps the loop sent
+        # itself: with ``_autoreset`` on, a world whose step lands LAST with no other step in
+        # flight is sent its next step (the protocol's reset: a step after LAST starts the
+        # next sequence) at once, with the bytes of its latest step (``_latest_wire``), whose
+        # action the server ignores. What is in flight is the sum of the two.
+        self._in_flight = [0] * count
+        self._auto_sent = [0] * count
+        self._autoreset = False
+        self._latest_wire: list[bytes] = [b""] * count
         # Round trips in seconds, send to response, of the latest LATENCY_SAMPLES steps.
         self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_SAMPLES)
         # World states (written under _cond; on the loop when there is one) and generations:
@@ -183,6 +196,8 @@ class BatchCore:
         if not self._busy[index]:
             self._progress[index] = sent
         self._busy[index] += 1
+        if self._autoreset:
+            self._latest_wire[index] = data
         # Steps are read from their wire bytes: a large payload is copied once (_wire_step).
         if self._moving and index in self._moving:  # picked to move: keep the bytes
             self._moving[index].recorded.append((data, sent))
@@ -210,6 +225,14 @@ class BatchCore:
             self._truncate_next[index] = False
             if isinstance(outcome, tuple):
                 outcome = (*outcome, 1)
+        elif (
+            self._autoreset
+            and not self._busy[index]
+            and _ends(outcome)
+            and self._latest_wire[index]
+        ):
+            self._auto_sent[index] += 1  # counted before the LAST is filed: recv sees both
+            self._write(index, self._latest_wire[index], time.perf_counter())
         self._file(index, gen, sent, outcome)
         if self._moving and index in self._moving:
             self._balancer.landed(index, outcome)
@@ -352,82 +375,6 @@ class BatchCore:
                 self._done[index].appendleft((outcome, latency))
             self._ready += len(items)
 
-    def _reset_each(self, ids: list[int], timeout: float | None) -> BatchedTimeStep:
-        """Resets every world of ``ids`` in turn; their FIRST steps in that order.
-
-        A world that fails does not stop the others: the first failure is raised
-        once all were tried, as a ``WorldError`` whose ``reset_steps`` holds the
-        FIRST steps of the worlds that did reset (None if none did).
-        """
-        timesteps, done = [], []
-        failed: tuple[int, errors.DmEnvRpcClientError] | None = None
-        if self._runner is not None:  # every world's requests in flight at once
-            answers = self._reset_pipelined(ids, timeout)
-        else:
-            answers = {}
-            for index in ids:
-                try:
-                    answers[index] = self.envs[index].reset(timeout=timeout)
-                except errors.DmEnvRpcClientError as exc:
-                    answers[index] = exc
-        for index in ids:
-            answer = answers[index]
-            if isinstance(answer, errors.DmEnvRpcClientError):
-                failed = failed or (index, answer)
-            else:
-                timesteps.append(answer)
-                done.append(index)
-        states = [self.envs[i]._last_state or 0 for i in done]  # RUNNING after a reset
-        reset = _flagged(batch_of(timesteps, done), None, states) if done else None
-        if failed is not None:
-            error = self._wrap(*failed)
-            error.reset_steps = reset
-            raise error from failed[1]
-        assert reset is not None  # ids is never empty
-        return reset
-
-    def _reset_pipelined(self, ids: list[int], timeout: float | None) -> dict[int, Any]:
-        """``DmEnvAdaptor.reset`` for every world of ``ids`` at once: their TimeSteps or errors.
-
-        Every world's ResetRequest is sent before any answer is awaited, then
-        every world's first step, so resetting takes two round trips, not two per
-        world (the first steps wait for the resets: a reset may change the specs
-        the step is made from). Each response is awaited ``timeout`` seconds
-        (default: the adaptor's) from when it was sent.
-        """
-        outcome: dict[int, Any] = {}
-        resets = {}
-        request = dm_env_rpc_pb2.ResetRequest()
-        for index in ids:
-            env = self.envs[index]
-            try:
-                env._check_open()
-                resets[index] = env.connection.send_async(request)
-            except errors.DmEnvRpcClientError as exc:
-                outcome[index] = exc
-        started = time.monotonic()
-        for index, future in resets.items():
-            env = self.envs[index]
-            wait = _remaining(started, env._timeout if timeout is None else timeout)
-            try:
-                env._reset_done(wait_response(future, wait, request))
-            except errors.DmEnvRpcClientError as exc:
-                outcome[index] = exc
-        steps = {index: self.envs[index]._send_step({}) for index in resets if index not in outcome}
-        started = time.monotonic()
-        for index, (step, future) in steps.items():
-            env = self.envs[index]
-            wait = _remaining(started, env._timeout if timeout is None else timeout)
-            try:
-                outcome[index] = env.step_response(wait_response(future, wait, step))
-            except errors.RequestTimeoutError as exc:
-                # As DmEnvAdaptor.step: its late answer still moves the state machine on.
-                future.add_done_callback(env._advance_late)
-                outcome[index] = exc
-            except errors.DmEnvRpcClientError as exc:
-                outcome[index] = exc
-        return outcome
-
     def _decode(
         self, env_ids: list[int], step_types: list[Any], responses: list[Any]
     ) -> BatchedTimeStep:
@@ -458,11 +405,10 @@ class BatchCore:
     def _leave_all(self, timeout: float) -> None:
         """Leaves (and destroys) every live world at once, waiting at most ``timeout`` s.
 
-        One call on the loop writes every world's requests before any answer is
-        awaited, so closing takes about one round trip, not one per world. As
-        ``DmEnvAdaptor.close``, a world whose server refuses to leave still gets
-        its DestroyWorldRequest, and a dead or hung server ends the wait quietly.
-        """
+        One call on the loop writes every world's requests before any answer is awaited (about
+        one round trip in all; the streams are then cancelled, which costs the servers less than
+        a half-close). As ``DmEnvAdaptor.close``, a world whose server refuses to leave still
+        gets its DestroyWorldRequest, and a dead or hung server ends the wait quietly."""
         live = [
             (index, env)
             for index, env in enumerate(self.envs)
@@ -496,9 +442,9 @@ class BatchCore:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _remaining(started: float, timeout: float | None) -> float | None:
-    """What is left of ``timeout`` seconds from ``started`` (monotonic); None waits for ever."""
-    return None if timeout is None else max(0.0, started + timeout - time.monotonic())
+def _ends(outcome: Any) -> bool:
+    """Whether a landed outcome is a LAST step (dm_env.StepType.LAST)."""
+    return isinstance(outcome, tuple) and outcome[0] == dm_env.StepType.LAST
 
 
 def _is_bad(outcome: Any) -> bool:
@@ -534,10 +480,14 @@ def _shut_down(
             with contextlib.suppress(errors.DmEnvRpcClientError):
                 conn.close()
 
-    async def close_all() -> None:
-        streams = (conn.async_connection.aclose() for conn in on_loop)
-        await asyncio.gather(*streams, return_exceptions=True)
-        await asyncio.gather(*(channel.close() for channel in channels.values()))
+    async def close_all() -> None:  # each stream's aclose, but one wait for all their tasks
+        streams = [conn.async_connection for conn in on_loop]
+        tasks = [task for stream in streams for task in stream._abort()]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        own = [stream._channel for stream in streams if stream._owns_channel and stream._channel]
+        for stream in streams:
+            stream._call = stream._channel = None  # as aclose: let go of gRPC's objects
+        await asyncio.gather(*(channel.close() for channel in [*channels.values(), *own]))
 
     with contextlib.suppress(errors.DmEnvRpcClientError):
         runner.run(close_all(), timeout=10)

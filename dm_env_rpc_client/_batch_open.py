@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _checks, _restart, errors
+from dm_env_rpc_client import _checks, _restart, errors, messages, tensors
 from dm_env_rpc_client._adaptor_core import pack_settings
 from dm_env_rpc_client._balance import Balancer
 from dm_env_rpc_client._batch_core import (
@@ -40,7 +40,7 @@ from dm_env_rpc_client._restart import RestartPolicy
 from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client._step_encoder import StepEncoder
 from dm_env_rpc_client.aio import AsyncConnection
-from dm_env_rpc_client.connection import create_channel
+from dm_env_rpc_client.connection import _REQUEST_TIMEOUT, create_channel
 from dm_env_rpc_client.environment import DmEnvAdaptor
 from dm_env_rpc_client.launch import LaunchedServers
 
@@ -298,14 +298,18 @@ def open_worlds(
     answered = dict.fromkeys(where, 0)  # streams per server whose world was made
     join_request = pack_settings(join_settings)
     opened: list[LoopConnection | None] = [None] * count
+    packed = pack_settings(create_settings)  # once: only the seed differs per world
 
     def create_request(index: int) -> dm_env_rpc_pb2.CreateWorldRequest:
         settings = dict(create_settings or {})
         seeds[index] = None
         if seed_setting is not None and seed is not None and not refused:
             settings[seed_setting] = seeds[index] = seed + index
+            made[index] = settings
+            seeded = {**packed, seed_setting: tensors.pack_tensor(seed + index)}
+            return dm_env_rpc_pb2.CreateWorldRequest(settings=seeded)
         made[index] = settings
-        return dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(settings))
+        return dm_env_rpc_pb2.CreateWorldRequest(settings=packed)
 
     async def open_one(index: int, gate: asyncio.Semaphore) -> tuple[str, Any]:
         async with gate:
@@ -315,14 +319,14 @@ def open_worlds(
                 name = world_names[index]
             else:
                 try:
-                    name = (await stream.send(create_request(index), timeout)).world_name
+                    name = (await _ask(stream, create_request(index), timeout)).world_name
                 except errors.InvalidArgumentError as exc:
                     if seeds[index] is None or repr(seed_setting) not in str(exc):
                         raise
                     refused.append(exc)
-                    name = (await stream.send(create_request(index), timeout)).world_name
+                    name = (await _ask(stream, create_request(index), timeout)).world_name
             request = dm_env_rpc_pb2.JoinWorldRequest(world_name=name, settings=join_request)
-            joined = await stream.send(request, timeout)
+            joined = await _ask(stream, request, timeout)
             answered[where[index]] += 1
             return name, joined.specs
 
@@ -381,6 +385,21 @@ def open_worlds(
         for index in range(count)
     ]
     return envs, where, recipes, seeds
+
+
+async def _ask(stream: AsyncConnection, request: Any, timeout: float | None) -> Any:
+    """``stream.send(request, timeout)`` with less around it (no shield: the future is
+    the request's own, and a request that timed out leaves its answer unread)."""
+    data, expected = messages.envelope(request)
+    try:
+        return await asyncio.wait_for(stream._submit(data, expected), timeout)
+    except asyncio.TimeoutError as exc:
+        if isinstance(exc, errors.DmEnvRpcClientError):  # the request's own error: keep it
+            raise
+        name = type(request).__name__
+        raise errors.RequestTimeoutError(
+            _REQUEST_TIMEOUT.format(expected=name, timeout=timeout)
+        ) from None
 
 
 def _open_error(

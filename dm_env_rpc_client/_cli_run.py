@@ -309,6 +309,7 @@ class EpisodeTally:
     def take(self, result: BatchedTimeStep, progress: Any = None) -> None:
         """Counts (and records) every step of ``result``."""
         sent, in_episode, running = self.sent, self.in_episode, self.running
+        actions: list[Any] = []
         for position, world in enumerate(result.env_ids):
             if result.truncated is not None and result.truncated[position]:
                 # Restarted: this FIRST step answers every step the world had in flight
@@ -326,11 +327,9 @@ class EpisodeTally:
                 self.returns[world].append(float(running[world]))
                 self.stats.episodes += 1
                 in_episode[world] = False
-            if self.recording is not None:
-                state = None if result.state is None else int(result.state[position])
-                self.recording.add(
-                    world, None if step_type == 0 else action, result.at(position), state
-                )
+            actions.append(None if step_type == 0 else action)
+        if self.recording is not None:
+            self.recording.add_batch(result, actions)
         self.stats.steps += len(result.env_ids)
         if progress is not None:
             progress.update(len(result.env_ids))

@@ -84,6 +84,7 @@ from dm_env_rpc_client._batch_core import (
     _shut_down,
 )
 from dm_env_rpc_client._batch_open import open_batch
+from dm_env_rpc_client._batch_reset import reset_each
 from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.random_actions import random_batch
@@ -252,10 +253,10 @@ class BatchedEnvironment(BatchCore):
         for position, index in enumerate(ids):
             if index in ids[:position]:
                 raise ValueError(_RESET_TWICE.format(index=index))
-            if self._in_flight[index]:
-                pending = self._in_flight[index]
+            if self.in_flight(index):
+                pending = self.in_flight(index)
                 raise ValueError(_RESET_IN_FLIGHT.format(index=index, pending=pending))
-        return self._reset_each(ids, timeout)
+        return reset_each(self, ids, timeout)
 
     def random_actions(
         self, rng: np.random.Generator | int | None = None, env_ids: Sequence[int] | None = None
@@ -379,11 +380,11 @@ class BatchedEnvironment(BatchCore):
 
     def pending(self) -> int:
         """The number of steps sent and not yet received."""
-        return sum(self._in_flight)
+        return sum(self._in_flight) + sum(self._auto_sent)
 
     def in_flight(self, index: int) -> int:
         """The number of steps sent to world ``index`` and not yet received."""
-        return self._in_flight[index]
+        return self._in_flight[index] + self._auto_sent[index]
 
     def _wait(self, ready: Callable[[], bool], wanted: int, timeout: float | None) -> bool:
         with self._cond:
@@ -435,9 +436,9 @@ class BatchedEnvironment(BatchCore):
     def _recv_worlds(self, env_ids: list[int], timeout: float | None) -> BatchedTimeStep:
         wanted = collections.Counter(env_ids)
         for index, count in wanted.items():
-            if self._in_flight[index] < count:
+            if self.in_flight(index) < count:
                 raise ValueError(
-                    _WORLD_IDLE.format(index=index, pending=self._in_flight[index], wanted=count)
+                    _WORLD_IDLE.format(index=index, pending=self.in_flight(index), wanted=count)
                 )
 
         def ready() -> bool:

@@ -1,4 +1,4 @@
-"""Episodes recorded for offline learning: one compressed ``.npz`` file per episode.
+"""Episodes recorded for offline learning: one ``.npz`` file per episode.
 
 Layout of ``episode_<world>_<n>.npz`` (``T`` transitions; ``len(episode) == T``):
 
@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -57,6 +58,8 @@ import numpy as np
 
 from dm_env_rpc_client import _checks, errors, specs
 from dm_env_rpc_client._background_writer import BackgroundWriter
+from dm_env_rpc_client._episode_stream import Block, EpisodeStream
+from dm_env_rpc_client._npz_file import save_npz
 
 _NOT_EMPTY = (
     "The recording folder {path} already holds {count} entries (e.g. {example!r}); "
@@ -67,6 +70,7 @@ _CANNOT_CREATE = "Cannot create the recording folder {path}: {error}. Give a wri
 _NO_FOLDER = "There is no recording folder {path}; give the folder a run recorded into."
 _NO_SEED = -1
 _INTERRUPTED = 3  # EnvironmentStateType.INTERRUPTED
+_UNKNOWN = 255  # no state: the discount tells
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,25 +112,14 @@ def _number(value: Any) -> float:
     return float("nan") if value is None else float(np.asarray(value))
 
 
-def _save_atomically(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
+def _save_atomically(path: pathlib.Path, arrays: dict[str, np.ndarray], compress: bool) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     try:
-        with open(temporary, "wb") as file:
-            np.savez_compressed(file, **arrays)  # type: ignore[arg-type]
+        save_npz(temporary, arrays, compress)
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-
-
-def _stacked(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-step flat dicts as one flat dict of ``[T, ...]`` arrays (lists where shapes differ)."""
-    stacked: dict[str, Any] = {}
-    for name in steps[0] if steps else ():
-        parts = [np.asarray(step[name]) for step in steps]
-        same = len({part.shape for part in parts}) == 1
-        stacked[name] = np.stack(parts) if same else parts
-    return stacked
 
 
 def _stack(group: str, values: Mapping[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -156,11 +149,14 @@ class NpzWriter:
 
     Args:
       directory: the folder.
+      compress: deflate the files (``np.savez_compressed``'s format): smaller, and
+        several times slower to write; off by default (``np.savez``'s format).
     """
 
-    def __init__(self, directory: str | pathlib.Path) -> None:
+    def __init__(self, directory: str | pathlib.Path, compress: bool = False) -> None:
         self.directory = pathlib.Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.compress = compress
 
     def write(self, episode: Episode) -> pathlib.Path:
         """Writes ``episode`` atomically; returns its path."""
@@ -177,7 +173,7 @@ class NpzWriter:
         _stack("observation", specs.flatten(episode.observation), arrays)
         _stack("action", specs.flatten(episode.action), arrays)
         path = self.directory / f"episode_{episode.world or 0:03d}_{episode.episode or 0:06d}.npz"
-        _save_atomically(path, arrays)
+        _save_atomically(path, arrays, self.compress)
         return path
 
     def close(self) -> None:
@@ -197,9 +193,8 @@ class EpisodeRecorder:
       seed: the world's seed, for the metadata (None: none).
       writer: where the episodes go (default: an ``NpzWriter`` on ``directory``).
 
-    Attributes:
-      written: the paths written so far, in order (episodes of a writer with
-        no file per episode are counted in ``episodes``, not listed).
+    ``written`` lists the paths written so far (episodes of a writer with no file
+    per episode are counted in ``episodes``, not listed).
     """
 
     def __init__(
@@ -215,15 +210,7 @@ class EpisodeRecorder:
             if directory is None:
                 raise TypeError("EpisodeRecorder needs a directory or a writer.")
             writer = NpzWriter(directory)
-        self._writer = writer
-        self._world = world
-        self._seed = seed
-        self._count = 0
-        self._steps: list[dm_env.TimeStep] = []
-        self._actions: list[Mapping[str, Any]] = []
-        self.written: list[pathlib.Path] = []
-        self.episodes = 0  # episodes written
-        self.truncated = 0  # how many of them are truncated
+        self._recording = Recording(directory or "", 1, [seed], first_world=world, writer=writer)
 
     def add(
         self,
@@ -241,20 +228,7 @@ class EpisodeRecorder:
           state: the server's ``EnvironmentStateType`` of a LAST step (2 TERMINATED,
             3 INTERRUPTED); None: a LAST step with discount 0 is TERMINATED, else INTERRUPTED.
         """
-        if timestep.first():
-            self.truncate()
-            self._steps, self._actions = [timestep], []
-            return
-        if not self._steps:
-            return  # joined mid-episode: wait for the next FIRST
-        self._steps.append(timestep)
-        self._actions.append(action or {})
-        if timestep.last():
-            if state is None:
-                interrupted = _number(timestep.discount) != 0.0
-            else:
-                interrupted = int(state) == _INTERRUPTED
-            self._write(truncated=False, interrupted=interrupted)
+        self._recording.add(0, action, timestep, state)
 
     def truncate(self) -> pathlib.Path | None:
         """Saves the unfinished episode marked truncated, and starts afresh.
@@ -267,39 +241,33 @@ class EpisodeRecorder:
           The file written, or None when there was nothing to save (or the
           writer has no file per episode).
         """
-        if len(self._steps) < 2:
-            self._steps, self._actions = [], []
-            return None
-        return self._write(truncated=True, interrupted=False)
+        return self._recording.truncate(0)
 
-    def _write(self, *, truncated: bool, interrupted: bool) -> pathlib.Path | None:
-        self._count += 1
-        steps, actions = self._steps, self._actions
-        self._steps, self._actions = [], []
-        episode = Episode(
-            step_type=np.array([int(s.step_type) for s in steps], np.uint8),
-            reward=np.array([_number(s.reward) for s in steps]),
-            discount=np.array([_number(s.discount) for s in steps]),
-            observation=specs.unflatten(
-                _stacked([specs.flatten(_as_dict(s.observation)) for s in steps])
-            ),
-            action=specs.unflatten(_stacked([specs.flatten(dict(a)) for a in actions])),
-            world=self._world,
-            episode=self._count,
-            seed=self._seed,
-            truncated=truncated,
-            interrupted=interrupted,
-        )
-        path = self._writer.write(episode)
-        if path is not None:
-            self.written.append(path)
-        self.episodes += 1
-        self.truncated += truncated
-        return path
+    @property
+    def written(self) -> list[pathlib.Path]:
+        """The paths written so far, in order."""
+        return self._recording.written
+
+    @property
+    def episodes(self) -> int:
+        """Episodes written."""
+        return self._recording.episodes
+
+    @property
+    def truncated(self) -> int:
+        """How many of them are truncated."""
+        return self._recording.truncated
 
 
 class Recording:
-    """A whole run's recording: one ``EpisodeRecorder`` per world, in one fresh folder.
+    """A whole run's recording: its worlds' episodes, cut from their steps, in one fresh folder.
+
+    Steps come in one world at a time (``add``) or as a batch's ``recv``
+    (``add_batch``, what ``run --record`` does: no per-world work while the
+    batch steps). ``_episode_stream.EpisodeStream`` cuts them into episodes by
+    ``EpisodeRecorder``'s rules, a block of steps at a time: after every
+    ``flush_steps`` steps or ``flush_seconds`` seconds, at a FIRST or LAST step
+    given to ``add`` without ``background``, and at ``truncate`` and ``close``.
 
     Args:
       directory: the run's folder: created if missing; refused if it holds anything.
@@ -310,9 +278,12 @@ class Recording:
       writer: where the episodes go (default: ``.npz`` files in ``directory``);
         a writer made for ``directory`` (``MinariWriter``, ``RldsWriter``) is
         closed with the recording.
-      background: write on a thread of its own (``BackgroundWriter``), while the
-        batch steps (``run --record`` does); ``episodes`` then counts the episodes
-        handed over, all written by ``close``, and ``truncate`` returns None.
+      background: cut and write on a thread of its own (``BackgroundWriter``), while
+        the batch steps (``run --record`` does); ``episodes`` then counts the
+        episodes written so far, all of them after ``close``, and ``truncate``
+        returns None.
+      flush_steps: steps held before they are cut into episodes.
+      flush_seconds: seconds steps are held at most (checked as steps come in).
 
     Raises:
       RecordingError: the folder is not empty, not a folder, or cannot be created.
@@ -327,6 +298,8 @@ class Recording:
         first_world: int = 0,
         writer: EpisodeWriter | None = None,
         background: bool = False,
+        flush_steps: int = 2048,
+        flush_seconds: float = 0.5,
     ) -> None:
         _checks.check_count(worlds, "worlds")
         if writer is None:
@@ -337,13 +310,26 @@ class Recording:
         self.writer = writer
         self._background: BackgroundWriter | None = None
         if background:
-            writer = self._background = BackgroundWriter(writer)
+            self._background = BackgroundWriter(writer)
         seeds = list(seeds) if seeds is not None else [None] * worlds
-        self._recorders = [
-            EpisodeRecorder(world=first_world + world, seed=seeds[world], writer=writer)
-            for world in range(worlds)
-        ]
+        self._worlds = worlds
+        self._stream = EpisodeStream(worlds, seeds, first_world, self._emit)
+        self._blocks: list[Block] = []
+        self._rows = 0
+        self._flush_steps = flush_steps
+        self._flush_seconds = flush_seconds
+        self._since = time.monotonic()
+        self.written: list[pathlib.Path] = []  # the files written, in order
         self._closed = False
+        self.episodes = 0  # episodes written, truncated ones included
+        self.truncated = 0  # truncated episodes written
+
+    def _emit(self, **fields: Any) -> None:
+        path = self.writer.write(Episode(**fields))
+        if path is not None:
+            self.written.append(path)
+        self.episodes += 1
+        self.truncated += fields["truncated"]
 
     def add(
         self,
@@ -357,15 +343,65 @@ class Recording:
         ``state`` is the server's state of the step (``BatchedTimeStep.state``):
         it tells a TERMINATED LAST step from an INTERRUPTED one.
         """
-        self._recorders[world].add(action, timestep, state)
+        step_type = int(timestep.step_type)
+        observation = specs.flatten(_as_dict(timestep.observation))
+        block = Block(
+            step_type=np.array([step_type], np.uint8),
+            reward=np.array([_number(timestep.reward)]),
+            discount=np.array([_number(timestep.discount)]),
+            state=np.array([_UNKNOWN if state is None else state], np.uint8),
+            env_ids=np.array([world]),
+            observation={name: _one_row(value) for name, value in observation.items()},
+            actions=[None if step_type == 0 else dict(action or {})],
+        )
+        self._add(block, boundary=step_type != 1 and self._background is None)
+
+    def add_batch(self, steps: Any, actions: Sequence[Mapping[str, Any] | None]) -> None:
+        """Adds a batch's finished steps (a ``BatchedTimeStep``) and the actions that led to them.
+
+        Args:
+          steps: the steps, as ``BatchedEnvironment.recv`` gives them.
+          actions: each step's action, in the same order (None for FIRST steps).
+        """
+        block = Block(
+            step_type=steps.step_type,
+            reward=steps.reward,
+            discount=steps.discount,
+            state=steps.state,
+            env_ids=steps.env_ids,
+            observation=specs.flatten(steps.observation),
+            actions=actions,
+        )
+        self._add(block, boundary=False)
+
+    def _add(self, block: Block, *, boundary: bool) -> None:
+        self._blocks.append(block)
+        self._rows += len(block.step_type)
+        if (
+            boundary
+            or self._rows >= self._flush_steps
+            or time.monotonic() - self._since >= self._flush_seconds
+        ):
+            self._flush(())
+
+    def _flush(self, worlds: Sequence[int]) -> None:
+        blocks, self._blocks, self._rows = self._blocks, [], 0
+        self._since = time.monotonic()
+        if self._background is not None:
+            self._background.call(self._stream.cut, blocks, worlds)
+        else:
+            self._stream.cut(blocks, worlds)
 
     def truncate(self, world: int) -> pathlib.Path | None:
         """Saves world ``world``'s unfinished episode marked truncated (for a failed world).
 
         Returns:
-          The file written, or None when there was nothing to save.
+          The file written, or None when there was nothing to save (or it is
+          written in the background, or the writer has no file per episode).
         """
-        return self._recorders[world].truncate()
+        written = len(self.written)
+        self._flush([world])
+        return self.written[-1] if len(self.written) > written else None
 
     def close(self) -> None:
         """Saves every unfinished episode marked truncated, and closes the writer. Idempotent."""
@@ -373,20 +409,9 @@ class Recording:
             return
         self._closed = True
         try:
-            for recorder in self._recorders:
-                recorder.truncate()
+            self._flush(range(self._worlds))
         finally:
             (self._background or self.writer).close()
-
-    @property
-    def episodes(self) -> int:
-        """Episodes written so far, truncated ones included."""
-        return sum(recorder.episodes for recorder in self._recorders)
-
-    @property
-    def truncated(self) -> int:
-        """Truncated episodes written so far."""
-        return sum(recorder.truncated for recorder in self._recorders)
 
     def __enter__(self) -> Recording:
         return self
@@ -422,6 +447,16 @@ def prepare_folder(directory: str | pathlib.Path) -> pathlib.Path:
             _NOT_EMPTY.format(path=path, count=len(entries), example=entries[0])
         )
     return path
+
+
+def _one_row(value: Any) -> np.ndarray:
+    """``value`` as a one-row column (an object column when it is not a plain array)."""
+    array = np.asarray(value)
+    if array.dtype != object:
+        return array[np.newaxis]
+    column = np.empty(1, object)
+    column[0] = array
+    return column
 
 
 def _as_dict(observation: Any) -> dict[str, Any]:

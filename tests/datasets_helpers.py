@@ -44,6 +44,15 @@ class Tap(dmr.Recording):
 
     def add(self, world, action, timestep, state=None) -> None:  # type: ignore[no-untyped-def]
         super().add(world, action, timestep, state)
+        self._keep(world, action, timestep, state)
+
+    def add_batch(self, steps, actions) -> None:  # type: ignore[no-untyped-def]
+        super().add_batch(steps, actions)
+        for position, world in enumerate(steps.env_ids):
+            state = None if steps.state is None else int(steps.state[position])
+            self._keep(int(world), actions[position], steps.at(position), state)
+
+    def _keep(self, world, action, timestep, state) -> None:  # type: ignore[no-untyped-def]
         if timestep.first():
             self._cut(world)
             self.counts[world] = self.counts.get(world, 0)

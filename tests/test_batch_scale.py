@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from conftest import run_child, wait_for
+from faulty import faulty_server, float_specs, refusing_leave
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
@@ -123,3 +124,15 @@ def test_too_few_file_descriptors_fail_before_anything_is_opened(catch_server: S
     assert "STEPPED 4" in done.stdout
     # nothing was opened by the refused connect: the server saw only the second batch's streams
     assert wait_for(lambda: catch_server._streams == 0)
+
+
+def test_close_leaves_and_destroys_every_world_even_when_leave_is_refused() -> None:
+    seen: list[str] = []
+    with faulty_server(refusing_leave(float_specs(), seen)) as address:
+        batch = dmr.BatchedEnvironment.connect([address], 4, timeout=10)
+        batch.close(timeout=5)
+        # Each world's Leave (refused) and Destroy reached the server before its stream ended.
+        assert seen.count("leave_world") == 4
+        assert seen.count("destroy_world") == 4
+        assert all(env._closed for env in batch.envs)
+        batch.close()  # idempotent

@@ -175,3 +175,48 @@ def test_minari_refuses_a_string_observation_by_name(tmp_path) -> None:
     with pytest.raises(errors.RecordingError, match=r"'camera.caption'.*--format npz"):
         MinariWriter(tmp_path / "text", observations, spaces.Dict({}))
     assert not (tmp_path / "text").exists()
+
+
+def test_rlds_steps_are_envloggers_own_encoding_for_every_dtype() -> None:
+    """The reused templates of ``_rlds_steps`` give the protos ``codec.encode`` gives."""
+    from envlogger.converters import codec
+
+    from dm_env_rpc_client.integrations._rlds_steps import StepEncoder, step
+
+    rng = np.random.default_rng(0)
+    rows = 5
+    observation = {
+        "f32": rng.random((rows, 2, 3)).astype(np.float32),
+        "f32_scalar": rng.random(rows).astype(np.float32),
+        "u8": rng.integers(0, 255, (rows, 4, 4, 3)).astype(np.uint8),
+        "i8_scalar": np.arange(rows, dtype=np.int8) - 2,
+        "i16": rng.integers(-300, 300, (rows, 3)).astype(np.int16),
+        "u16_scalar": np.arange(rows, dtype=np.uint16) + 255,
+        "f64": rng.random((rows, 2)),
+        "f64_scalar": rng.random(rows),
+        "i32": np.arange(rows * 2, dtype=np.int32).reshape(rows, 2),
+        "i64_scalar": np.arange(rows, dtype=np.int64) - 10**12,
+        "u32_scalar": np.arange(rows, dtype=np.uint32),
+        "u64": np.ones((rows, 2), np.uint64) * 2**63,
+        "bools": rng.random((rows, 3)) > 0.5,
+        "bool_scalar": rng.random(rows) > 0.5,
+        "empty": np.zeros((rows, 0, 2), np.float32),
+        "nested": {"x": np.arange(rows, dtype=np.int8)},
+        "ragged": [np.arange(i, dtype=np.int32) for i in range(1, rows + 1)],
+        "text": np.array(["a", "bc", "d", "ee", "f"]),
+    }
+    action = {"paddle": np.arange(rows - 1, dtype=np.int8), "v": rng.random((rows - 1, 2))}
+    episode = dmr.Episode(
+        step_type=np.array([0, 1, 1, 1, 2], np.uint8),
+        reward=np.array([np.nan, 0.5, np.nan, 1.0, 2.0]),
+        discount=np.array([np.nan, 1.0, 1.0, 1.0, 0.0]),
+        observation=observation,
+        action=action,
+    )
+    encoder = StepEncoder()
+    for _ in range(2):  # the second time through reuses the templates
+        for t, data in enumerate(encoder.steps(episode)):
+            assert data == codec.encode(step(episode, t)), t  # field for field
+    for end in ("cut", "terminated", "cut"):
+        meta = {"world": np.int64(3), "episode": np.int64(9), "seed": np.int64(-1), "end": end}
+        assert encoder.metadata(meta) == codec.encode(meta)

@@ -16,9 +16,10 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_child
+from conftest import run_child, wait_for
 
 from dm_env_rpc_client.cli import main
+from dm_env_rpc_client.server._subprocess import server_subprocess
 
 minari = pytest.importorskip("minari")
 envlogger = pytest.importorskip("envlogger")
@@ -179,3 +180,75 @@ def test_ray_shards_give_one_dataset_matching_a_single_process_run(tmp_path, cap
         assert sharded == single and len(sharded) == summary["recorded_episodes"] > 0
         assert summary["recorded_to"] == str(folder)
         assert {world for world, _ in sharded} == {0, 1, 2, 3}
+
+
+def _run_and_kill_a_server(folder: pathlib.Path, fmt: str, committed) -> dict:  # type: ignore[no-untyped-def]
+    """``run`` over two servers into ``--format fmt``; the second server is SIGKILLed once
+    ``committed()`` holds, and its worlds (1 and 3) restart on the first."""
+    with server_subprocess() as first, server_subprocess() as second:
+        command = [sys.executable, "-m", "dm_env_rpc_client", "run", "--quiet", "--json"]
+        command += ["--address", first.address, second.address, "--num-envs", "4"]
+        command += ["--timeout", "5", "--steps", "6000", "--seed", "3"]
+        # Episodes of 39 steps: a world killed right at an episode's start (its FIRST step
+        # alone, which is not kept) or end has no cut episode, which is rarer the longer they are.
+        command += ["--create-setting", "rows=40"]
+        command += ["--record", str(folder), "--format", fmt]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert wait_for(committed, timeout=60), "nothing committed in time"
+            second.kill()
+            stdout, stderr = child.communicate(timeout=120)
+        finally:
+            child.kill()
+    assert child.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert sorted(line.split(":")[0] for line in summary["restarts"]) == ["world 1", "world 3"]
+    return summary
+
+
+def _check_cut_then_whole(episodes: dict[tuple[int, int], tuple[str, list[int]]]) -> None:
+    """The restarted worlds' episodes cut (not terminated) by the kill; the next one is whole."""
+    # Catch's episodes all have one length: every terminated episode has it, none is cut short.
+    assert len({len(types) for end, types in episodes.values() if end == "terminated"}) == 1
+    cuts = []
+    for world in (1, 3):
+        numbers = sorted(n for w, n in episodes if w == world)
+        cuts += [(world, n) for n in numbers if episodes[world, n][0] == "cut" and n != numbers[-1]]
+    assert cuts, "no killed world was cut mid-episode"  # both at an episode boundary: rare
+    for world, n in cuts:
+        assert episodes[world, n][1][-1] == 1  # ends on a MID step: no LAST
+        following = episodes[world, n + 1]
+        assert following[0] == "terminated"
+        assert following[1][0] == 0 and following[1][-1] == 2
+        assert set(following[1][1:-1]) <= {1}
+
+
+def test_a_restarted_world_through_minari(tmp_path) -> None:
+    folder = tmp_path / "restart-v0"
+    _run_and_kill_a_server(folder, "minari", lambda: _minari_committed(folder) > 0)
+    dataset = minari.MinariDataset(folder / "data")
+    metas = dataset.storage.get_episode_metadata(range(dataset.total_episodes))
+    episodes = {}
+    for meta, episode in zip(metas, dataset.iterate_episodes(), strict=True):
+        terminated, truncated = bool(episode.terminations[-1]), bool(episode.truncations[-1])
+        assert not episode.terminations[:-1].any() and not episode.truncations[:-1].any()
+        assert terminated != truncated  # one or the other, on the last transition
+        assert truncated == (meta["end"] in ("cut", "interrupted"))
+        # Step types as the episode ends: Minari has none; its flags say it.
+        types = [0] + [1] * (len(episode) - 1) + ([2] if terminated else [1])
+        episodes[meta["world"], meta["episode"]] = (meta["end"], types)
+    _check_cut_then_whole(episodes)
+
+
+def test_a_restarted_world_through_rlds(tmp_path) -> None:
+    folder = tmp_path / "restart"
+    _run_and_kill_a_server(folder, "rlds", lambda: _rlds_shards(folder) > 0)
+    with envlogger.Reader(str(folder)) as reader:
+        episodes = {
+            (int(m["world"]), int(m["episode"])): (
+                m["end"],
+                [int(step.timestep.step_type) for step in episode],
+            )
+            for m, episode in zip(reader.episode_metadata(), reader.episodes, strict=True)
+        }
+    _check_cut_then_whole(episodes)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from test_gymnasium import _CountingCatch
+from vector_helpers import over_two_servers
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client.integrations.gymnasium import GymnasiumEnv, GymnasiumVectorEnv
@@ -164,10 +165,9 @@ def test_disabled_refuses_to_step_a_world_that_ended(catch_server: Server) -> No
 
 @pytest.mark.parametrize("mode", [AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
 def test_a_restarted_world_behaves_per_mode(server_process: Any, mode: Any) -> None:
-    servers = [server_process("catch"), server_process("catch")]
-    envs = GymnasiumVectorEnv(
-        addresses=[server.address for server in servers],
-        num_envs=2,
+    envs, servers = over_two_servers(
+        server_process,
+        GymnasiumVectorEnv,
         create_world_settings={"rows": 20},
         timeout=10,
         connect_kwargs={"on_world_failure": "restart"},
@@ -255,10 +255,9 @@ def test_same_step_sends_the_autoreset_step_as_the_last_step_lands() -> None:
 
 
 def test_same_step_keeps_the_healthy_worlds_steps_when_one_fails(server_process: Any) -> None:
-    servers = [server_process("catch"), server_process("catch")]
-    envs = GymnasiumVectorEnv(
-        addresses=[server.address for server in servers],
-        num_envs=2,
+    envs, servers = over_two_servers(
+        server_process,
+        GymnasiumVectorEnv,
         create_world_settings={"rows": 3},
         timeout=10,
         autoreset_mode=AutoresetMode.SAME_STEP,

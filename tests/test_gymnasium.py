@@ -23,6 +23,7 @@ from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import vector as vector_wrappers
+from vector_helpers import over_two_servers
 from zoo import SPACELESS, Zoo
 
 import dm_env_rpc_client as dmr
@@ -734,10 +735,9 @@ def test_vector_over_zoo_adaptors_with_requested_observations(zoo_server: Server
 
 
 def test_a_restarted_world_is_truncated_then_autoreset(server_process: Any) -> None:
-    servers = [server_process("catch"), server_process("catch")]
-    envs = GymnasiumVectorEnv(
-        addresses=[server.address for server in servers],
-        num_envs=2,
+    envs, servers = over_two_servers(
+        server_process,
+        GymnasiumVectorEnv,
         create_world_settings={"rows": 20},
         timeout=10,
         connect_kwargs={"on_world_failure": "restart"},
@@ -802,10 +802,9 @@ def test_vector_env_from_addresses_with_requested_observations(zoo_server: Serve
 
 
 def test_a_failed_world_raises_and_the_healthy_steps_are_kept(server_process: Any) -> None:
-    servers = [server_process("catch"), server_process("catch")]
-    envs = GymnasiumVectorEnv(
-        addresses=[server.address for server in servers],
-        num_envs=2,
+    envs, servers = over_two_servers(
+        server_process,
+        GymnasiumVectorEnv,
         create_world_settings={"rows": 3},  # episodes of two steps
         timeout=10,
     )

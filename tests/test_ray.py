@@ -333,6 +333,17 @@ def test_a_shard_that_cannot_connect_is_named(clean_ray: None) -> None:
     assert caught.value.worlds in ([0], [1])
 
 
+def test_a_fleet_without_room_for_the_worlds_names_its_stream_limit(clean_ray: None) -> None:
+    """A shard whose worlds outnumber its server's streams fails with the server's advice."""
+    with rayi.ServerFleet(make_catch, 1, num_cpus=FRACTION, max_workers=2) as fleet:
+        with pytest.raises(rayi.ShardError, match=r"Shard 0 \(worlds 0-2\)") as caught:
+            rayi.run_sharded(fleet, num_worlds=3, num_shards=1, steps=10, num_cpus=FRACTION)
+        assert wait_for(lambda: fleet.health()[0].ok, timeout=30)  # the refusal leaves it serving
+    message = str(caught.value)
+    assert "serves at most 2 streams at once" in message
+    assert "max_workers=N" in message
+
+
 def test_split_and_summarize_without_ray() -> None:
     assert rayi.split(8, 3) == [[0, 1, 2], [3, 4], [5, 6, 7]]
     assert rayi.split(2, 2) == [[0], [1]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Any
 
@@ -99,11 +100,11 @@ def test_iter_episodes_on_a_missing_folder_raises(tmp_path: pathlib.Path) -> Non
 
 
 def test_writes_are_atomic(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def half_write(file: Any, **arrays: Any) -> None:
-        file.write(b"PK half an episode")
+    def half_write(descriptor: int, parts: Any) -> int:
+        os.write(descriptor, b"PK half an episode")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(np, "savez_compressed", half_write)
+    monkeypatch.setattr(os, "writev", half_write)  # the one call _npz_file writes a file with
     recording = Recording(tmp_path / "run", 1)
     with pytest.raises(OSError, match="No space left"):
         _episode(recording, 0, 2)
@@ -148,3 +149,37 @@ def test_truncate_one_world_for_a_failed_world(tmp_path: pathlib.Path) -> None:
     _episode(recording, 1, 1)  # the world's replacement records on, numbering on
     recording.close()
     assert [e.episode for e in iter_episodes(tmp_path / "run")] == [1, 2]
+
+
+def test_npz_files_stored_or_deflated_load_with_numpy(tmp_path: pathlib.Path) -> None:
+    """``_npz_file`` lays zips out by hand: numpy and zipfile read both kinds."""
+    import zipfile
+
+    from dm_env_rpc_client._npz_file import save_npz
+
+    arrays = {
+        "a": np.arange(10, dtype=np.int64),
+        "b/c": np.ones((3, 4, 2), np.float32).T,  # not C-ordered
+        "scalar": np.array(3),
+        "text": np.array(["ab", "c"]),
+        "empty": np.zeros((0, 3)),
+        "big_endian": np.arange(3, dtype=">i4"),
+        "flag": np.array(True),
+    }
+    sizes = {}
+    for compress in (False, True):
+        path = tmp_path / f"{compress}.npz"
+        save_npz(path, arrays, compress)
+        with zipfile.ZipFile(path) as archive:
+            assert archive.testzip() is None
+        with np.load(path, allow_pickle=False) as data:
+            assert sorted(data.files) == sorted(arrays)
+            for key, value in arrays.items():
+                assert data[key].dtype == value.dtype and data[key].shape == value.shape, key
+                assert np.array_equal(data[key], value), key
+        sizes[compress] = path.stat().st_size
+    assert sizes[True] < sizes[False]
+    save_npz(tmp_path / "again.npz", arrays)
+    assert (tmp_path / "again.npz").read_bytes() == (tmp_path / "False.npz").read_bytes()
+    with pytest.raises(ValueError, match="'objects' is an object array"):
+        save_npz(tmp_path / "no.npz", {"objects": np.array([None])})

@@ -20,6 +20,7 @@ import gymnasium
 import numpy as np
 import pytest
 from dm_env import specs as dm_specs
+from vector_helpers import over_two_servers
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
@@ -348,12 +349,8 @@ def test_bad_actions_and_calls_out_of_order_send_nothing(sb3: Any, catch_server:
 def test_a_failed_world_is_restarted_and_reported_as_a_truncation(
     sb3: Any, server_process: Any
 ) -> None:
-    servers = [server_process("catch"), server_process("catch")]
-    envs = sb3.BatchedVecEnv(
-        addresses=[server.address for server in servers],
-        num_envs=2,
-        create_world_settings={"rows": 30},
-        timeout=30,
+    envs, servers = over_two_servers(
+        server_process, sb3.BatchedVecEnv, create_world_settings={"rows": 30}, timeout=30
     )
     before = envs.reset()
     servers[1].kill()
@@ -377,12 +374,8 @@ def test_a_failed_world_is_restarted_and_reported_as_a_truncation(
 def test_under_raise_a_failed_world_raises_and_the_vec_env_wants_a_reset(
     sb3: Any, server_process: Any
 ) -> None:
-    servers = [server_process("catch"), server_process("catch")]
-    envs = sb3.BatchedVecEnv(
-        addresses=[server.address for server in servers],
-        num_envs=2,
-        on_world_failure="raise",
-        timeout=30,
+    envs, servers = over_two_servers(
+        server_process, sb3.BatchedVecEnv, on_world_failure="raise", timeout=30
     )
     envs.reset()
     servers[1].kill()

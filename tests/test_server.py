@@ -541,3 +541,24 @@ def test_scalar_actions_are_checked_as_dm_env_checks_them(spec, value: float) ->
         return (type(decoded), decoded.dtype, decoded.shape, decoded.tobytes())
 
     assert outcome(fast) == outcome(general)
+
+
+def test_worlds_of_equal_specs_share_their_wire_specs_and_others_do_not(stream: RawStream) -> None:
+    from dm_env_rpc_client.server._worlds import Registry
+
+    registry = Registry(lambda settings: Catch(**settings))
+    small, also_small = (registry.create({"rows": 4}, creator=None) for _ in range(2))
+    large = registry.create({"rows": 6}, creator=None)
+    small_again = registry.create({"rows": 4, "seed": 3}, creator=None)
+    assert also_small.specs is small.specs and also_small.actions is small.actions
+    assert small_again.observations is not small.observations  # made again after a large one
+    assert large.specs is not small.specs
+    boards = [world.observation_by_name["board"].shape for world in (small, large, small_again)]
+    assert boards == [(4, 5), (6, 5), (4, 5)]
+    # On the wire too: each join gives its own world's board, whatever was created before it.
+    for rows in (4, 4, 6, 4):
+        world = stream.create(rows=rows)
+        specs = stream.join(world)
+        board = next(s for s in specs.observations.values() if s.name == "board")
+        assert tuple(board.shape) == (rows, 5)
+        stream.send(leave_world=dm_env_rpc_pb2.LeaveWorldRequest())

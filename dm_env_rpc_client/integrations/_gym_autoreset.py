@@ -5,19 +5,24 @@ LAST step is the FIRST step of its next sequence (its action is ignored). The
 other two modes are built on that:
 
 - SAME_STEP: the vector step on which worlds end also returns their next
-  episode's first observation. ``receive_resetting`` takes the worlds' answers
-  as they land (``recv`` of whichever worlds finished), and the moment a
-  world's answer is LAST it sends that world its next step (the protocol's
-  autoreset step, with the action it was just sent, which the server
-  ignores), while the other worlds' answers are still on their way; that
-  FIRST step's observation replaces the ended world's row; the LAST observation goes to ``infos["final_obs"]`` and its
+  episode's first observation, and costs no round trip of its own. The env
+  turns the batch's ``_autoreset`` on, so the batch's loop thread
+  (``_batch_core``), the moment a world's answer lands LAST with nothing else
+  in flight for it, writes that world's next step (the protocol's autoreset
+  step: the bytes of the step just answered, whose action the server ignores)
+  before it even files the LAST answer for ``recv``. By the time ``step_wait``
+  has every world's answer, the ended worlds' FIRST steps are in or on their
+  way, behind the LAST on the same stream; ``step_wait`` then takes them
+  (``_vector_batch.receive_firsts``). That FIRST step's observation replaces the
+  ended world's row; the LAST observation goes to ``infos["final_obs"]`` and its
   info to ``infos["final_info"]``, with gymnasium's own ``_add_info``, so the
   layout is exactly that of gymnasium's ``SyncVectorEnv`` of the version in
   use. The next ``step()`` then sends every world a real step. A world counts
   the same server steps per episode as in NEXT_STEP (its autoreset step is
-  taken one vector step earlier); a vector step on which a world ended waits
-  for its autoreset step's round trip, which overlaps the other worlds'
-  answers still due (measured in ``bench/gym_vector.py``).
+  taken one vector step earlier). Failures follow the batch's policy: a world
+  whose server dies with its autoreset step in flight is restarted (its new
+  first observation is the row) or, under ``"raise"``, keeps its LAST row and
+  ``step_wait`` raises its ``WorldError`` with the other worlds' step kept.
 - DISABLED: nothing is reset; a world that ended must be reset with
   ``reset(options={"reset_mask": mask})`` before it is stepped again.
 
@@ -28,8 +33,7 @@ others keep their episode and their last observation.
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import dm_env
@@ -39,7 +43,6 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from dm_env_rpc_client import errors
-from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of
 from dm_env_rpc_client.batched import BatchedEnvironment
 
 _LAST = 2  # dm_env.StepType.LAST
@@ -106,88 +109,6 @@ def empty(single: Space[Any], count: int) -> Any:
     return create_empty_array(single, count, fn=np.zeros)
 
 
-def receive_resetting(
-    batch: BatchedEnvironment,
-    count: int,
-    autoreset: Callable[[list[int]], None],
-    timeout: float | None,
-) -> tuple[BatchedTimeStep | None, dict[int, dm_env.TimeStep], errors.WorldError | None]:
-    """SAME_STEP's receive: every world's answer, each LAST one's autoreset step sent as it lands.
-
-    Args:
-      batch: the worlds, each with one step in flight.
-      count: how many worlds (all of them answer).
-      autoreset: sends the given worlds their autoreset steps.
-      timeout: seconds for every world to answer, autoreset steps included.
-
-    Returns:
-      ``(got, firsts, error)``: the answers received, in world order (all of
-      them when ``error`` is None); the autoreset FIRST steps by world; and the
-      ``WorldError`` that stopped the receive, if any (the autoreset steps in
-      flight are received before it returns).
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    rows: dict[int, Row] = {}
-    firsts: dict[int, dm_env.TimeStep] = {}
-    resetting: set[int] = set()
-    whole: BatchedTimeStep | None = None  # a single recv that had every world's answer
-    try:
-        while len(rows) < count or resetting:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                got = batch.recv(1, timeout=remaining)
-            except errors.RequestTimeoutError:  # recv by world fails the late one, as usual
-                late = sorted(resetting | {i for i in range(count) if i not in rows})
-                got = batch.recv(env_ids=late, timeout=0)
-            if not rows and len(got.env_ids) == count:
-                whole = got
-            ended = _file(got, rows, firsts, resetting)
-            if ended:
-                autoreset(ended)
-                resetting.update(ended)
-    except errors.WorldError as exc:
-        if resetting:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            # Those worlds fail on, if they do; SAME_STEP then tries their autoreset again.
-            with contextlib.suppress(errors.WorldError):
-                got = batch.recv(env_ids=sorted(resetting), timeout=remaining)
-                _file(got, {}, firsts, resetting)
-        return _stitched(rows), firsts, exc
-    return (whole if whole is not None else _stitched(rows)), firsts, None
-
-
-def _file(
-    got: BatchedTimeStep,
-    rows: dict[int, Row],
-    firsts: dict[int, dm_env.TimeStep],
-    resetting: set[int],
-) -> list[int]:
-    """Files ``got``'s answers; returns the worlds whose answer was LAST."""
-    ended = []
-    states = got.state if got.state is not None else np.zeros(len(got.env_ids), np.uint8)
-    flags = got.truncated if got.truncated is not None else np.zeros(len(got.env_ids), bool)
-    for position, index in enumerate(got.env_ids.tolist()):
-        if index in resetting:
-            resetting.discard(index)
-            firsts[index] = got.at(position)
-        else:
-            rows[index] = (got.at(position), int(states[position]), bool(flags[position]))
-            if got.step_type[position] == _LAST and not flags[position]:
-                ended.append(index)
-    return ended
-
-
-def _stitched(rows: dict[int, Row]) -> BatchedTimeStep | None:
-    """The answers of ``rows`` as one batch in world order (None if there are none)."""
-    if not rows:
-        return None
-    ids = sorted(rows)
-    return batch_of([rows[i][0] for i in ids], ids)._replace(
-        state=np.array([rows[i][1] for i in ids], np.uint8),
-        truncated=np.array([rows[i][2] for i in ids], bool),
-    )
-
-
 def same_step_rows(
     env: Any, observations: Any, infos: dict[str, Any], ended: list[int], firsts: Any
 ) -> Any:
@@ -197,6 +118,21 @@ def same_step_rows(
     ``infos["final_info"]`` through gymnasium's own ``_add_info``, and its
     ``discount`` becomes the reset's 1.0, as ``SyncVectorEnv`` merges it.
     """
+    if _plain(observations) and _plain(firsts):  # arrays: rows by indexing, not per world
+        for index in ended:
+            final_info = {"discount": infos["discount"][index]}
+            env._add_info(
+                infos, {"final_obs": _row(observations, index), "final_info": final_info}, index
+            )
+            infos["discount"][index] = 1.0
+        if isinstance(observations, np.ndarray):
+            out = observations.copy()
+            out[ended] = firsts
+            return out
+        out = {key: value.copy() for key, value in observations.items()}
+        for key, value in out.items():
+            value[ended] = firsts[key]
+        return out
     items = rows(env.observation_space, observations)
     for index, first in zip(ended, rows(env.observation_space, firsts), strict=True):
         final_info = {"discount": infos["discount"][index]}
@@ -204,6 +140,20 @@ def same_step_rows(
         items[index] = first
         infos["discount"][index] = 1.0
     return stacked(env.single_observation_space, items)
+
+
+def _plain(value: Any) -> bool:
+    """An array, or a flat dict of arrays (a Box, or a Dict of Boxes, batched)."""
+    if isinstance(value, dict):
+        return all(isinstance(item, np.ndarray) for item in value.values())
+    return isinstance(value, np.ndarray)
+
+
+def _row(value: Any, index: int) -> Any:
+    """World ``index``'s row of a ``_plain`` value (copied: the batch's arrays live on)."""
+    if isinstance(value, dict):
+        return {key: item[index].copy() for key, item in value.items()}
+    return value[index].copy()
 
 
 def drop_in_flight(batch: BatchedEnvironment, ids: list[int], timeout: float | None) -> None:

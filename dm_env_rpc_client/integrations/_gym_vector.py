@@ -39,7 +39,6 @@ No step a world answered is lost (``_gym_uneven``):
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,39 +48,28 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from dm_env_rpc_client import _checks, errors, specs
+from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.integrations import _gym_autoreset as autoreset
 from dm_env_rpc_client.integrations._gym_spaces import AnyText, SpaceAdapter, leaf
 from dm_env_rpc_client.integrations._gym_uneven import Uneven
+from dm_env_rpc_client.integrations._vector_batch import (
+    open_batch,
+    receive_firsts,
+    reset_world,
+)
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = 0  # dm_env.StepType.FIRST
 _RESET_INFO = "discount"  # GymnasiumEnv's reset info: {"discount": 1.0}, the keys of a step's
 
-_ONE_SOURCE = "Give GymnasiumVectorEnv either a BatchedEnvironment or addresses=, not {what}."
-_NUM_ENVS = "num_envs={num_envs} but the BatchedEnvironment has {count} worlds."
-_NOT_A_BATCH = (
-    "GymnasiumVectorEnv's first argument, batch, is a BatchedEnvironment, not {kind}. To "
-    "connect to servers, pass their addresses as addresses=: GymnasiumVectorEnv(addresses="
-    "{addresses!r}, num_envs=N) makes N worlds over them."
-)
-_REQUESTED_WITH_BATCH = (
-    "requested_observations= goes with addresses=; a BatchedEnvironment shows what its "
-    "worlds were joined with: pass it to BatchedEnvironment.connect instead."
-)
 _SEEDS = "reset(seed=) takes an int or one seed per world ({count}), not {seed!r}."
 _BAD_ACTION = (
     "Action {name!r} does not fit the batched action space {space} (one row per world, "
     "{count} worlds): got {value}. Pass values of that dtype (cast with .astype), shape and "
     "bounds; envs.action_space.sample() shows one."
-)
-_SEED_REFUSED = (
-    "World {index} refused the reset setting {name!r} ({error}); resets are not seeded on the "
-    "server, only gymnasium's np_random is. Pass seed_setting= with the name the server "
-    "takes, or seed_setting=None to silence this."
 )
 _AGAIN = "step_async was called again before step_wait; call step_wait first."
 _AFTER_ERROR = (
@@ -93,11 +81,6 @@ _TAKE_THE_REST = (
     "(infos['error'] marks the worlds without one)."
 )
 VectorStep = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
-
-
-def refused_setting(exc: errors.InvalidArgumentError, name: str | None) -> bool:
-    """Whether a server's INVALID_ARGUMENT names the reset setting ``name``."""
-    return name is not None and repr(name) in str(exc)
 
 
 class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
@@ -156,31 +139,15 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
     ) -> None:
         self.autoreset_mode = autoreset.autoreset_mode(autoreset_mode)
         self.metadata = {**type(self).metadata, "autoreset_mode": self.autoreset_mode}
-        if batch is not None and not isinstance(batch, BatchedEnvironment):
-            example = [batch] if isinstance(batch, str) else batch
-            if not isinstance(batch, (str, list, tuple)):
-                example = ["127.0.0.1:50051"]
-            raise errors.ArgumentTypeError(
-                _NOT_A_BATCH.format(kind=_checks.kind(batch), addresses=list(example))
-            )
-        if (batch is None) == (addresses is None):
-            raise errors.ArgumentValueError(_ONE_SOURCE.format(what="both" if batch else "neither"))
-        self._owned = batch is None
-        if batch is None:
-            assert addresses is not None
-            batch = BatchedEnvironment.connect(
-                [addresses] if isinstance(addresses, str) else list(addresses),
-                num_envs,
-                create_world_settings=create_world_settings,
-                join_world_settings=join_world_settings,
-                requested_observations=requested_observations,
-                timeout=timeout,
-                **dict(connect_kwargs or {}),
-            )
-        elif num_envs is not None and num_envs != len(batch):
-            raise errors.ArgumentValueError(_NUM_ENVS.format(num_envs=num_envs, count=len(batch)))
-        elif requested_observations is not None:
-            raise errors.ArgumentValueError(_REQUESTED_WITH_BATCH)
+        connect = {
+            "create_world_settings": create_world_settings,
+            "join_world_settings": join_world_settings,
+            "timeout": timeout,
+            **dict(connect_kwargs or {}),
+        }
+        batch, self._owned = open_batch(
+            "GymnasiumVectorEnv", batch, addresses, num_envs, requested_observations, connect
+        )
         self._batch = batch
         self._timeout = timeout
         self._seed_setting = seed_setting
@@ -220,7 +187,10 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         self._at_last = np.zeros(self.num_envs, bool)  # the world's latest step was LAST
         self._latest: Any = None  # the observations last returned (for reset_mask)
         self._sent: Any = None  # the SDK actions last sent (SAME_STEP's autoreset steps)
-        self._firsts: dict[int, Any] = {}  # SAME_STEP: autoreset steps received as LAST landed
+        # SAME_STEP: the batch sends a world whose step lands LAST its autoreset step at once,
+        # from its loop (``_batch_core``); a batch the caller passed gets its setting back on close.
+        self._autoreset_before = batch._autoreset
+        batch._autoreset = self.autoreset_mode == AutoresetMode.SAME_STEP
 
     @property
     def batch(self) -> BatchedEnvironment:
@@ -271,7 +241,6 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         if self._waiting or self._batch.pending():
             self._drop_in_flight(self._timeout)
         self._waiting, self._partial = False, None
-        self._firsts.clear()
         if mask is None:
             self._uneven.clear()
         for index in targets:
@@ -281,7 +250,10 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         # A world whose last step was LAST starts its next sequence with its autoreset step
         # (all of them in one pipelined batch); the others, or seeded, take a ResetRequest.
         stepped = [i for i in targets if self._at_last[i] and seeds[i] is None and not extra]
-        firsts = self._autoreset_steps(stepped) if stepped else {}
+        got, failed = self._autoreset_steps(stepped) if stepped else (None, {})
+        if failed:
+            raise failed[min(failed)]
+        firsts = {} if got is None else {i: got.at(p) for p, i in enumerate(got.env_ids.tolist())}
         for index in targets:
             if index not in firsts:
                 firsts[index] = self._reset_world(index, seeds[index], extra)
@@ -307,38 +279,28 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
 
     def _reset_world(self, index: int, seed: int | None, extra: dict[str, Any]) -> Any:
         """A ResetRequest to world ``index`` with ``extra`` settings and its seed."""
-        env = self._batch.envs[index]
-        settings = dict(extra)
-        if seed is not None and self._seed_setting is not None:
-            settings[self._seed_setting] = seed
-        try:
-            try:
-                return env.reset(self._timeout, settings=settings)
-            except errors.InvalidArgumentError as exc:
-                if seed is None or not refused_setting(exc, self._seed_setting):
-                    raise
-                warnings.warn(
-                    _SEED_REFUSED.format(index=index, name=self._seed_setting, error=exc),
-                    stacklevel=3,
-                )
-                self._seed_setting = None
-                return env.reset(self._timeout, settings=extra)
-        except errors.DmEnvRpcClientError as exc:
-            raise self._batch._wrap(index, exc) from exc
+        also = ", only gymnasium's np_random is"
+        first, self._seed_setting = reset_world(
+            self._batch, index, self._timeout, extra, seed, self._seed_setting, also
+        )
+        return first
 
-    def _autoreset_steps(self, ids: list[int]) -> dict[int, Any]:
-        """Sends worlds at a LAST step their next step in one pipelined batch: their FIRST steps.
+    def _autoreset_steps(
+        self, ids: list[int]
+    ) -> tuple[BatchedTimeStep | None, dict[int, errors.WorldError]]:
+        """The FIRST steps that start the next sequences of worlds at a LAST step, as a batch.
 
-        The action is the one each was last sent; the server ignores it (the
-        step after LAST starts the next sequence).
+        A world whose next step is in flight already (in SAME_STEP the batch's
+        loop sent it as the LAST step landed) is not sent another; the others
+        are sent it now, in one pipelined batch, with the action each was last
+        sent (the server ignores it). A world that fails on the way is left out,
+        with its ``WorldError`` in the dict.
         """
-        self._send_autoresets(ids)
-        got = self._batch.recv(env_ids=ids, timeout=self._timeout)
-        return {i: got.at(position) for position, i in enumerate(got.env_ids.tolist())}
-
-    def _send_autoresets(self, ids: list[int]) -> None:
-        rows = split_actions(self._sent, self.num_envs, self._actions.names)
-        self._batch.send([rows[i] for i in ids], ids)
+        unsent = [i for i in ids if not self._batch.in_flight(i)]
+        if unsent:
+            rows = split_actions(self._sent, self.num_envs, self._actions.names)
+            self._batch.send([rows[i] for i in unsent], unsent)
+        return receive_firsts(self._batch, ids, self._timeout)
 
     def _latest_or_empty(self) -> Any:
         if self._latest is None:
@@ -430,14 +392,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         wait = self._timeout if timeout is None else timeout
         deadline = None if wait is None else time.monotonic() + wait
         got, error = None, None
-        if self.autoreset_mode == AutoresetMode.SAME_STEP and not self._uneven.held:
-            got, self._firsts, error = autoreset.receive_resetting(
-                self._batch, self.num_envs, self._send_autoresets, wait
-            )
-            flagged = got is not None and got.truncated is not None and got.truncated.any()
-            if error is None and got is not None and not flagged:
-                return self._finish(self._vector_step(got), None)
-        elif not self._uneven.held:
+        if not self._uneven.held:
             try:
                 got = self._batch.recv(env_ids=self._ids, timeout=wait)
             except errors.WorldError as exc:
@@ -480,20 +435,22 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         missing = np.array([e is not None for e in out.errors])
         infos["_discount"] = ~missing
         result = (observations, rewards, terminations, truncations, infos)
-        result = self._finish(result, missing | out.cut | out.restarted)
-        if not failed:
-            return result
-        infos.update(error=out.errors, _error=missing)
-        first = first if first is not None else failed[min(failed)]
-        self._partial, self._partial_index, self._waiting = result, first.index, True
-        message = _TAKE_THE_REST.format(error=str(first).rstrip("."))
-        raise type(first)(message, first.index, first.address) from first
+        return self._finish(result, missing | out.cut | out.restarted, out.errors, first)
 
-    def _finish(self, result: VectorStep, not_last: np.ndarray | None) -> VectorStep:
+    def _finish(
+        self,
+        result: VectorStep,
+        not_last: np.ndarray | None,
+        failed: np.ndarray | None = None,
+        first: errors.WorldError | None = None,
+    ) -> VectorStep:
         """The vector step in the env's autoreset mode.
 
         ``not_last``: the worlds truncated without a LAST step of their own (no
-        step, restarted, being restarted).
+        step, restarted, being restarted). ``failed``: each world's
+        ``WorldError`` (None where it has a step); with one, or a SAME_STEP
+        autoreset that failed, the step is kept for the next ``step_wait()``
+        and ``first`` (else the first world's error) is raised.
         """
         observations, rewards, terminations, truncations, infos = result
         ended = terminations | truncations
@@ -506,20 +463,40 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
             restarted = [i for i in np.flatnonzero(ended).tolist() if i in self._uneven.held]
             ready = np.flatnonzero(self._at_last).tolist() + restarted
             if ready:
-                observations = self._same_step(observations, infos, sorted(ready))
+                observations, lost = self._same_step(observations, infos, sorted(ready))
+                if lost:
+                    failed = np.full(self.num_envs, None, object) if failed is None else failed
+                    failed[list(lost)] = list(lost.values())
             self._at_last = np.zeros(self.num_envs, bool)
         self._latest = observations
-        return observations, rewards, terminations, truncations, infos
+        result = observations, rewards, terminations, truncations, infos
+        if failed is None or not any(error is not None for error in failed):
+            return result
+        infos.update(error=failed, _error=np.array([error is not None for error in failed]))
+        first = first if first is not None else next(e for e in failed if e is not None)
+        self._partial, self._partial_index, self._waiting = result, first.index, True
+        message = _TAKE_THE_REST.format(error=str(first).rstrip("."))
+        raise type(first)(message, first.index, first.address) from first
 
-    def _same_step(self, observations: Any, infos: dict[str, Any], ended: list[int]) -> Any:
-        """SAME_STEP: the ended worlds' next FIRST steps replace their rows (``_gym_autoreset``)."""
-        firsts = {i: self._uneven.held.pop(i)[0] for i in ended if i in self._uneven.held}
-        firsts.update({i: self._firsts.pop(i) for i in ended if i in self._firsts})
-        others = [i for i in ended if i not in firsts]
+    def _same_step(
+        self, observations: Any, infos: dict[str, Any], ended: list[int]
+    ) -> tuple[Any, dict[int, errors.WorldError]]:
+        """SAME_STEP: the ended worlds' next FIRST steps replace their rows (``_gym_autoreset``).
+
+        A world whose autoreset step failed keeps its LAST row; it is returned with its error.
+        """
+        held = {i: self._uneven.held.pop(i)[0] for i in ended if i in self._uneven.held}
+        others = [i for i in ended if i not in held]
+        lost: dict[int, errors.WorldError] = {}
+        if held:
+            new = self._from_batch(batch_of(list(held.values()), list(held)).observation)
+            observations = autoreset.same_step_rows(self, observations, infos, list(held), new)
         if others:
-            firsts.update(self._autoreset_steps(others))
-        new = self._from_batch(batch_of(list(firsts.values()), list(firsts)).observation)
-        return autoreset.same_step_rows(self, observations, infos, list(firsts), new)
+            got, lost = self._autoreset_steps(others)
+            if got is not None:
+                new, ids = self._from_batch(got.observation), got.env_ids.tolist()
+                observations = autoreset.same_step_rows(self, observations, infos, ids, new)
+        return observations, lost
 
     def _drop_in_flight(self, timeout: float | None) -> None:
         """Receives and drops every step still in flight (before a reset)."""
@@ -542,6 +519,8 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         batch = getattr(self, "_batch", None)  # None: connecting failed in __init__
         if self._owned and batch is not None:
             batch.close()
+        elif batch is not None:
+            batch._autoreset = self._autoreset_before
 
     def __repr__(self) -> str:
         return f"GymnasiumVectorEnv({self._batch!r})"

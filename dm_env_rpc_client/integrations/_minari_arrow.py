@@ -67,28 +67,50 @@ def encode(space: spaces.Space[Any], values: Any, rows: int) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(flat, type=item), list_size=width)
 
 
-def episode_batch(
+def _joined(trees: list[Any]) -> Any:
+    if isinstance(trees[0], Mapping):
+        return {key: _joined([tree[key] for tree in trees]) for key in trees[0]}
+    return np.concatenate([np.asarray(tree) for tree in trees])
+
+
+def episodes_batch(
     observation_space: spaces.Space[Any],
     action_space: spaces.Space[Any],
-    observations: Any,
-    actions: Any,
-    rewards: np.ndarray,
-    terminated: bool,
-    truncated: bool,
-) -> pa.RecordBatch:
-    """One episode's record batch (see the module docs for the columns)."""
-    transitions = len(rewards)
-    rows = transitions + 1
+    episodes: list[tuple[Any, Any, np.ndarray, bool]],
+) -> tuple[pa.RecordBatch, list[int]]:
+    """Several episodes' rows in one record batch, and where each starts (plus the end).
+
+    ``episodes`` holds ``(observations, actions, rewards, terminated)`` per episode
+    (``T + 1`` observations, ``T`` actions and rewards); an episode not terminated is
+    truncated. Each episode's rows are ``batch.slice(starts[i], starts[i + 1] - starts[i])``,
+    as ``episode_batch`` gives them: one column conversion for all of them.
+    """
+    lengths = [len(rewards) + 1 for _, _, rewards, _ in episodes]
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rows = int(starts[-1])
+    ends = starts[1:] - 2  # each episode's last transition
     terminations = np.zeros(rows, np.bool_)
     truncations = np.zeros(rows, np.bool_)
-    terminations[transitions - 1] = terminated
-    truncations[transitions - 1] = truncated
-    return pa.RecordBatch.from_pydict(
+    terminated = np.array([done for *_, done in episodes], np.bool_)
+    terminations[ends[terminated]] = True
+    truncations[ends[~terminated]] = True
+    # Actions and rewards have one row fewer than observations: a padding row each.
+    actions = _joined([_with_padding(actions) for _, actions, _, _ in episodes])
+    rewards = np.concatenate([np.append(np.asarray(r, np.float64), 0.0) for *_, r, _ in episodes])
+    batch = pa.RecordBatch.from_pydict(
         {
-            "observations": encode(observation_space, observations, rows),
+            "observations": encode(observation_space, _joined([o for o, *_ in episodes]), rows),
             "actions": encode(action_space, actions, rows),
-            "rewards": pa.array(np.concatenate([np.asarray(rewards, np.float64), [0.0]])),
+            "rewards": pa.array(rewards),
             "terminations": pa.array(terminations),
             "truncations": pa.array(truncations),
         }
     )
+    return batch, starts.tolist()
+
+
+def _with_padding(tree: Any) -> Any:
+    if isinstance(tree, Mapping):
+        return {key: _with_padding(value) for key, value in tree.items()}
+    array = np.asarray(tree)
+    return np.concatenate([array, np.zeros((1, *array.shape[1:]), array.dtype)])

@@ -62,7 +62,8 @@ from dm_env_rpc_client.integrations._gym_spaces import (
     space_from_spec,
     spaces_from_specs,
 )
-from dm_env_rpc_client.integrations._gym_vector import GymnasiumVectorEnv, refused_setting
+from dm_env_rpc_client.integrations._gym_vector import GymnasiumVectorEnv
+from dm_env_rpc_client.integrations._vector_batch import refused_setting
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 ENV_ID = "DmEnvRpc-v0"

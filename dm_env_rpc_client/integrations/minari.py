@@ -193,15 +193,6 @@ class MinariWriter:
         """Adds one episode; commits when ``commit_every`` seconds have passed."""
         transitions = len(episode)
         end = "cut" if episode.truncated else "interrupted" if episode.interrupted else "terminated"
-        batch = _minari_arrow.episode_batch(
-            self.observation_space,
-            self.action_space,
-            episode.observation,
-            episode.action,
-            episode.reward[1:],
-            terminated=end == "terminated",
-            truncated=end != "terminated",
-        )
         meta: dict[str, Any] = {
             "id": self.episodes + len(self._pending),
             "total_steps": transitions,
@@ -211,7 +202,8 @@ class MinariWriter:
         }
         if episode.seed is not None:
             meta["seed"] = episode.seed
-        self._pending.append((batch, meta))
+        rows = (episode.observation, episode.action, episode.reward[1:], end == "terminated")
+        self._pending.append((rows, meta))
         if time.monotonic() - self._last_commit >= self._commit_every:
             self.commit()
 
@@ -220,13 +212,25 @@ class MinariWriter:
         self._last_commit = time.monotonic()
         if not self._pending:
             return
-        for batch, meta in self._pending:
-            folder = self.data / str(meta["id"])
-            folder.mkdir(exist_ok=True)
-            with pa.ipc.new_file(str(folder / "part-0.arrow"), batch.schema) as file:
-                file.write_batch(batch)
-            _write_json(folder / METADATA, meta)
-            self._bytes += sum(f.stat().st_size for f in folder.iterdir())
+        batch, starts = _minari_arrow.episodes_batch(
+            self.observation_space, self.action_space, [rows for rows, _ in self._pending]
+        )
+        data = str(self.data)
+        for (_, meta), start, stop in zip(self._pending, starts, starts[1:], strict=False):
+            # Not atomic, and need not be: no reader looks at an episode's folder before the
+            # dataset's metadata.json counts it.
+            folder = f"{data}/{meta['id']}"
+            os.makedirs(folder, exist_ok=True)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_file(sink, batch.schema) as file:
+                file.write_batch(batch.slice(start, stop - start))
+            arrow = sink.getvalue()
+            text = json.dumps(meta).encode()
+            with open(f"{folder}/part-0.arrow", "wb") as out:
+                out.write(arrow)
+            with open(f"{folder}/{METADATA}", "wb") as out:
+                out.write(text)
+            self._bytes += arrow.size + len(text)
             self.steps += meta["total_steps"]
         self.episodes += len(self._pending)
         self._pending = []

@@ -33,13 +33,10 @@ import os
 import pathlib
 import shutil
 import time
-import types
 from collections.abc import Mapping
 from typing import Any
 
 try:
-    import dm_env
-    from envlogger import step_data
     from envlogger.backends.python import riegeli_dataset_writer
     from envlogger.converters import codec, spec_codec
 except ImportError as exc:  # pragma: no cover - exercised in a venv without envlogger
@@ -50,14 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without env
 import numpy as np
 
 from dm_env_rpc_client import recording
-
-if not hasattr(codec.np, "unicode_"):
-    # envlogger 1.2's codec names np.unicode_, gone in NumPy 2 (np.str_ is the same type):
-    # its module alone gets a NumPy with the alias back; numpy itself is left as it is.
-    _numpy = types.ModuleType("numpy")
-    _numpy.__dict__.update(vars(np))
-    _numpy.unicode_ = np.str_  # type: ignore[attr-defined]
-    codec.np = _numpy
+from dm_env_rpc_client.integrations._rlds_steps import StepEncoder
 
 STAGING = ".staging"
 WRITER_OPTIONS = "zstd:1,chunk_size:1M"
@@ -98,12 +88,6 @@ def _open(directory: pathlib.Path, metadata: Mapping[str, Any], options: str) ->
     return writer
 
 
-def _at(tree: Any, index: int) -> Any:
-    if isinstance(tree, Mapping):
-        return {key: _at(value, index) for key, value in tree.items()}
-    return tree[index]
-
-
 class RldsWriter:
     """Writes episodes as an RLDS dataset (``envlogger``'s Riegeli files) into ``directory``.
 
@@ -140,6 +124,7 @@ class RldsWriter:
             if shard.is_dir():
                 shutil.rmtree(shard)
         self._writer: Any = None
+        self._encoder = StepEncoder()
         self._last_commit = time.monotonic()
         self._pending = 0
         self._closed = False
@@ -154,17 +139,8 @@ class RldsWriter:
         """Adds one episode; commits when ``commit_every`` seconds have passed."""
         if self._writer is None:
             self._writer = _open(self._staging, {}, self._options)
-        for t, step_type in enumerate(episode.step_type):
-            first = t == 0
-            timestep = dm_env.TimeStep(
-                dm_env.StepType(int(step_type)),
-                None if first else episode.reward[t],
-                None if first else episode.discount[t],
-                _at(episode.observation, t),
-            )
-            action = None if first else _at(episode.action, t - 1)
-            data = codec.encode(step_data.StepData(timestep, action, None))
-            if not self._writer.add_step(data, first):
+        for t, data in enumerate(self._encoder.steps(episode)):
+            if not self._writer.add_step(data, t == 0):
                 raise RuntimeError(f"envlogger refused a step of episode {episode.episode}.")
         end = "cut" if episode.truncated else "interrupted" if episode.interrupted else "terminated"
         meta = {
@@ -173,7 +149,7 @@ class RldsWriter:
             "seed": np.int64(_NO_SEED if episode.seed is None else episode.seed),
             "end": end,
         }
-        self._writer.set_episode_metadata(codec.encode(meta))
+        self._writer.set_episode_metadata(self._encoder.metadata(meta))
         self._pending += 1
         if time.monotonic() - self._last_commit >= self._commit_every:
             self.commit()

@@ -17,13 +17,14 @@ SB3's autoreset. When a world's step is LAST, ``step_wait`` returns the next
 episode's first observation for it in the same call, with the LAST observation
 in ``infos[i]["terminal_observation"]``, the LAST reward, ``dones[i]`` True and
 ``infos[i]["TimeLimit.truncated"]`` True when the server's state is INTERRUPTED
-(a time limit) rather than TERMINATED. The reset is pipelined: ``step_wait``
-takes answers as they land (``recv`` of whichever worlds finished), and the
-moment a world's LAST step is in, it sends that world the step that starts its
-next sequence (the protocol's reset: the step after a LAST step is the FIRST
-step of the next sequence, its action ignored), while the other worlds' steps
-are still on their way. An ending world costs its own extra round trip,
-overlapped with the rest of the batch, never a second round of the whole batch.
+(a time limit) rather than TERMINATED. The reset is pipelined: the VecEnv
+turns on its batch's autoreset, so the batch's loop thread,
+the moment a world's answer lands LAST, sends that world the step that starts
+its next sequence (the protocol's reset: the step after a LAST step is the
+FIRST step of the next sequence, its action ignored), before ``step_wait``
+even has the other worlds' answers. ``step_wait`` takes every world's answer in
+one ``recv``, then the ended worlds' FIRST steps, already in or close behind
+(see the autoreset section of ``docs/gymnasium.md``).
 
 Failures. By default a world that fails (its server dies, its stream breaks,
 it stalls past ``step_timeout``) is made again by the batch
@@ -53,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,13 +77,11 @@ from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.environment import DmEnvAdaptor
 from dm_env_rpc_client.integrations._gym_spaces import AnyText, SpaceAdapter, leaf
-from dm_env_rpc_client.integrations._gym_vector import refused_setting
 from dm_env_rpc_client.integrations._sb3_actions import DISCRETE_LIMIT, ActionMap
+from dm_env_rpc_client.integrations._vector_batch import open_batch, receive_firsts, reset_world
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST, _LAST = 0, 2  # dm_env.StepType
-_ONE_SOURCE = "Give BatchedVecEnv either a BatchedEnvironment or addresses=, not {what}."
-_NUM_ENVS = "num_envs={num_envs} but the BatchedEnvironment has {count} worlds."
 _ONE_ACTION = (
     "Stable-Baselines3 takes one action space, and these worlds have {count} actions ({names}). "
     "Serve a world with one action tensor, or use GymnasiumVectorEnv with a wrapper of your own."
@@ -108,10 +106,6 @@ _STEPPING = (
     "own step_async/step_wait and reset."
 )
 _STEPPING_NAMES = frozenset({"reset", "step", "step_async", "step_iter", "close", "_step"})
-_SEED_REFUSED = (
-    "World {index} refused the reset setting {name!r} ({error}); resets are not seeded on the "
-    "server. Pass seed_setting= with the name the server takes, or seed_setting=None."
-)
 _GONE = "World {index} was removed from the batch ({reason}); a VecEnv keeps num_envs fixed."
 
 
@@ -184,27 +178,23 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
         render_mode: str | None = None,
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if (batch is None) == (addresses is None):
-            raise ValueError(_ONE_SOURCE.format(what="both" if batch else "neither"))
         if render_mode not in (None, "rgb_array"):
             raise ValueError(_RENDER_MODE.format(mode=render_mode))
-        self._owned = batch is None
-        if batch is None:
-            assert addresses is not None
-            batch = BatchedEnvironment.connect(
-                [addresses] if isinstance(addresses, str) else list(addresses),
-                num_envs,
-                create_world_settings=create_world_settings,
-                join_world_settings=join_world_settings,
-                requested_observations=requested_observations,
-                timeout=timeout,
-                on_world_failure=on_world_failure,
-                **dict(connect_kwargs or {}),
-            )
-        elif num_envs is not None and num_envs != len(batch):
-            raise ValueError(_NUM_ENVS.format(num_envs=num_envs, count=len(batch)))
+        connect = {
+            "create_world_settings": create_world_settings,
+            "join_world_settings": join_world_settings,
+            "timeout": timeout,
+            "on_world_failure": on_world_failure,
+            **dict(connect_kwargs or {}),
+        }
+        self._closed = True  # until there is a batch
+        batch, self._owned = open_batch(
+            "BatchedVecEnv", batch, addresses, num_envs, requested_observations, connect
+        )
         self._batch = batch
         self._closed = False
+        # SB3's autoreset: the batch's loop sends an ended world its next step at once.
+        self._autoreset_before, batch._autoreset = batch._autoreset, True
         try:
             self._setup(batch, discrete_actions, render_mode)
         except BaseException:
@@ -274,10 +264,7 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
         self._waiting, self._broken = False, None
         for index in self._ids:
             settings = dict(self._options[index].get("settings", {}))
-            seed = self._seeds[index]
-            if seed is not None and self._seed_setting is not None:
-                settings[self._seed_setting] = seed
-            timestep = self._reset_world(index, settings, seed)
+            timestep = self._reset_world(index, settings, self._seeds[index])
             self._write_row(index, timestep.observation)
             self.reset_infos[index] = {}
         self._reset_seeds()
@@ -290,22 +277,10 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
             raise errors.WorldError(
                 _GONE.format(index=index, reason=reason), index, self._batch.addresses[index]
             )
-        env = self._batch.envs[index]
-        try:
-            try:
-                return env.reset(self._timeout, settings=settings)
-            except errors.InvalidArgumentError as exc:
-                if seed is None or not refused_setting(exc, self._seed_setting):
-                    raise
-                warnings.warn(
-                    _SEED_REFUSED.format(index=index, name=self._seed_setting, error=exc),
-                    stacklevel=3,
-                )
-                settings.pop(str(self._seed_setting))
-                self._seed_setting = None
-                return env.reset(self._timeout, settings=settings)
-        except errors.DmEnvRpcClientError as exc:
-            raise self._batch._wrap(index, exc) from exc
+        first, self._seed_setting = reset_world(
+            self._batch, index, self._timeout, settings, seed, self._seed_setting
+        )
+        return first
 
     def step_async(self, actions: np.ndarray) -> None:
         """Sends every world its row of ``actions`` in one pipelined batch; returns at once.
@@ -350,58 +325,43 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
         rewards = np.zeros(count, np.float32)
         dones = np.zeros(count, bool)
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": False} for _ in self._ids]
-        waiting, ended = count, set()
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
         batch = self._batch
-        while waiting:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                got = batch.recv(1, timeout=remaining)
-            except errors.RequestTimeoutError:  # the late worlds fail (and raise) as the batch's
-                late = [index for index in self._ids if batch.in_flight(index)]
-                batch.recv(env_ids=late, timeout=0)
-                raise
-            if len(batch) < count:  # a world removed after its restarts failed
-                index = next(i for i in self._ids if i not in batch.live_ids)
-                raise batch._refusal(index)
-            ids, step_types, states = got.env_ids, got.step_type, got.state
-            assert states is not None  # BatchedEnvironment always fills it
-            observations = {name: leaf(got.observation, name) for name in self._buffers}
-            last = step_types == _LAST
-            resets = []
-            for position in map(int, np.flatnonzero(last)):
-                index = int(ids[position])
-                rewards[index], dones[index] = got.reward[position], True
-                infos[index]["terminal_observation"] = self._row(observations, position)
-                infos[index]["TimeLimit.truncated"] = bool(states[position] == State.INTERRUPTED)
-                resets.append(index)
-                ended.add(index)
-            for position in map(int, np.flatnonzero(step_types == _FIRST)):
-                index = int(ids[position])
-                if index in ended:
-                    continue
-                # A FIRST step not asked for: the world was restarted and its episode cut short.
-                dones[index] = True
-                info = infos[index]
-                info["terminal_observation"] = self._row(self._buffers, index)
-                info["TimeLimit.truncated"] = info["restarted"] = True
-                info["failure"] = next(
-                    (f for f in reversed(batch.failures) if f.index == index), None
-                )
-            mid = step_types == 1
-            if mid.any():
-                rewards[ids[mid]] = got.reward[mid]
-            if resets:
+        # Every world's answer at once (a late world fails as the batch's, and raises).
+        got = batch.recv(env_ids=self._ids, timeout=self._timeout)
+        if len(got.env_ids) < count:  # a world removed after its restarts failed
+            raise batch._refusal(next(i for i in self._ids if i not in batch.live_ids))
+        step_types, states = got.step_type, got.state
+        assert states is not None  # BatchedEnvironment always fills it
+        observations = {name: leaf(got.observation, name) for name in self._buffers}
+        ended = np.flatnonzero(step_types == _LAST).tolist()
+        for index in ended:
+            rewards[index], dones[index] = got.reward[index], True
+            infos[index]["terminal_observation"] = self._row(observations, index)
+            infos[index]["TimeLimit.truncated"] = bool(states[index] == State.INTERRUPTED)
+        for index in np.flatnonzero(step_types == _FIRST).tolist():
+            # A FIRST step not asked for: the world was restarted and its episode cut short.
+            dones[index] = True
+            info = infos[index]
+            info["terminal_observation"] = self._row(self._buffers, index)
+            info["TimeLimit.truncated"] = info["restarted"] = True
+            info["failure"] = batch._latest_failure(index)
+        mid = step_types == 1
+        rewards[mid] = got.reward[mid]
+        for name, buffer in self._buffers.items():
+            buffer[:] = observations[name]
+        if ended:  # their next episodes' first steps: the batch's loop sent them as LAST landed
+            unsent = [i for i in ended if not batch.in_flight(i)]
+            if unsent:
                 rows = self._sent[self._action_name]
-                batch.send(specs.unflatten({self._action_name: rows[resets]}), resets)
-            take = ~last
-            if take.all():
-                for name, buffer in self._buffers.items():
-                    buffer[ids] = observations[name]
-            elif take.any():
-                for name, buffer in self._buffers.items():
-                    buffer[ids[take]] = observations[name][take]
-            waiting -= int(take.sum())
+                batch.send(specs.unflatten({self._action_name: rows[unsent]}), unsent)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            firsts, failed = receive_firsts(batch, ended, remaining)
+            if failed:
+                raise failed[min(failed)]
+            assert firsts is not None
+            for name, buffer in self._buffers.items():
+                buffer[firsts.env_ids] = leaf(firsts.observation, name)
         return rewards, dones, infos
 
     def _drop_in_flight(self) -> None:
@@ -497,6 +457,8 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
         self._closed = True
         if self._owned:
             self._batch.close()
+        else:
+            self._batch._autoreset = self._autoreset_before
 
     def __repr__(self) -> str:
         return f"BatchedVecEnv({self._batch!r})"

@@ -70,6 +70,14 @@ def _lookup(table: Mapping[int, _WireSpec], uid: int, kind: str) -> _WireSpec:
     return spec
 
 
+def _same(one: Any, other: Any) -> bool:
+    """Whether two worlds' specs are equal (dm_env's ``==``: shape, dtype, name, bounds)."""
+    try:
+        return bool(one == other)
+    except Exception:  # a spec whose == does not give one truth value: not the same
+        return False
+
+
 def _number(flat: Mapping[str, dm_specs.Array]) -> dict[int, _WireSpec]:
     return {uid: _WireSpec(uid, name, flat[name]) for uid, name in enumerate(sorted(flat), start=1)}
 
@@ -77,7 +85,17 @@ def _number(flat: Mapping[str, dm_specs.Array]) -> dict[int, _WireSpec]:
 class World:
     """One environment behind the protocol."""
 
-    def __init__(self, name: str, env: dm_env.Environment, creator: object) -> None:
+    _single_action: bool
+    _single_observation: bool
+    actions: dict[int, _WireSpec]
+    observations: dict[int, _WireSpec]
+    observation_by_name: dict[str, _WireSpec]
+    specs: dm_env_rpc_pb2.ActionObservationSpecs
+
+    def __init__(
+        self, name: str, env: dm_env.Environment, creator: object, like: World | None = None
+    ) -> None:
+        """A world of ``env``; one ``like`` it (same specs, compared) lends its wire specs."""
         self.name = name
         self.env = env
         self.creator = creator
@@ -86,13 +104,22 @@ class World:
         self.lock = threading.Lock()
         self.destroyed = False
         action_spec = env.action_spec()
+        observation_spec = env.observation_spec()
+        self._signature = (action_spec, observation_spec, env.reward_spec(), env.discount_spec())
+        if like is not None and _same(like._signature, self._signature):
+            # Made once per server, not per world (it was most of creating a world).
+            self._single_action = like._single_action
+            self._single_observation = like._single_observation
+            self.actions, self.observations = like.actions, like.observations
+            self.observation_by_name, self.specs = like.observation_by_name, like.specs
+            return
         self._single_action = isinstance(action_spec, dm_specs.Array)
         self.actions = _number(_flatten_specs(action_spec, "action"))
-        observations = _flatten_specs(env.observation_spec(), "observation")
-        for extra, getter in (("reward", env.reward_spec), ("discount", env.discount_spec)):
+        observations = _flatten_specs(observation_spec, "observation")
+        for extra, spec in zip(("reward", "discount"), self._signature[2:], strict=True):
             if extra not in observations:
-                observations[extra] = getter()
-        self._single_observation = isinstance(env.observation_spec(), dm_specs.Array)
+                observations[extra] = spec
+        self._single_observation = isinstance(observation_spec, dm_specs.Array)
         self.observations = _number(observations)
         self.observation_by_name = {spec.name: spec for spec in self.observations.values()}
         self.specs = dm_env_rpc_pb2.ActionObservationSpecs(
@@ -196,6 +223,7 @@ class Registry:
         self._worlds: dict[str, World] = {}
         self._lock = threading.Lock()
         self._counter = 0
+        self._last: World | None = None  # the newest world, whose wire specs a like one shares
 
     def create(self, settings: dict[str, Any], creator: object, name: str | None = None) -> World:
         """Creates a world with ``make_env(settings)``.
@@ -216,7 +244,7 @@ class Registry:
             if name is None:
                 self._counter += 1
                 name = f"world-{self._counter}"
-            world = World(name, env, creator)
+            world = self._last = World(name, env, creator, like=self._last)
             self._worlds[name] = world
         return world
 
