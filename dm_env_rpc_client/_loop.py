@@ -58,6 +58,8 @@ class LoopThread:
         self._drain_scheduled = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        # Keeps gRPC's asyncio layer up while the loop runs (see _anchor_channel).
+        self._anchor: grpc.aio.Channel | None = self.run(_anchor_channel(), timeout=30)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -136,10 +138,31 @@ class LoopThread:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         if not self._thread.is_alive():
+            # Nothing runs the loop now: gRPC may shut its poller down (if this was its
+            # last channel), removing the poller's reader from the loop and closing its fd.
+            self._anchor = None
             _retire(self.loop)
 
     def __repr__(self) -> str:
         return f"LoopThread({'closed' if self._closed else 'running'})"
+
+
+async def _anchor_channel() -> grpc.aio.Channel:
+    """A never-used aio channel, created on the running loop, for ``LoopThread`` to hold.
+
+    gRPC's asyncio layer counts its live channels and servers; when the last one is freed,
+    on whatever thread drops it, it shuts its completion poller down at once: it removes the
+    poller's reader from every loop and closes the poller's socket. Done from another thread
+    while the loop runs, that races the loop: a ``_handle_events`` callback already taken up
+    by the loop then reads the closed socket and the loop prints "Exception in callback
+    PollerCompletionQueue._handle_events ... OSError: [Errno 9] Bad file descriptor" (seen
+    after Ctrl-C in ``run``, where the batch's channels were freed on the main thread before
+    its loop stopped; grpc/grpc#34139 is the same poller shutdown racing a loop at exit).
+    Holding one channel of our own until the loop has stopped means the poller shuts down,
+    if it does, only when no loop of ours is running. The channel never connects (gRPC
+    channels connect on their first call) and costs no socket.
+    """
+    return grpc.aio.insecure_channel("127.0.0.1:1")
 
 
 # gRPC's asyncio layer has one completion poller per process, shared by every event loop. A
