@@ -30,7 +30,7 @@ import dm_env
 import numpy as np
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import errors, messages, specs, tensors
+from dm_env_rpc_client import _checks, errors, messages, specs, tensors
 from dm_env_rpc_client._decode import ObservationPlan
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._step_encoder import ActionEncoder
@@ -90,8 +90,15 @@ def _state_name(state: int | None) -> str:
     return "none (no step yet)" if state is None else State.Name(state)  # type: ignore[arg-type]
 
 
-def pack_settings(settings: Mapping[str, Any] | None) -> dict[str, dm_env_rpc_pb2.Tensor]:
-    """Packs settings (nested dicts of Python or NumPy values) as ``{dotted key: Tensor}``."""
+def pack_settings(
+    settings: Mapping[str, Any] | None, name: str = "settings"
+) -> dict[str, dm_env_rpc_pb2.Tensor]:
+    """Packs settings (nested dicts of Python or NumPy values) as ``{dotted key: Tensor}``.
+
+    Raises:
+      ArgumentTypeError: settings that are not a dict, naming them as ``name``.
+    """
+    _checks.check_settings(settings, name)
     if not settings:
         return {}
     return {key: tensors.pack_tensor(value) for key, value in specs.flatten(settings).items()}
@@ -125,6 +132,8 @@ def check_adaptor_kwargs(caller: str, adaptor_kwargs: Mapping[str, Any], adaptor
     """
     known = [name for name in inspect.signature(adaptor).parameters if name not in _HELPER_SET]
     own = _OWN_ARGUMENTS.get(caller.removesuffix("_async"), ())
+    if "timeout" in adaptor_kwargs:
+        _checks.check_seconds(adaptor_kwargs["timeout"])
     for name in adaptor_kwargs:
         if name not in known:
             close = difflib.get_close_matches(name, [*own, *known], n=1)
@@ -326,6 +335,7 @@ class AdaptorCore:
     def _close_timeout(self, timeout: float | None) -> float:
         """What ``close`` waits for each response: ``timeout``, else the adaptor's, at most 10 s."""
         if timeout is not None:
+            _checks.check_seconds(timeout)
             return timeout
         return CLOSE_TIMEOUT if self._timeout is None else min(self._timeout, CLOSE_TIMEOUT)
 
@@ -430,7 +440,7 @@ class AdaptorCore:
             if name == "properties":
                 self._properties = extension
             elif hasattr(self, name):
-                raise ValueError(
+                raise errors.ArgumentValueError(
                     f"DmEnvAdaptor already has attribute {name!r}; rename the extension."
                 )
             else:

@@ -119,6 +119,8 @@ def open_batch(
     if num_envs is not None:
         _checks.check_count(num_envs, "num_envs")
     _checks.check_seconds(timeout)
+    _checks.check_settings(create_world_settings, "create_world_settings")
+    _checks.check_settings(join_world_settings, "join_world_settings")
     if restart is not None:
         _checks.check_count(restart.attempts, "RestartPolicy.attempts")
         for field in ("total", "connect_timeout", "call_timeout"):

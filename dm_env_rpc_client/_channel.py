@@ -81,6 +81,9 @@ def create_channel(
       DmEnvRpcConnectionError: for plaintext to a remote host without ``insecure=True``.
     """
     _checks.check_address(address)
+    if credentials is not None and not isinstance(credentials, grpc.ChannelCredentials):
+        what = "gRPC channel credentials (e.g. grpc.ssl_channel_credentials()) or None"
+        _checks.check_type(credentials, grpc.ChannelCredentials, "credentials", what)
     merged = dict(DEFAULT_OPTIONS)
     merged.update(dict(options or ()))
     opts = list(merged.items())

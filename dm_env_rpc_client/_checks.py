@@ -209,3 +209,83 @@ def check_tensor_spec(spec: Any, name: str = "spec") -> None:
     """
     what = "a dm_env_rpc TensorSpec (e.g. one of env.action_manager's specs)"
     check_type(spec, dm_env_rpc_pb2.TensorSpec, name, what)
+
+
+_WORLD_NAME = (
+    "{name} is one world's name, a string (e.g. the one create_world returned), not {kind}."
+)
+_SETTINGS = "{name} is a dict of settings (e.g. {{'seed': 1}}) or None, not {kind}."
+_SPECS = (
+    "specs is the world's ActionObservationSpecs (a JoinWorldResponse's specs), not {kind}. "
+    "To create a world with settings and join it, call "
+    "dmr.create_and_join_world(connection, create_world_settings={{...}})."
+)
+_REQUESTED = (
+    "requested_observations is a list of observation names (e.g. ['board']) or None, "
+    "not {kind}{hint}."
+)
+_EXTENSIONS = "extensions is a dict {{attribute name: extension}} or None, not {kind}."
+
+
+def check_world_name(value: Any, name: str = "world_name") -> str:
+    """``value`` if it is a string (a world's name).
+
+    Raises:
+      ArgumentTypeError: anything else (a list of names included).
+    """
+    if not isinstance(value, str):
+        raise errors.ArgumentTypeError(_WORLD_NAME.format(name=name, kind=kind(value)))
+    return value
+
+
+def check_settings(value: Any, name: str = "settings") -> None:
+    """Refuses settings that are not a mapping (or None).
+
+    Raises:
+      ArgumentTypeError: naming the argument and what goes there.
+    """
+    if value is not None and not isinstance(value, Mapping):
+        raise errors.ArgumentTypeError(_SETTINGS.format(name=name, kind=kind(value)))
+
+
+def check_adaptor_arguments(
+    specs: Any, requested_observations: Any, extensions: Any, timeout: Any
+) -> None:
+    """Refuses a wrong kind of thing for the adaptors' arguments, before anything is sent.
+
+    Raises:
+      ArgumentTypeError: specs that are not ActionObservationSpecs, names that are one
+        string or not a list, extensions that are not a dict, timeout not a number.
+      ArgumentValueError: a timeout that is not above 0.
+    """
+    if not isinstance(specs, dm_env_rpc_pb2.ActionObservationSpecs):
+        raise errors.ArgumentTypeError(_SPECS.format(kind=kind(specs)))
+    names = requested_observations
+    if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, Iterable)):
+        hint = f": pass [{names!r}]" if isinstance(names, str) else ""
+        raise errors.ArgumentTypeError(_REQUESTED.format(kind=kind(names), hint=hint))
+    if extensions is not None and not isinstance(extensions, Mapping):
+        raise errors.ArgumentTypeError(_EXTENSIONS.format(kind=kind(extensions)))
+    check_seconds(timeout)
+
+
+_METADATA = (
+    "metadata is gRPC metadata, a list of (key, value) pairs of strings "
+    "(e.g. [('authorization', 'Bearer ...')]), not {kind}{hint}."
+)
+
+
+def check_metadata(metadata: Any) -> None:
+    """Refuses gRPC metadata that is not a sequence of ``(key, value)`` pairs (or None).
+
+    Raises:
+      ArgumentTypeError: a dict (pass ``list(d.items())``), a string, or pairs of another shape.
+    """
+    if metadata is None:
+        return
+    pairs = not isinstance(metadata, (str, bytes, Mapping)) and isinstance(metadata, Iterable)
+    if pairs:
+        pairs = all(isinstance(p, tuple) and len(p) == 2 for p in metadata)
+    if not pairs:
+        hint = ": pass list(metadata.items())" if isinstance(metadata, Mapping) else ""
+        raise errors.ArgumentTypeError(_METADATA.format(kind=kind(metadata), hint=hint))

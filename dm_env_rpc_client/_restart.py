@@ -105,7 +105,7 @@ def check_policy(value: str) -> str:
       ValueError: it does not.
     """
     if value not in POLICIES:
-        raise ValueError(_BAD_POLICY.format(value=value))
+        raise errors.ArgumentValueError(_BAD_POLICY.format(value=value))
     return value
 
 

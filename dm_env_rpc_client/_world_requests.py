@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dm_env_rpc_client._adaptor_core import pack_settings
+from dm_env_rpc_client._checks import check_seconds, check_world_name
 from dm_env_rpc_client._foreign import as_connection, compatible
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.connection import DEFAULT_TIMEOUT, ConnectionLike
@@ -36,23 +37,25 @@ def create_world(
       InvalidArgumentError: the server refused the settings.
     """
     connection = compatible(as_connection(connection, "create_world"))
-    request = dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(create_world_settings))
+    check_seconds(timeout)
+    settings = pack_settings(create_world_settings, "create_world_settings")
+    request = dm_env_rpc_pb2.CreateWorldRequest(settings=settings)
     return connection.send(request, timeout).world_name
 
 
 def leave_world(connection: ConnectionLike, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
     """Leaves the joined world (a no-op when not joined); ``timeout`` as for ``create_world``."""
-    compatible(as_connection(connection, "leave_world")).send(
-        dm_env_rpc_pb2.LeaveWorldRequest(), timeout
-    )
+    connection = compatible(as_connection(connection, "leave_world"))
+    connection.send(dm_env_rpc_pb2.LeaveWorldRequest(), check_seconds(timeout))
 
 
 def destroy_world(
     connection: ConnectionLike, world_name: str, *, timeout: float | None = DEFAULT_TIMEOUT
 ) -> None:
     """Destroys a world (it must not be joined); ``timeout`` as for ``create_world``."""
-    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name)
-    compatible(as_connection(connection, "destroy_world")).send(request, timeout)
+    connection = compatible(as_connection(connection, "destroy_world"))
+    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=check_world_name(world_name))
+    connection.send(request, check_seconds(timeout))
 
 
 def reset_world(
@@ -66,7 +69,8 @@ def reset_world(
 
     ``timeout`` as for ``create_world``.
     """
+    connection = compatible(as_connection(connection, "reset_world"))
     request = dm_env_rpc_pb2.ResetWorldRequest(
-        world_name=world_name, settings=pack_settings(settings)
+        world_name=check_world_name(world_name), settings=pack_settings(settings)
     )
-    compatible(as_connection(connection, "reset_world")).send(request, timeout)
+    connection.send(request, check_seconds(timeout))

@@ -29,7 +29,7 @@ import grpc
 from google.protobuf import message
 
 from dm_env_rpc_client import _ready, errors, messages
-from dm_env_rpc_client._checks import check_seconds
+from dm_env_rpc_client._checks import check_metadata, check_seconds
 from dm_env_rpc_client.connection import (
     _CLOSED,
     _IN_FLIGHT_TIMEOUT,
@@ -241,6 +241,7 @@ class AsyncConnection:
           ConnectionClosedError: the stream ended or was closed.
           ProtocolError: the server broke the protocol.
         """
+        check_seconds(timeout)
         return await self._send(request, timeout, response_type, None)
 
     async def _send(
@@ -428,6 +429,7 @@ async def open_when_ready(
       ConnectRefusedError: the port refuses (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
     """
+    check_metadata(metadata)
     verdict = await _ready.wait_ready_async(channel, timeout, wait_for_ready)
     if verdict is not None:
         error = await _ready.connect_error_async(verdict, address, timeout, channel)

@@ -30,7 +30,7 @@ from typing import Any
 
 import dm_env
 
-from dm_env_rpc_client import errors
+from dm_env_rpc_client import _checks, errors
 from dm_env_rpc_client._adaptor_core import (
     AdaptorCore,
     check_adaptor_kwargs,
@@ -105,6 +105,7 @@ class AsyncDmEnvAdaptor(AdaptorCore):
         copy_observations: bool = True,
     ) -> None:
         self._connection = _async_connection(connection, "AsyncDmEnvAdaptor")
+        _checks.check_adaptor_arguments(specs, requested_observations, None, timeout)
         self._timeout = timeout
         self._destroy_on_close = destroy_on_close
         self._owns_connection = False  # set by the helpers that connected to an address
@@ -137,7 +138,7 @@ class AsyncDmEnvAdaptor(AdaptorCore):
           RequestTimeoutError: no response within the timeout.
         """
         self._check_open()
-        timeout = self._timeout if timeout is None else timeout
+        timeout = self._timeout if timeout is None else _checks.check_seconds(timeout)
         request = dm_env_rpc_pb2.ResetRequest(settings=pack_settings(settings))
         self._reset_done(await self._connection.send(request, timeout))
         return await self._step({}, timeout)
@@ -187,8 +188,7 @@ class AsyncDmEnvAdaptor(AdaptorCore):
           DmEnvRpcError: the server refused a step.
           RequestTimeoutError: a step took longer than the adaptor's ``timeout``.
         """
-        if in_flight < 1:
-            raise ValueError(f"in_flight must be at least 1, not {in_flight}.")
+        _checks.check_count(in_flight, "in_flight")
         decoder = StackedDecoder(self)
         window: collections.deque[tuple[str, asyncio.Future[Any]]] = collections.deque()
         try:
@@ -249,10 +249,10 @@ class AsyncDmEnvAdaptor(AdaptorCore):
         Raises:
           DmEnvRpcError: the server refused to leave or destroy the world.
         """
+        timeout = self._close_timeout(timeout)  # a wrong timeout raises before anything closes
         if self._closed:
             return
         self._closed = True
-        timeout = self._close_timeout(timeout)
         refused: errors.DmEnvRpcError | None = None
         try:
             try:
@@ -307,7 +307,8 @@ async def create_world_async(
       RequestTimeoutError: no response within ``timeout`` seconds.
     """
     connection = _async_connection(connection, "create_world_async")
-    request = dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(create_world_settings))
+    settings = pack_settings(create_world_settings, "create_world_settings")
+    request = dm_env_rpc_pb2.CreateWorldRequest(settings=settings)
     return (await connection.send(request, timeout)).world_name  # type: ignore[no-any-return]
 
 
@@ -328,7 +329,8 @@ async def _join(
 ) -> AsyncDmEnvAdaptor:
     timeout = adaptor_kwargs.get("timeout")
     request = dm_env_rpc_pb2.JoinWorldRequest(
-        world_name=world_name, settings=pack_settings(join_world_settings)
+        world_name=_checks.check_world_name(world_name),
+        settings=pack_settings(join_world_settings, "join_world_settings"),
     )
     response = await connection.send(request, timeout)
     try:
@@ -435,7 +437,8 @@ async def destroy_world_async(
 ) -> None:
     """Destroys a world (it must not be joined); ``timeout`` as for ``create_world_async``."""
     conn = _async_connection(connection, "destroy_world_async")
-    await conn.send(dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name), timeout)
+    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=_checks.check_world_name(world_name))
+    await conn.send(request, timeout)
 
 
 async def reset_world_async(
@@ -451,6 +454,6 @@ async def reset_world_async(
     """
     conn = _async_connection(connection, "reset_world_async")
     request = dm_env_rpc_pb2.ResetWorldRequest(
-        world_name=world_name, settings=pack_settings(settings)
+        world_name=_checks.check_world_name(world_name), settings=pack_settings(settings)
     )
     await conn.send(request, timeout)

@@ -244,6 +244,8 @@ class Connection:
           with ``DmEnvRpcError`` for a server error, ``ProtocolError`` for a
           mismatched response, ``ConnectionClosedError`` when the stream ends.
         """
+        if timeout is not None:
+            _checks.check_seconds(timeout)
         if self._destroyed:
             done = self._answer_destroyed(request)
             if done is not None:
@@ -356,6 +358,7 @@ class Connection:
           ConnectionClosedError: the stream ended or was closed.
           ProtocolError: the server broke the protocol.
         """
+        _checks.check_seconds(timeout)
         future = self.send_async(request, response_type=response_type, timeout=timeout)
         return wait_response(future, timeout, request)
 
@@ -446,6 +449,7 @@ def connect(
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
     _checks.check_seconds(timeout)
+    _checks.check_metadata(metadata)
     if max_in_flight is not None:
         _checks.check_count(max_in_flight, "max_in_flight")
     channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)

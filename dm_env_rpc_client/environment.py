@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 import dm_env
 from google.protobuf import message
 
+from dm_env_rpc_client import _checks, errors, specs
 from dm_env_rpc_client import connection as dm_env_rpc_connection  # noqa: F401 (reference name)
-from dm_env_rpc_client import errors, specs
 from dm_env_rpc_client._adaptor_core import (
     CLOSE_TIMEOUT,
     DISCOUNT,
@@ -110,6 +110,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         copy_observations: bool = True,
     ) -> None:
         self._connection = as_connection(connection, "DmEnvAdaptor")
+        _checks.check_adaptor_arguments(specs, requested_observations, extensions, timeout)
         self._timeout = timeout
         self._destroy_on_close = destroy_on_close
         self._owns_connection = False  # set by the helpers that connected to an address
@@ -141,7 +142,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
           InvalidArgumentError: the server refused the settings.
         """
         self._check_open()
-        timeout = self._timeout if timeout is None else timeout
+        timeout = self._timeout if timeout is None else _checks.check_seconds(timeout)
         request = dm_env_rpc_pb2.ResetRequest(settings=pack_settings(settings))
         self._reset_done(compatible(self._connection).send(request, timeout))
         return self._step({}, timeout)
@@ -248,8 +249,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             it are yielded first).
           RequestTimeoutError: a step took longer than the adaptor's ``timeout``.
         """
-        if in_flight < 1:
-            raise ValueError(f"in_flight must be at least 1, not {in_flight}.")
+        _checks.check_count(in_flight, "in_flight")
         decoder = StackedDecoder(self)
         window: _Window = collections.deque()
         run = max(1, in_flight // 2)
@@ -320,11 +320,11 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         Raises:
           DmEnvRpcError: the server refused to leave or destroy the world.
         """
+        timeout = self._close_timeout(timeout)  # a wrong timeout raises before anything closes
         if self._closed:
             return
         self._closed = True
         self._release_extensions()
-        timeout = self._close_timeout(timeout)
         refused: errors.DmEnvRpcError | None = None
         connection = compatible(self._connection)
         try:
@@ -424,7 +424,8 @@ def _join(
 ) -> DmEnvAdaptor:
     timeout = adaptor_kwargs.get("timeout")
     request = dm_env_rpc_pb2.JoinWorldRequest(
-        world_name=world_name, settings=pack_settings(join_world_settings)
+        world_name=_checks.check_world_name(world_name),
+        settings=pack_settings(join_world_settings, "join_world_settings"),
     )
     response = compatible(connection).send(request, timeout)
     try:

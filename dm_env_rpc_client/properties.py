@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import errors, specs, tensors
+from dm_env_rpc_client import _checks, errors, specs, tensors
 from dm_env_rpc_client._foreign import compatible
 from dm_env_rpc_client._proto import properties_pb2
 
@@ -80,6 +80,7 @@ class PropertiesExtension:
           NotFoundError: unknown key (also a KeyError).
           PermissionDeniedError: not readable (also a PermissionError).
         """
+        _checks.check_type(key, str, "key", "one property's key, a string (e.g. 'seed')")
         response = self._send(read_property=properties_pb2.ReadPropertyRequest(key=key))
         return tensors.unpack_tensor(response.read_property.value)
 
@@ -91,6 +92,7 @@ class PropertiesExtension:
           PermissionDeniedError: read-only (also a PermissionError).
           InvalidArgumentError: a bad value (also a ValueError).
         """
+        _checks.check_type(key, str, "key", "one property's key, a string (e.g. 'seed')")
         parent = key.rpartition(".")[0]
         spec = self.specs(parent).get(key)
         dtype = spec.spec.dtype if spec is not None and spec.spec is not None else None
@@ -99,6 +101,7 @@ class PropertiesExtension:
 
     def list(self, key: str = "") -> list[PropertySpec]:
         """Lists the properties under ``key`` ("" for the root)."""
+        _checks.check_type(key, str, "key", "a property key, a string ('' for the root)")
         response = self._send(list_property=properties_pb2.ListPropertyRequest(key=key))
         return [PropertySpec.from_proto(value) for value in response.list_property.values]
 

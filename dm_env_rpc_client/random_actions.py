@@ -132,8 +132,7 @@ def random_action(action_spec: Any, rng: np.random.Generator | int) -> Any:
     Raises:
       SpecError: for a spec with no random values (object/proto dtypes).
     """
-    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    return _walk(action_spec, generator, None)
+    return _walk(action_spec, _generator(rng), None)
 
 
 def _walk(action_spec: Any, generator: np.random.Generator, count: int | None) -> Any:
@@ -201,5 +200,16 @@ def random_batch(action_spec: Any, num_envs: int, rng: np.random.Generator | int
     """
     if num_envs < 1:
         raise errors.ArgumentValueError(f"num_envs={num_envs} cannot work: pass at least 1.")
-    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    return _walk(action_spec, generator, num_envs)
+    return _walk(action_spec, _generator(rng), num_envs)
+
+
+def _generator(rng: Any) -> np.random.Generator:
+    """``rng`` if a Generator, else a Generator seeded with it (an int)."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, (str, bytes, float, Mapping)):
+        raise errors.ArgumentTypeError(
+            f"rng is a NumPy Generator or an integer seed (e.g. 0), not {type(rng).__name__} "
+            f"{rng!r}."
+        )
+    return np.random.default_rng(rng)

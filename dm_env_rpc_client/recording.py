@@ -485,6 +485,7 @@ def load_episode(path: str | pathlib.Path) -> Episode:
       FileNotFoundError: there is no such file.
       RecordingError: ``path`` is a folder (``iter_episodes`` reads a folder).
     """
+    _checks.check_type(path, (str, os.PathLike), "path", "an episode file's path (.npz)")
     if pathlib.Path(path).is_dir():
         raise errors.RecordingError(_A_FOLDER.format(path=path))
     with np.load(path, allow_pickle=False) as data:

@@ -212,7 +212,13 @@ class SpecManager:
           SpecValidationError: for a wrong dtype, shape or an out-of-bounds value
             (when validation is on).
         """
-        if any(isinstance(v, Mapping) for v in values.values()):
+        try:
+            nested = any(isinstance(v, Mapping) for v in values.values())
+        except AttributeError:
+            what = "a dict of values keyed by name (e.g. {'paddle': 1})"
+            _checks.check_type(values, Mapping, "values", what)
+            raise
+        if nested:
             values = flatten(values)
         packed = {}
         for name, value in values.items():

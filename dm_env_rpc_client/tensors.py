@@ -202,7 +202,7 @@ def pack_tensor(
         if data_type is not None:  # the fast path: a numeric array as it is
             return _pack_numeric(value.shape, value.reshape(-1), data_type)
     if on_overflow not in ("error", "wrap", "clip"):
-        raise ValueError(_BAD_OVERFLOW.format(value=on_overflow))
+        raise errors.ArgumentValueError(_BAD_OVERFLOW.format(value=on_overflow))
     array = _as_array(value)
     requested: int | None = None if dtype is None else _resolve_dtype(dtype)
     kind = array.dtype.kind

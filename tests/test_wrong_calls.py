@@ -85,6 +85,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+async def _async_world(address: str, call: Callable[[Any], Any]) -> Any:
+    async with await dmr.connect_async(address, timeout=LONG) as conn:
+        result = call(conn)
+        return await result if inspect.isawaitable(result) else result
+
+
+async def _async_send(address: str, timeout: Any) -> Any:
+    return await _async_world(
+        address, lambda conn: conn.send(dmr.dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
+    )
+
+
 SPEC = dmr.dm_env_rpc_pb2.TensorSpec(name="x", dtype=dmr.DataType.FLOAT)
 
 ROWS: list[Row] = [
@@ -113,6 +125,45 @@ ROWS: list[Row] = [
     Row("leave_world", "string-for-connection", lambda w: dmr.leave_world(w.address), ("connection", "dmr.connect(")),
     Row("destroy_world", "string-for-connection", lambda w: dmr.destroy_world(w.address, "world-1"), ("connection", "dmr.connect(")),
     Row("reset_world", "string-for-connection", lambda w: dmr.reset_world(w.address, "world-1"), ("connection", "dmr.connect(")),
+    Row("join_world", "list-for-world-name", lambda w: dmr.join_world(w.conn, [w.env.world_name]), ("world_name is one world's name, a string", "not list")),
+    Row("join_world", "list-for-settings", lambda w: dmr.join_world(w.conn, "world-1", ["seed"]), ("join_world_settings is a dict of settings", "not list")),
+    Row("join_world", "timeout-nan", lambda w: dmr.join_world(w.conn, "world-1", timeout=float("nan")), ("timeout=nan", "above 0")),
+    Row("destroy_world", "list-for-world-name", lambda w: dmr.destroy_world(w.conn, [w.env.world_name]), ("world_name is one world's name, a string", "not list")),
+    Row("reset_world", "list-for-world-name", lambda w: dmr.reset_world(w.conn, [w.env.world_name]), ("world_name is one world's name, a string", "not list")),
+    Row("reset_world", "list-for-settings", lambda w: dmr.reset_world(w.conn, w.env.world_name, ["seed"]), ("settings is a dict of settings", "not list")),
+    Row("create_world", "list-for-settings", lambda w: dmr.create_world(w.conn, ["seed"]), ("create_world_settings is a dict of settings", "{'seed': 1}")),
+    *[Row(entry, f"{label}timeout-{case}", call, words) for entry, label, make in [
+        ("create_world", "", lambda w, t: dmr.create_world(w.conn, timeout=t)),
+        ("leave_world", "", lambda w, t: dmr.leave_world(w.conn, timeout=t)),
+        ("destroy_world", "", lambda w, t: dmr.destroy_world(w.conn, "world-1", timeout=t)),
+        ("reset_world", "", lambda w, t: dmr.reset_world(w.conn, w.env.world_name, timeout=t)),
+        ("create_and_join_world", "over-a-connection-", lambda w, t: dmr.create_and_join_world(w.conn, timeout=t)),
+        ("Connection", "send-", lambda w, t: w.conn.send(dmr.dm_env_rpc_pb2.LeaveWorldRequest(), t)),
+        ("Connection", "send-async-", lambda w, t: w.conn.send_async(dmr.dm_env_rpc_pb2.LeaveWorldRequest(), timeout=t)),
+        ("DmEnvAdaptor", "", lambda w, t: dmr.DmEnvAdaptor(w.conn, w.env._wire_specs, timeout=t)),
+        ("DmEnvAdaptor", "reset-", lambda w, t: w.env.reset(timeout=t)),
+        ("DmEnvAdaptor", "close-", lambda w, t: w.env.close(timeout=t)),  # and it stays open
+        ("AsyncConnection", "send-", lambda w, t: asyncio.run(_async_send(w.address, t))),
+    ] for case, call, words in [
+        ("negative", lambda w, m=make: m(w, -5), ("timeout=-5", "above 0")),
+        ("zero", lambda w, m=make: m(w, 0), ("timeout=0", "above 0")),
+        ("nan", lambda w, m=make: m(w, float("nan")), ("timeout=nan", "above 0")),
+        ("string", lambda w, m=make: m(w, "5"), ("timeout is a number of seconds", "not str '5'")),
+    ]],
+    Row("DmEnvAdaptor", "dict-for-specs", lambda w: dmr.DmEnvAdaptor(w.conn, {}), ("specs is the world's ActionObservationSpecs", "not dict {}", "dmr.create_and_join_world(connection, create_world_settings=")),
+    Row("DmEnvAdaptor", "string-for-requested-observations", lambda w: dmr.DmEnvAdaptor(w.conn, w.env._wire_specs, "board"), ("requested_observations is a list of observation names", "pass ['board']")),
+    Row("DmEnvAdaptor", "list-for-extensions", lambda w: dmr.DmEnvAdaptor(w.conn, w.env._wire_specs, extensions=[object()]), ("extensions is a dict", "not list")),
+    Row("DmEnvAdaptor", "step-iter-in-flight-zero", lambda w: list(w.env.step_iter([{"paddle": 1}], in_flight=0)), ("in_flight=0", "at least 1")),
+    Row("AsyncDmEnvAdaptor", "dict-for-specs", lambda w: asyncio.run(_async_world(w.address, lambda a: dmr.AsyncDmEnvAdaptor(a, {}))), ("specs is the world's ActionObservationSpecs", "not dict {}")),
+    Row("destroy_world_async", "list-for-world-name", lambda w: asyncio.run(_async_world(w.address, lambda a: dmr.destroy_world_async(a, ["w"]))), ("world_name is one world's name", "not list")),
+    Row("join_world_async", "list-for-world-name", lambda w: asyncio.run(_async_world(w.address, lambda a: dmr.join_world_async(a, ["w"]))), ("world_name is one world's name", "not list")),
+    Row("create_and_join_world_async", "timeout-string", _async(lambda: dmr.create_and_join_world_async("127.0.0.1:1", timeout="5")), ("timeout is a number of seconds", "not str '5'")),
+    Row("connect", "dict-for-metadata", lambda w: dmr.connect(w.address, metadata={"key": "value"}), ("metadata is gRPC metadata", "list(metadata.items())")),
+    Row("connect", "string-for-credentials", lambda w: dmr.connect(w.address, credentials="tls"), ("credentials is gRPC channel credentials", "grpc.ssl_channel_credentials()")),
+    Row("connect_async", "dict-for-metadata", lambda w: asyncio.run(dmr.connect_async(w.address, metadata={"key": "value"})), ("metadata is gRPC metadata", "list(metadata.items())")),
+    Row("PropertiesExtension", "list-for-key", lambda w: w.env.properties.read(["seed"]), ("key is one property's key, a string", "not list")),
+    Row("PropertiesExtension", "list-for-key-to-write", lambda w: w.env.properties.write(["seed"], 1), ("key is one property's key, a string", "not list")),
+    Row("SpecManager", "list-for-values", lambda w: w.env.action_manager.pack([1]), ("values is a dict of values keyed by name", "not list")),
     Row("create_and_join_world_async", "misspelled-keyword", _async(lambda: dmr.create_and_join_world_async("127.0.0.1:1", create_world_setting={})), ("create_world_setting", "'create_world_settings'")),
     Row("join_world_async", "misspelled-keyword", _async(lambda: dmr.join_world_async("127.0.0.1:1", "w", join_world_setting={})), ("join_world_setting", "'join_world_settings'")),
     Row("create_world_async", "sync-connection", lambda w: asyncio.run(dmr.create_world_async(w.conn)), ("AsyncConnection", "connect_async")),
@@ -124,12 +175,14 @@ ROWS: list[Row] = [
     # --- batches ------------------------------------------------------------------------------
     Row("BatchedEnvironment", "strings-for-envs", lambda w: dmr.BatchedEnvironment([w.address]), ("envs", "BatchedEnvironment.connect(")),
     *_address_rows("BatchedEnvironment", lambda a: dmr.BatchedEnvironment.connect([a], timeout=LONG), "addresses"),
+    Row("BatchedEnvironment", "list-for-settings", lambda w: dmr.BatchedEnvironment.connect([w.address], create_world_settings=["seed"]), ("create_world_settings is a dict of settings", "not list")),
     Row("BatchedEnvironment", "num-envs-zero", lambda w: dmr.BatchedEnvironment.connect([w.address], 0), ("num_envs=0", "at least 1")),
     Row("BatchedEnvironment", "timeout-negative", lambda w: dmr.BatchedEnvironment.connect([w.address], timeout=-1), ("timeout=-1", "above 0")),
     Row("BatchedEnvironment", "misspelled-keyword", lambda w: dmr.BatchedEnvironment.connect([w.address], create_world_setting={}), ("create_world_setting", "'create_world_settings'")),
     Row("RestartPolicy", "attempts-negative", lambda w: dmr.BatchedEnvironment.connect([w.address], on_world_failure="restart", restart=dmr.RestartPolicy(attempts=-1)), ("RestartPolicy.attempts=-1", "at least 1")),
     Row("RestartPolicy", "total-zero", lambda w: dmr.BatchedEnvironment.connect([w.address], on_world_failure="restart", restart=dmr.RestartPolicy(total=0)), ("RestartPolicy.total=0", "above 0")),
     Row("random_batch", "num-envs-zero", lambda w: dmr.random_batch(w.env.action_spec(), 0, 1), ("num_envs=0", "at least 1")),
+    Row("random_action", "string-for-seed", lambda w: dmr.random_action(w.env.action_spec(), "seed"), ("rng is a NumPy Generator or an integer seed", "not str 'seed'")),
     Row("random_action", "string-for-spec", lambda w: dmr.random_action("paddle", 1), ("str", "dm_env specs")),
     # --- serving ------------------------------------------------------------------------------
     Row("serve", "instance-for-factory", lambda w: dmr.serve(Catch()), ("make_env", "Catch (the class)")),
@@ -156,6 +209,7 @@ ROWS: list[Row] = [
     # --- recording ----------------------------------------------------------------------------
     Row("Recording", "worlds-zero", lambda w: dmr.Recording(w.folder / "r", 0), ("worlds=0", "at least 1")),
     Row("EpisodeRecorder", "world-negative", lambda w: dmr.EpisodeRecorder(w.folder / "e", -1), ("world=-1", "at least 0")),
+    Row("load_episode", "number-for-path", lambda w: dmr.load_episode(123), ("path is an episode file's path", "not int 123")),
     Row("load_episode", "folder-for-file", lambda w: dmr.load_episode(w.folder), ("is a folder", "iter_episodes")),
     Row("iter_episodes", "missing-folder", lambda w: list(dmr.iter_episodes(w.folder / "nope")), ("nope", "folder")),
     # --- checking a server --------------------------------------------------------------------
@@ -259,6 +313,7 @@ def test_a_wrong_call_gets_an_sdk_error_naming_the_argument(row: Row, world: Wor
         result = row.call(world)
         with contextlib.suppress(Exception):  # it went through: do not leave it open
             result.close() if hasattr(result, "close") else result.stop()
+    assert not world.env._closed, "a wrong call closed the world's adaptor"
     error = info.value
     assert isinstance(error, (TypeError, ValueError, OSError)), repr(error)
     message = str(error)

@@ -398,5 +398,5 @@ def fleet_addresses(source: ServerFleet | Sequence[str]) -> list[str]:
     """
     addresses = source.addresses if isinstance(source, ServerFleet) else list(source)
     if not addresses:
-        raise ValueError("Give a ServerFleet or at least one server address.")
+        raise errors.ArgumentValueError("Give a ServerFleet or at least one server address.")
     return addresses

@@ -144,7 +144,7 @@ def split(num_worlds: int, num_shards: int) -> list[list[int]]:
       ValueError: ``num_shards`` is not between 1 and ``num_worlds``.
     """
     if not 1 <= num_shards <= num_worlds:
-        raise ValueError(_BAD_SPLIT.format(worlds=num_worlds, shards=num_shards))
+        raise errors.ArgumentValueError(_BAD_SPLIT.format(worlds=num_worlds, shards=num_shards))
     bounds = [round(k * num_worlds / num_shards) for k in range(num_shards + 1)]
     return [list(range(bounds[k], bounds[k + 1])) for k in range(num_shards)]
 
@@ -335,7 +335,7 @@ def run_sharded(
     if not ray.is_initialized():
         raise FleetError(_NOT_INITIALIZED)
     if steps < 0:
-        raise ValueError(f"steps must be 0 or more, not {steps}.")
+        raise errors.ArgumentValueError(f"steps must be 0 or more, not {steps}.")
     shares = split(num_worlds, num_shards)
     addresses = fleet_addresses(source)
     folder = prepare_folder(record) if record is not None else None

@@ -210,12 +210,12 @@ class GymnasiumEnv(gymnasium.Env[Any, Any]):
     def _render_choice(self, render_mode: str | None, name: str | None) -> str | None:
         names = self._observations.names
         if name is not None and name not in names:
-            raise ValueError(_UNKNOWN_RENDER.format(name=name, names=names))
+            raise errors.ArgumentValueError(_UNKNOWN_RENDER.format(name=name, names=names))
         if render_mode is None or name is not None:
             return name
         image = self._image()
         if image is None:
-            raise ValueError(_NO_IMAGE.format(names=names))
+            raise errors.ArgumentValueError(_NO_IMAGE.format(names=names))
         return image
 
     def _image(self) -> str | None:
