@@ -19,7 +19,7 @@ to the world's new FIRST step being filed.
 ``dmr.launch`` instead, and the chaos thread only SIGKILLs server 1: the
 launcher relaunches it on its port. Its table adds relaunch latency (death seen
 to serving again, ``Relaunch.downtime``) and the worlds per server once the
-chaos stops and the batch has recovered (``_balance``: at most one apart).
+chaos stops and the batch has recovered (``_batch.balance``: at most one apart).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from _common import (
 # isort: split
 import numpy as np
 
-from dm_env_rpc_client._restart import RestartPolicy
+from dm_env_rpc_client._batch.restart import RestartPolicy
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.launch import RelaunchPolicy, launch
 

@@ -32,7 +32,7 @@ import numpy as np
 from dm_env import specs
 
 import dm_env_rpc_client as dmr
-from dm_env_rpc_client._cli_run import step_worlds
+from dm_env_rpc_client._cli.run import step_worlds
 from dm_env_rpc_client.integrations.minari import MinariWriter
 from dm_env_rpc_client.integrations.rlds import RldsWriter
 from dm_env_rpc_client.server.catch import Catch

@@ -12,13 +12,13 @@ See the guide in ``docs/`` for tensors, connections, environments, batching,
 the command line and the embedded server.
 """
 
-# First: loads grpc with its INFO lines off, unless GRPC_VERBOSITY is set (see _quiet).
-from dm_env_rpc_client import _quiet as _quiet
-from dm_env_rpc_client._foreign import ForeignConnection
-from dm_env_rpc_client._proto import dm_env_rpc_pb2, dm_env_rpc_pb2_grpc, properties_pb2
-from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
-from dm_env_rpc_client.aio import AsyncConnection, connect_async
-from dm_env_rpc_client.aio_environment import (
+# First: loads grpc with its INFO lines off, unless GRPC_VERBOSITY is set (see _base.quiet).
+from ._base import quiet as _quiet  # noqa: F401 (imported for what importing it does)
+from ._batch.restart import RestartPolicy, WorldFailure
+from ._proto import dm_env_rpc_pb2, dm_env_rpc_pb2_grpc, properties_pb2
+from ._transport.foreign import ForeignConnection
+from .aio import AsyncConnection, connect_async
+from .aio_environment import (
     AsyncDmEnvAdaptor,
     create_and_join_world_async,
     create_world_async,
@@ -27,10 +27,10 @@ from dm_env_rpc_client.aio_environment import (
     leave_world_async,
     reset_world_async,
 )
-from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
-from dm_env_rpc_client.cli import main as cli_main
-from dm_env_rpc_client.conformance import ConformanceReport, check_server
-from dm_env_rpc_client.connection import (
+from .batched import BatchedEnvironment, BatchedTimeStep
+from .cli import main as cli_main
+from .conformance import ConformanceReport, check_server
+from .connection import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     KEEPALIVE_DETECTION_S,
@@ -39,8 +39,8 @@ from dm_env_rpc_client.connection import (
     connect,
     create_secure_channel_and_connect,
 )
-from dm_env_rpc_client.display import show
-from dm_env_rpc_client.environment import (
+from .display import show
+from .environment import (
     CreateAndJoinResult,
     DmEnvAdaptor,
     create_and_join_world,
@@ -50,7 +50,7 @@ from dm_env_rpc_client.environment import (
     leave_world,
     reset_world,
 )
-from dm_env_rpc_client.errors import (
+from .errors import (
     ArgumentError,
     ArgumentTypeError,
     ArgumentValueError,
@@ -86,24 +86,12 @@ from dm_env_rpc_client.errors import (
     WorldError,
     WorldTimeoutError,
 )
-from dm_env_rpc_client.launch import (
-    LaunchedServer,
-    LaunchedServers,
-    Relaunch,
-    RelaunchPolicy,
-    launch,
-)
-from dm_env_rpc_client.properties import PropertiesExtension, PropertySpec
-from dm_env_rpc_client.random_actions import random_action, random_batch
-from dm_env_rpc_client.recording import (
-    Episode,
-    EpisodeRecorder,
-    Recording,
-    iter_episodes,
-    load_episode,
-)
-from dm_env_rpc_client.server import Property, Server, serve
-from dm_env_rpc_client.specs import (
+from .launch import LaunchedServer, LaunchedServers, Relaunch, RelaunchPolicy, launch
+from .properties import PropertiesExtension, PropertySpec
+from .random_actions import random_action, random_batch
+from .recording import Episode, EpisodeRecorder, Recording, iter_episodes, load_episode
+from .server import Property, Server, serve
+from .specs import (
     Bounds,
     SpecManager,
     bounds,
@@ -111,7 +99,7 @@ from dm_env_rpc_client.specs import (
     set_bounds,
     tensor_spec_to_dm_env_spec,
 )
-from dm_env_rpc_client.tensors import (
+from .tensors import (
     DATA_TYPE_TO_NUMPY,
     NUMPY_TO_DATA_TYPE,
     DataType,

@@ -2,7 +2,7 @@
 
 import sys
 
-from dm_env_rpc_client.cli import main
+from .cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,9 +28,10 @@ from typing import Any
 import grpc
 from google.protobuf import message
 
-from dm_env_rpc_client import _ready, errors, messages
-from dm_env_rpc_client._checks import check_metadata, check_seconds
-from dm_env_rpc_client.connection import (
+from . import errors, messages
+from ._base.checks import check_metadata, check_seconds
+from ._transport import ready as _ready
+from .connection import (
     _CLOSED,
     _IN_FLIGHT_TIMEOUT,
     _REQUEST_TIMEOUT,

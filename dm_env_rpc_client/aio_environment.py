@@ -30,17 +30,14 @@ from typing import Any
 
 import dm_env
 
-from dm_env_rpc_client import _checks, errors
-from dm_env_rpc_client._adaptor_core import (
-    AdaptorCore,
-    check_adaptor_kwargs,
-    pack_settings,
-)
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client._stacked import StackedDecoder
-from dm_env_rpc_client._wire_step import read_step
-from dm_env_rpc_client.aio import AsyncConnection, connect_async
-from dm_env_rpc_client.connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
+from . import errors
+from ._adaptor.core import AdaptorCore, check_adaptor_kwargs, pack_settings
+from ._adaptor.stacked import StackedDecoder
+from ._base import checks as _checks
+from ._fastpath.wire_step import read_step
+from ._proto import dm_env_rpc_pb2
+from .aio import AsyncConnection, connect_async
+from .connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
 
 _NOT_ASYNC = (
     "{caller} takes an AsyncConnection (await dmr.connect_async(address)) or an address "

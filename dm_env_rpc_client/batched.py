@@ -27,7 +27,7 @@ matters when the client, not the servers, is what limits the batch. As a
 response lands the loop only moves that world's step-type state machine on;
 finished steps are handed to ``recv`` through one condition variable, so the
 calling thread wakes once per ``recv``, not once per world, and decodes all the
-steps it takes at once (``_stacked``).
+steps it takes at once (``_adaptor.stacked``).
 
 One thread drives a batch (``send``, ``recv``, ``step``, ``reset``); the loop
 thread only writes requests, files responses, watches deadlines and restarts
@@ -44,7 +44,7 @@ late response can ever answer a later request. What follows is the policy's:
   ``TimeoutError``, for a deadline), with the cause chained; steps of other
   worlds already received stay for the next ``recv``. Sending to that world
   again raises ``WorldError``.
-- ``on_world_failure="restart"``: the world alone is made again (``_restart``);
+- ``on_world_failure="restart"``: the world alone is made again (``_batch.restart``);
   its next returned step is FIRST with ``truncated`` set, answering the steps it
   had in flight; a world that cannot be restored within the bounds is removed
   (``live_ids``). Healthy worlds keep stepping meanwhile.
@@ -70,8 +70,10 @@ from typing import Any
 import grpc
 import numpy as np
 
-from dm_env_rpc_client import _checks, _restart, errors
-from dm_env_rpc_client._batch_core import (
+from . import errors
+from ._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
+from ._base import checks as _checks
+from ._batch.core import (
     _FAILED,
     _LIVE,
     _NO_WAITER,
@@ -83,11 +85,10 @@ from dm_env_rpc_client._batch_core import (
     _is_bad,
     _shut_down,
 )
-from dm_env_rpc_client._batch_open import open_batch
-from dm_env_rpc_client._batch_reset import reset_each
-from dm_env_rpc_client._restart import RestartPolicy, WorldFailure
-from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
-from dm_env_rpc_client.random_actions import random_batch
+from ._batch.opening import open_batch
+from ._batch.reset import reset_each
+from ._batch.restart import RAISE, RestartPolicy, WorldFailure
+from .random_actions import random_batch
 
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
 _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {wanted} of it."
@@ -138,7 +139,7 @@ class BatchedEnvironment(BatchCore):
         seed: int | None = None,
         seed_setting: str | None = "seed",
         world_names: Sequence[str] | None = None,
-        on_world_failure: str = _restart.RAISE,
+        on_world_failure: str = RAISE,
         step_timeout: float | None = 30.0,
         restart: RestartPolicy | None = None,
         wait_for_ready: bool = False,
@@ -349,7 +350,7 @@ class BatchedEnvironment(BatchCore):
         self._runner.call(self._write_steps, ids, wire, sent)
 
     def _encoded(self, actions: Any, ids: list[int]) -> list[bytes] | None:
-        """Every world's request bytes by the fast path (``_step_encoder``), or None.
+        """Every world's request bytes by the fast path (``_fastpath.step_encoder``), or None.
 
         It applies to stacked actions for worlds whose specs are those the batch
         was opened with (all alike) and whose adaptors are open.
@@ -471,7 +472,7 @@ class BatchedEnvironment(BatchCore):
                     index, self.addresses[index], cause, time.time(), 0, "raised", None, lost, 0.0
                 )
             )
-        if self._policy == _restart.RAISE:
+        if self._policy == RAISE:
             self._in_flight[index] -= lost
 
     def _collect(
@@ -544,7 +545,7 @@ class BatchedEnvironment(BatchCore):
         return f"BatchedEnvironment({len(self.envs)} worlds on {sorted(set(map(str, self.addresses)))})"
 
     def _repr_html_(self) -> str:
-        from dm_env_rpc_client import display  # presentation: only when rendered
+        from . import display  # presentation: only when rendered
 
         fields = {"worlds": len(self.envs), "addresses": sorted(set(map(str, self.addresses)))}
         return display.environment_html("BatchedEnvironment", fields, *self.envs[0]._spec_rows())

@@ -9,7 +9,7 @@ Commands:
   JSON): steps, episodes, returns, steps/s, latency, seeds, recording, relaunches.
   ``--ray [auto|ADDRESS|local] --num-shards K``: K Ray actors step the worlds.
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
-- ``check ADDRESS``: checks a server against the protocol (``_cli_check``); 0 if it conforms.
+- ``check ADDRESS``: checks a server against the protocol (``_cli.check``); 0 if it conforms.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
 
@@ -38,8 +38,10 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from dm_env_rpc_client import _record_cli, errors, specs
-from dm_env_rpc_client._args import (
+from . import errors, specs
+from ._base.quiet import quiet_grpc_logs
+from ._cli import record as _record_cli
+from ._cli.args import (
     SETTING_HELP,
     UsageError,
     check_no_url_scheme,
@@ -49,16 +51,15 @@ from dm_env_rpc_client._args import (
     positive_int,
     tls_credentials,
 )
-from dm_env_rpc_client._cli_check import add_check_command
-from dm_env_rpc_client._cli_run import RunStats, launched, print_summary, step_worlds
-from dm_env_rpc_client._quiet import quiet_grpc_logs
-from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.connection import connect, is_local
-from dm_env_rpc_client.environment import create_and_join_world, join_world, specs_table
-from dm_env_rpc_client.recording import prepare_folder
-from dm_env_rpc_client.server import serve
-from dm_env_rpc_client.server._subprocess import server_subprocess
-from dm_env_rpc_client.server.catch import Catch
+from ._cli.check import add_check_command
+from ._cli.run import RunStats, launched, print_summary, step_worlds
+from .batched import BatchedEnvironment
+from .connection import connect, is_local
+from .environment import create_and_join_world, join_world, specs_table
+from .recording import prepare_folder
+from .server import serve
+from .server._subprocess import server_subprocess
+from .server.catch import Catch
 
 INTERRUPTED = 130
 WORLD_LOST = 3  # run finished, but a world failed and could not be restored
@@ -233,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     if seed_setting is not None and seed_setting in create_settings and not args.world:
         raise UsageError(_SEED_TWICE.format(name=seed_setting))
     if args.ray is not None:  # sharded on Ray: needs the ray extra, so imported only here
-        from dm_env_rpc_client.integrations._ray_cli import run_on_ray
+        from .integrations._ray_cli import run_on_ray
 
         for address in dict.fromkeys(args.address or ()):
             check_address(address, kwargs, args.timeout, args.quiet or args.json)
@@ -480,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_command(commands, _connection_flags, _settings_flags, _channel_kwargs, check_address)
     # Imported here, not at module level: `python -m dm_env_rpc_client.server` must not find
     # its __main__ already imported by the package.
-    from dm_env_rpc_client.server import __main__ as server_main
+    from .server import __main__ as server_main
 
     serve_parser = commands.add_parser(
         "serve", help="serve Catch or your own environment", description=server_main.DESCRIPTION

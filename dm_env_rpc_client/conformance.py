@@ -46,9 +46,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, cast
 
-from dm_env_rpc_client import _checks, _conformance
-from dm_env_rpc_client._conformance_probe import RULES
-from dm_env_rpc_client.connection import connect
+from ._base import checks as _checks
+from ._tools import conformance_checks as _conformance
+from ._tools.conformance_probe import RULES
+from .connection import connect
 
 __all__ = ["RULES", "ConformanceReport", "Finding", "check_server"]
 

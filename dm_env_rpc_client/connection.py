@@ -31,12 +31,14 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf import message
 
-from dm_env_rpc_client import _checks, _ready, errors, messages
-from dm_env_rpc_client._channel import DEFAULT_OPTIONS as DEFAULT_OPTIONS
-from dm_env_rpc_client._channel import KEEPALIVE_DETECTION_S as KEEPALIVE_DETECTION_S
-from dm_env_rpc_client._channel import create_channel as create_channel
-from dm_env_rpc_client._channel import is_local as is_local
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from . import errors, messages
+from ._base import checks as _checks
+from ._proto import dm_env_rpc_pb2
+from ._transport import ready as _ready
+from ._transport.channel import DEFAULT_OPTIONS as DEFAULT_OPTIONS
+from ._transport.channel import KEEPALIVE_DETECTION_S as KEEPALIVE_DETECTION_S
+from ._transport.channel import create_channel as create_channel
+from ._transport.channel import is_local as is_local
 
 Metadata = Sequence[tuple[str, str]]  # gRPC metadata, as the reference names it
 

@@ -18,7 +18,7 @@ board) are shown as grey images too. PNGs are encoded with the standard library
 nearest-neighbour pixels so that they are visible.
 
 Presentation depends on the core, never the reverse: this module imports no
-core module but the leaf ``_nesting``, and the core's ``_repr_html_`` methods
+core module but the leaf ``_codec.nesting``, and the core's ``_repr_html_`` methods
 import it only when a notebook renders them, passing plain rows and values.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 import dm_env
 import numpy as np
 
-from dm_env_rpc_client._nesting import flatten
+from ._codec.nesting import flatten
 
 _MIN_SIDE = 128  # small images are scaled up to at least this many pixels
 

@@ -13,7 +13,7 @@
         env.close()
 
 The adaptor adds the I/O (sync, over a ``Connection``) to ``AdaptorCore``
-(``_adaptor_core``), which holds the step-type state machine and the
+(``_adaptor.core``), which holds the step-type state machine and the
 reward/discount rules: see that module for them.
 
 ``reset()`` sends a ResetRequest and takes the first step. If the server's
@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 import dm_env
 from google.protobuf import message
 
-from dm_env_rpc_client import _checks, errors, specs
-from dm_env_rpc_client import connection as dm_env_rpc_connection  # noqa: F401 (reference name)
-from dm_env_rpc_client._adaptor_core import (
+from . import connection as dm_env_rpc_connection  # noqa: F401 (reference name)
+from . import errors, specs
+from ._adaptor.core import (
     CLOSE_TIMEOUT,
     DISCOUNT,
     REWARD,
@@ -45,12 +45,13 @@ from dm_env_rpc_client._adaptor_core import (
     check_adaptor_kwargs,
     pack_settings,
 )
-from dm_env_rpc_client._foreign import ForeignConnection, as_connection, compatible, note_destroyed
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client._stacked import StackedDecoder
-from dm_env_rpc_client._wire_step import read_step
-from dm_env_rpc_client._world_requests import create_world, destroy_world, leave_world, reset_world
-from dm_env_rpc_client.connection import (
+from ._adaptor.stacked import StackedDecoder
+from ._adaptor.world_requests import create_world, destroy_world, leave_world, reset_world
+from ._base import checks as _checks
+from ._fastpath.wire_step import read_step
+from ._proto import dm_env_rpc_pb2
+from ._transport.foreign import ForeignConnection, as_connection, compatible, note_destroyed
+from .connection import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     Connection,
@@ -59,7 +60,7 @@ from dm_env_rpc_client.connection import (
     request_timeout,
     wait_response,
 )
-from dm_env_rpc_client.properties import PropertiesExtension
+from .properties import PropertiesExtension
 
 specs_table = specs.specs_table  # importable from here as before
 # step_iter's steps in flight: the request (or its type's name, for a timeout), its Future.
@@ -184,7 +185,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         """Sends a step (as bytes over a ``Connection``: ``_step_data``); returns the request or its
         type's name (for a timeout's message) and its Future: ``future`` if given, resolved with
         ``decode(response bytes)`` over a ``Connection``, else with the StepResponse. A
-        replaced ``send`` gets the request (``_foreign.compatible``)."""
+        replaced ``send`` gets the request (``_transport.foreign.compatible``)."""
         connection = compatible(self._connection)
         if isinstance(connection, Connection):
             data, expected, name = self._step_data(action)
@@ -236,7 +237,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
 
         When the window is full it waits for its oldest half (``in_flight // 2``
         steps) to finish, takes every finished step, decodes their observations
-        together (one NumPy call per observation, see ``_decode``) and refills
+        together (one NumPy call per observation, see ``_fastpath.decode``) and refills
         the window: one wake-up and one decode per half window instead of per
         step, while the server always has the other half to work on. The
         TimeSteps are the same as ``step`` gives.
@@ -346,7 +347,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
             raise refused
 
     def _repr_html_(self) -> str:
-        from dm_env_rpc_client import display  # presentation: only when rendered
+        from . import display  # presentation: only when rendered
 
         return display.environment_html(
             "DmEnvAdaptor",

@@ -34,7 +34,7 @@ and hands back their addresses::
   (exit code and output), how long it was down. ``BatchedEnvironment`` worlds
   on it are restored there under ``on_world_failure="restart"``.
 
-The private ``_launch_process`` forks, watches, probes and stops one process.
+The private ``_launch.process`` forks, watches, probes and stops one process.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, overload
 
-from dm_env_rpc_client import _checks, errors
-from dm_env_rpc_client import _launch_process as _process
+from . import errors
+from ._base import checks as _checks
+from ._launch import process as _process
 
 _NO_SERVERS = "num_servers must be at least 1, not {count}."
 _PORTS_COUNT = "Give one port per server: {ports} ports for {count} servers."

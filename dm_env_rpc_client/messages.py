@@ -24,9 +24,9 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from google.protobuf import any_pb2, message
 
-from dm_env_rpc_client import errors
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client._wire import _varint
+from . import errors
+from ._codec.payload import _varint
+from ._proto import dm_env_rpc_pb2
 
 EXTENSION = "extension"
 METHOD = "/dm_env_rpc.v1.Environment/Process"

@@ -20,9 +20,10 @@ from typing import Any, NamedTuple
 
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import _checks, errors, specs, tensors
-from dm_env_rpc_client._foreign import compatible
-from dm_env_rpc_client._proto import properties_pb2
+from . import errors, specs, tensors
+from ._base import checks as _checks
+from ._proto import properties_pb2
+from ._transport.foreign import compatible
 
 
 class PropertySpec(NamedTuple):

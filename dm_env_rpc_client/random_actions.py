@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import errors
+from . import errors
 
 UNBOUNDED_INT = 100
 UNBOUNDED_FLOAT = 1.0

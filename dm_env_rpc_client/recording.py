@@ -56,10 +56,11 @@ from typing import Any, Protocol
 import dm_env
 import numpy as np
 
-from dm_env_rpc_client import _checks, errors, specs
-from dm_env_rpc_client._background_writer import BackgroundWriter
-from dm_env_rpc_client._episode_stream import Block, EpisodeStream
-from dm_env_rpc_client._npz_file import save_npz
+from . import errors, specs
+from ._base import checks as _checks
+from ._tools.background_writer import BackgroundWriter
+from ._tools.episode_stream import Block, EpisodeStream
+from ._tools.npz_file import save_npz
 
 _NOT_EMPTY = (
     "The recording folder {path} already holds {count} entries (e.g. {example!r}); "
@@ -264,7 +265,7 @@ class Recording:
 
     Steps come in one world at a time (``add``) or as a batch's ``recv``
     (``add_batch``, what ``run --record`` does: no per-world work while the
-    batch steps). ``_episode_stream.EpisodeStream`` cuts them into episodes by
+    batch steps). ``_tools.episode_stream.EpisodeStream`` cuts them into episodes by
     ``EpisodeRecorder``'s rules, a block of steps at a time: after every
     ``flush_steps`` steps or ``flush_seconds`` seconds, at a FIRST or LAST step
     given to ``add`` without ``background``, and at ``truncate`` and ``close``.

@@ -15,9 +15,9 @@ and back, validating dtype, shape and bounds on the way out::
     assert manager.unpack(tensors)["arm"]["joint"].tolist() == [0.5, -0.5]
 
 The spec helpers live in their own modules and are importable from here too:
-bounds (``bounds``, ``set_bounds``: ``_bounds``), nesting (``flatten``,
-``unflatten``: ``_nesting``) and ``dm_env.specs`` conversion
-(``tensor_spec_to_dm_env_spec`` and back, ``VariableArray``: ``_spec_conversion``).
+bounds (``bounds``, ``set_bounds``: ``_codec.bounds``), nesting (``flatten``,
+``unflatten``: ``_codec.nesting``) and ``dm_env.specs`` conversion
+(``tensor_spec_to_dm_env_spec`` and back, ``VariableArray``: ``_codec.spec_conversion``).
 """
 
 from __future__ import annotations
@@ -27,17 +27,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dm_env_rpc_client import _checks, errors, tensors
-from dm_env_rpc_client._bounds import Bounds, bounds, set_bounds
-from dm_env_rpc_client._nesting import flatten, unflatten
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client._spec_conversion import (
+from . import errors, tensors
+from ._base import checks as _checks
+from ._codec.bounds import Bounds, bounds, set_bounds
+from ._codec.nesting import flatten, unflatten
+from ._codec.spec_conversion import (
     VariableArray,
     VariableBoundedArray,
     dm_env_spec_to_tensor_spec,
     flatten_dm_env_specs,
     tensor_spec_to_dm_env_spec,
 )
+from ._proto import dm_env_rpc_pb2
 
 TensorSpec = dm_env_rpc_pb2.TensorSpec
 DataType = dm_env_rpc_pb2.DataType
@@ -158,7 +159,7 @@ class SpecManager:
         return len(self._by_uid)
 
     def _repr_html_(self) -> str:
-        from dm_env_rpc_client import display  # presentation: only when rendered
+        from . import display  # presentation: only when rendered
 
         return display.specs_html(specs_table(self), f"{self._kind}s")
 
@@ -268,7 +269,7 @@ class SpecManager:
     def _check_bounds(self, compiled: _Compiled, array: np.ndarray) -> None:
         """Raises ``SpecValidationError`` for the first element outside the spec's bounds.
 
-        ``array`` is of the spec's shape, or (``_step_encoder``) of several worlds'
+        ``array`` is of the spec's shape, or (``_fastpath.step_encoder``) of several worlds'
         actions stacked along a leading axis; NaN lies in bounds.
         """
         if compiled.bounds is None or not array.size:

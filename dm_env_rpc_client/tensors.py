@@ -56,8 +56,8 @@ from typing import Any, Literal
 import numpy as np
 from google.protobuf import any_pb2, message
 
-from dm_env_rpc_client import errors
-from dm_env_rpc_client._dtypes import (
+from . import errors
+from ._codec.dtypes import (
     _BYTES,
     _BYTES_FIELD,
     _FIXED,
@@ -74,8 +74,18 @@ from dm_env_rpc_client._dtypes import (
     not_a_tensor,
     np_type_to_data_type,
 )
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client._tensor_errors import (
+from ._codec.payload import (
+    _ARRAY_TAG,
+    _FLOAT32,
+    _build,
+    _payload_body,
+    _read_fixed,
+    _shape_bytes,
+    _varint,
+    array_to_value_bytes,
+    payload_to_array,
+)
+from ._codec.tensor_errors import (
     _BAD_OBJECTS,
     _BAD_OVERFLOW,
     _COUNT_MISMATCH,
@@ -88,17 +98,7 @@ from dm_env_rpc_client._tensor_errors import (
     _UNSUPPORTED_DTYPE,
     _UNSUPPORTED_FIXES,
 )
-from dm_env_rpc_client._wire import (
-    _ARRAY_TAG,
-    _FLOAT32,
-    _build,
-    _payload_body,
-    _read_fixed,
-    _shape_bytes,
-    _varint,
-    array_to_value_bytes,
-    payload_to_array,
-)
+from ._proto import dm_env_rpc_pb2
 
 OnOverflow = Literal["error", "wrap", "clip"]
 
@@ -369,7 +369,7 @@ def stack_tensors(
       data_type: their ``DataType`` per the spec.
       shape: their shape per the spec.
       checked: the caller has checked already that every Tensor has the payload
-        field and the shape (``_decode``); each payload's size is still checked.
+        field and the shape (``_fastpath.decode``); each payload's size is still checked.
     """
     if data_type not in _FIXED and data_type not in _BYTES:
         return None

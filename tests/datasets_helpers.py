@@ -10,7 +10,7 @@ import numpy as np
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import specs
-from dm_env_rpc_client._cli_run import step_worlds
+from dm_env_rpc_client._cli.run import step_worlds
 
 INTERRUPTED = 3
 

@@ -20,8 +20,8 @@ from dm_env import specs as dm_specs
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors, messages, specs
+from dm_env_rpc_client._fastpath.step_encoder import MAX_TEMPLATES
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client._step_encoder import MAX_TEMPLATES
 from dm_env_rpc_client.connection import Connection
 from dm_env_rpc_client.environment import DmEnvAdaptor
 from dm_env_rpc_client.server import serve

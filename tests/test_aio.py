@@ -16,8 +16,8 @@ import pytest
 from conftest import sigstop, wait_for
 
 from dm_env_rpc_client import errors, messages, tensors
+from dm_env_rpc_client._fastpath.wire_step import read_step
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
-from dm_env_rpc_client._wire_step import read_step
 from dm_env_rpc_client.aio import AsyncConnection, connect_async
 from dm_env_rpc_client.server import Server
 

@@ -19,7 +19,7 @@ from faulty import counting_server, faulty_server, float_specs, refusing_leave
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
-from dm_env_rpc_client._adaptor_core import AdaptorCore
+from dm_env_rpc_client._adaptor.core import AdaptorCore
 from dm_env_rpc_client.server import Server
 from dm_env_rpc_client.server.catch import Catch
 

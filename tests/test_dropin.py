@@ -44,7 +44,7 @@ from dm_env_rpc_client import environment as sdk_adaptor
 from dm_env_rpc_client import errors as sdk_error
 from dm_env_rpc_client import properties as sdk_properties
 from dm_env_rpc_client import tensors as sdk_tensor_utils
-from dm_env_rpc_client._foreign import compatible
+from dm_env_rpc_client._transport.foreign import compatible
 from dm_env_rpc_client.server import Server
 
 

@@ -21,9 +21,9 @@ from dm_env import test_utils
 from faulty import counting_server
 
 from dm_env_rpc_client import errors, tensors
-from dm_env_rpc_client._decode import ObservationPlan
+from dm_env_rpc_client._adaptor.stacked import StackedDecoder
+from dm_env_rpc_client._fastpath.decode import ObservationPlan
 from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
-from dm_env_rpc_client._stacked import StackedDecoder
 from dm_env_rpc_client.connection import Connection, connect
 from dm_env_rpc_client.environment import (
     DmEnvAdaptor,

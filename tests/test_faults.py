@@ -16,8 +16,8 @@ from conftest import run_child, sigstop, wait_for
 from faulty import Counter, faulty_server, float_specs, lifecycle, refusing_leave
 
 from dm_env_rpc_client import errors
+from dm_env_rpc_client._batch.restart import RestartPolicy
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client._restart import RestartPolicy
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.connection import KEEPALIVE_DETECTION_S, connect
 from dm_env_rpc_client.environment import create_and_join_world, create_world, join_world

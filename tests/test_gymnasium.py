@@ -328,7 +328,7 @@ def test_large_observations_are_read_from_the_wire_and_copied_once(monkeypatch) 
     """GymnasiumEnv.step takes the adaptor's own step: the 400 KB observation is read from
     the response's bytes (not parsed into a message) into an array of its own, and an
     episode's end is still TERMINATED or INTERRUPTED from the server's state."""
-    from dm_env_rpc_client import _wire_step
+    from dm_env_rpc_client._fastpath import wire_step as _wire_step
 
     walked = []
     original = _wire_step._walk

@@ -18,7 +18,7 @@ import numpy as np
 from test_launch import STAND_IN, _none_left, _tag
 
 import dm_env_rpc_client as dmr
-from dm_env_rpc_client._restart import RestartPolicy
+from dm_env_rpc_client._batch.restart import RestartPolicy
 from dm_env_rpc_client.server._subprocess import server_subprocess
 
 _FIRST, _MID, _LAST = 0, 1, 2

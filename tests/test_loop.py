@@ -15,8 +15,8 @@ import pytest
 from conftest import assert_killing_fails_pending, run_child, sigstop
 
 from dm_env_rpc_client import errors
-from dm_env_rpc_client._loop import LoopConnection, LoopThread
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client._transport.loop import LoopConnection, LoopThread
 from dm_env_rpc_client.environment import create_and_join_world
 from dm_env_rpc_client.server import Server
 

@@ -21,7 +21,7 @@ import pytest
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors, tensors
-from dm_env_rpc_client._decode import ObservationPlan
+from dm_env_rpc_client._fastpath.decode import ObservationPlan
 from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
 from dm_env_rpc_client.batched import BatchedEnvironment
 from tests.faulty import faulty_server, lifecycle
@@ -244,7 +244,7 @@ def test_wrong_element_counts_that_add_up_are_still_refused() -> None:
 
 
 def test_batch_refuses_bad_steps_after_it_learned_the_layout(fault: tuple[str, str]) -> None:
-    """The batch decodes runs of same-shaped responses by their byte layout (``_layout``) once
+    """The batch decodes runs of same-shaped responses by their byte layout (``_fastpath.layout``) once
     it has checked one; a bad response after that is refused exactly as before."""
     address, message = fault
     with BatchedEnvironment.connect([address, address], timeout=10) as envs:

@@ -27,7 +27,7 @@ import trustme
 from conftest import run_child, wait_for
 
 import dm_env_rpc_client as dmr
-from dm_env_rpc_client._cli_run import RunStats
+from dm_env_rpc_client._cli.run import RunStats
 from dm_env_rpc_client.server.catch import Catch
 
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")

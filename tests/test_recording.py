@@ -152,10 +152,10 @@ def test_truncate_one_world_for_a_failed_world(tmp_path: pathlib.Path) -> None:
 
 
 def test_npz_files_stored_or_deflated_load_with_numpy(tmp_path: pathlib.Path) -> None:
-    """``_npz_file`` lays zips out by hand: numpy and zipfile read both kinds."""
+    """``_tools.npz_file`` lays zips out by hand: numpy and zipfile read both kinds."""
     import zipfile
 
-    from dm_env_rpc_client._npz_file import save_npz
+    from dm_env_rpc_client._tools.npz_file import save_npz
 
     arrays = {
         "a": np.arange(10, dtype=np.int64),

@@ -104,7 +104,7 @@ def test_presentation_depends_on_the_core_never_the_reverse() -> None:
     graph = _graph()
     assert "dm_env_rpc_client.environment" not in graph["dm_env_rpc_client.display"]
     assert "dm_env_rpc_client.specs" not in graph["dm_env_rpc_client.display"]
-    assert "dm_env_rpc_client.environment" not in graph["dm_env_rpc_client._stacked"]
+    assert "dm_env_rpc_client.environment" not in graph["dm_env_rpc_client._adaptor.stacked"]
     # Core modules import display only inside the methods that render (checked by name).
     for name in ("dm_env_rpc_client.specs", "dm_env_rpc_client.environment"):
         tree = ast.parse(_modules()[name].read_text())

@@ -11,10 +11,11 @@ import pytest
 from dm_env import specs as dm_specs
 
 import dm_env_rpc_client as dmr
-from dm_env_rpc_client import _wire_step, errors, messages, tensors
-from dm_env_rpc_client._decode import ObservationPlan
+from dm_env_rpc_client import errors, messages, tensors
+from dm_env_rpc_client._fastpath import wire_step as _wire_step
+from dm_env_rpc_client._fastpath.decode import ObservationPlan
+from dm_env_rpc_client._fastpath.wire_step import LARGE, WireStep, WireTensor, read_step
 from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
-from dm_env_rpc_client._wire_step import LARGE, WireStep, WireTensor, read_step
 
 SIZE = 100_000
 # The payloads _wire_step walks: (NumPy dtype, DataType).

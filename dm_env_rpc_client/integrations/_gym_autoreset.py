@@ -7,7 +7,7 @@ other two modes are built on that:
 - SAME_STEP: the vector step on which worlds end also returns their next
   episode's first observation, and costs no round trip of its own. The env
   turns the batch's ``_autoreset`` on, so the batch's loop thread
-  (``_batch_core``), the moment a world's answer lands LAST with nothing else
+  (``_batch.core``), the moment a world's answer lands LAST with nothing else
   in flight for it, writes that world's next step (the protocol's autoreset
   step: the bytes of the step just answered, whose action the server ignores)
   before it even files the LAST answer for ``recv``. By the time ``step_wait``
@@ -42,8 +42,8 @@ from gymnasium import Space
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
-from dm_env_rpc_client import errors
-from dm_env_rpc_client.batched import BatchedEnvironment
+from .. import errors
+from ..batched import BatchedEnvironment
 
 _LAST = 2  # dm_env.StepType.LAST
 Row = tuple[dm_env.TimeStep, int, bool]  # a world's step, its server state, restart flag

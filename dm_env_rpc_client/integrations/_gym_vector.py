@@ -48,18 +48,14 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from dm_env_rpc_client import errors, specs
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client._stacked import BatchedTimeStep, batch_of, split_actions
-from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.integrations import _gym_autoreset as autoreset
-from dm_env_rpc_client.integrations._gym_spaces import AnyText, SpaceAdapter, leaf
-from dm_env_rpc_client.integrations._gym_uneven import Uneven
-from dm_env_rpc_client.integrations._vector_batch import (
-    open_batch,
-    receive_firsts,
-    reset_world,
-)
+from .. import errors, specs
+from .._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
+from .._proto import dm_env_rpc_pb2
+from ..batched import BatchedEnvironment
+from . import _gym_autoreset as autoreset
+from ._gym_spaces import AnyText, SpaceAdapter, leaf
+from ._gym_uneven import Uneven
+from ._vector_batch import open_batch, receive_firsts, reset_world
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = 0  # dm_env.StepType.FIRST
@@ -188,7 +184,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         self._latest: Any = None  # the observations last returned (for reset_mask)
         self._sent: Any = None  # the SDK actions last sent (SAME_STEP's autoreset steps)
         # SAME_STEP: the batch sends a world whose step lands LAST its autoreset step at once,
-        # from its loop (``_batch_core``); a batch the caller passed gets its setting back on close.
+        # from its loop (``_batch.core``); a batch the caller passed gets its setting back on close.
         self._autoreset_before = batch._autoreset
         batch._autoreset = self.autoreset_mode == AutoresetMode.SAME_STEP
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import ray
 
-from dm_env_rpc_client._args import UsageError, check_launch_flags, tls_credentials
-from dm_env_rpc_client._cli_run import RunStats
-from dm_env_rpc_client.integrations._ray_fleet import ServerFleet
-from dm_env_rpc_client.integrations._ray_shards import run_sharded
-from dm_env_rpc_client.integrations.ray import init_ray
-from dm_env_rpc_client.server.catch import Catch
-from dm_env_rpc_client.specs import unflatten
+from .._cli.args import UsageError, check_launch_flags, tls_credentials
+from .._cli.run import RunStats
+from ..server.catch import Catch
+from ..specs import unflatten
+from ._ray_fleet import ServerFleet
+from ._ray_shards import run_sharded
+from .ray import init_ray
 
 LOCAL = "local"
 _MIN_WORKERS = 64  # streams each fleet server serves at least

@@ -22,8 +22,8 @@ from typing import Any
 
 import ray
 
-from dm_env_rpc_client.integrations._ray_fleet import ServerFleet, ServerInfo
-from dm_env_rpc_client.launch import LaunchedServers, Relaunch, RelaunchPolicy, launch
+from ..launch import LaunchedServers, Relaunch, RelaunchPolicy, launch
+from ._ray_fleet import ServerFleet, ServerInfo
 
 
 def _launched_env(settings: Any) -> Any:
@@ -87,7 +87,7 @@ class LaunchedFleet(ServerFleet):
         cwd: str | None = None,
         relaunch: RelaunchPolicy | None = RelaunchPolicy(),  # noqa: B008 (an immutable tuple)
     ) -> None:
-        from dm_env_rpc_client._launch_process import command_line
+        from .._launch.process import command_line
 
         command_line(command, "127.0.0.1", 0)  # a bad template fails here, not in every actor
         self._command = command

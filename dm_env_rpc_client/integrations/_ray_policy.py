@@ -21,16 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from dm_env_rpc_client import errors
-from dm_env_rpc_client._cli_run import (
-    EpisodeTally,
-    RunStats,
-    recv_until_stopped,
-    send_unless_removed,
-)
-from dm_env_rpc_client._stacked import unstack
-from dm_env_rpc_client.batched import BatchedEnvironment, BatchedTimeStep
-from dm_env_rpc_client.recording import Recording
+from .. import errors
+from .._adaptor.stacked import unstack
+from .._cli.run import EpisodeTally, RunStats, recv_until_stopped, send_unless_removed
+from ..batched import BatchedEnvironment, BatchedTimeStep
+from ..recording import Recording
 
 Policy = Callable[[BatchedTimeStep], Mapping[str, Any]]
 

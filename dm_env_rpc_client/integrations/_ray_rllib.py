@@ -33,7 +33,7 @@ from typing import Any
 
 import ray
 
-from dm_env_rpc_client.integrations._ray_fleet import ServerFleet, fleet_addresses
+from ._ray_fleet import ServerFleet, fleet_addresses
 
 ENV_NAME = "dm_env_rpc"
 _SLOTS = "slots"
@@ -182,7 +182,7 @@ def rllib_env_creator(env_config: Mapping[str, Any]) -> Any:
         observation is 2-D with no flattening (each message names the setting).
       WorldError: a world could not be created.
     """
-    from dm_env_rpc_client.integrations.gymnasium import GymnasiumVectorEnv
+    from .gymnasium import GymnasiumVectorEnv
 
     config = dict(env_config)
     addresses = list(config.pop("addresses", None) or ())

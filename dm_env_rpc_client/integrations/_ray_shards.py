@@ -43,19 +43,13 @@ import grpc
 import numpy as np
 import ray
 
-from dm_env_rpc_client import errors
-from dm_env_rpc_client._cli_run import RunStats, step_worlds
-from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.integrations._ray_fleet import (
-    _NOT_INITIALIZED,
-    FleetError,
-    ServerFleet,
-    _first_line,
-    fleet_addresses,
-)
-from dm_env_rpc_client.integrations._ray_policy import Policy, step_with_policy
-from dm_env_rpc_client.launch import launch
-from dm_env_rpc_client.recording import Recording, prepare_folder
+from .. import errors
+from .._cli.run import RunStats, step_worlds
+from ..batched import BatchedEnvironment
+from ..launch import launch
+from ..recording import Recording, prepare_folder
+from ._ray_fleet import _NOT_INITIALIZED, FleetError, ServerFleet, _first_line, fleet_addresses
+from ._ray_policy import Policy, step_with_policy
 
 _BAD_SPLIT = "Cannot split {worlds} worlds into {shards} shards; need 1 <= shards <= worlds."
 _SHARD_FAILED = "Shard {shard} (worlds {first}-{last}) failed: {error}"

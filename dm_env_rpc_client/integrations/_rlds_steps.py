@@ -28,7 +28,7 @@ import numpy as np
 from envlogger import step_data
 from envlogger.converters import codec
 
-from dm_env_rpc_client import recording, specs
+from .. import recording, specs
 
 # dtype -> (Values field, big-endian dtype): codec stores these as bytes.
 _BYTES = {

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from dm_env_rpc_client import errors
+from .. import errors
 
 DISCRETE_LIMIT = 1 << 16
 """The most values an integer action may have to be shown as ``Discrete``/``MultiDiscrete``."""

@@ -16,9 +16,10 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dm_env_rpc_client import _checks, errors
-from dm_env_rpc_client._stacked import BatchedTimeStep
-from dm_env_rpc_client.batched import BatchedEnvironment
+from .. import errors
+from .._adaptor.stacked import BatchedTimeStep
+from .._base import checks as _checks
+from ..batched import BatchedEnvironment
 
 _ONE_SOURCE = "Give {owner} either a BatchedEnvironment or addresses=, not {what}."
 _NOT_A_BATCH = (

@@ -51,19 +51,14 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without gym
 
 import numpy as np
 
-from dm_env_rpc_client import _checks, errors, specs
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client.connection import Connection, connect
-from dm_env_rpc_client.environment import DmEnvAdaptor, create_and_join_world
-from dm_env_rpc_client.integrations._gym_spaces import (
-    AnyText,
-    SpaceAdapter,
-    leaf,
-    space_from_spec,
-    spaces_from_specs,
-)
-from dm_env_rpc_client.integrations._gym_vector import GymnasiumVectorEnv
-from dm_env_rpc_client.integrations._vector_batch import refused_setting
+from .. import errors, specs
+from .._base import checks as _checks
+from .._proto import dm_env_rpc_pb2
+from ..connection import Connection, connect
+from ..environment import DmEnvAdaptor, create_and_join_world
+from ._gym_spaces import AnyText, SpaceAdapter, leaf, space_from_spec, spaces_from_specs
+from ._gym_vector import GymnasiumVectorEnv
+from ._vector_batch import refused_setting
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 ENV_ID = "DmEnvRpc-v0"

@@ -52,9 +52,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without min
         "pip install 'dm_env_rpc_client[minari]'"
     ) from exc
 
-from dm_env_rpc_client import errors, recording, specs
-from dm_env_rpc_client.integrations import _minari_arrow
-from dm_env_rpc_client.integrations._gym_spaces import spaces_from_specs
+from .. import errors, recording, specs
+from . import _minari_arrow
+from ._gym_spaces import spaces_from_specs
 
 METADATA = "metadata.json"
 ENTRY_POINT = "dm_env_rpc_client.integrations.gymnasium:GymnasiumEnv"

@@ -40,14 +40,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "dm_env_rpc_client.integrations.ray needs Ray: pip install 'dm_env_rpc_client[ray]'"
     ) from exc
 
-from dm_env_rpc_client.integrations._ray_fleet import (
-    FleetError,
-    ServerFleet,
-    ServerHealth,
-    ServerInfo,
-)
-from dm_env_rpc_client.integrations._ray_launch import LaunchedFleet
-from dm_env_rpc_client.integrations._ray_rllib import (
+from ._ray_fleet import FleetError, ServerFleet, ServerHealth, ServerInfo
+from ._ray_launch import LaunchedFleet
+from ._ray_rllib import (
     ENV_NAME,
     free_rllib_env_config,
     register_rllib_env,
@@ -55,14 +50,7 @@ from dm_env_rpc_client.integrations._ray_rllib import (
     rllib_env_creator,
     runner_slot,
 )
-from dm_env_rpc_client.integrations._ray_shards import (
-    ShardedRun,
-    ShardError,
-    ShardStats,
-    run_sharded,
-    split,
-    summarize,
-)
+from ._ray_shards import ShardedRun, ShardError, ShardStats, run_sharded, split, summarize
 
 LOCAL = "local"
 AUTO = "auto"

@@ -72,13 +72,13 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without the
 
 import numpy as np
 
-from dm_env_rpc_client import errors, specs
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.environment import DmEnvAdaptor
-from dm_env_rpc_client.integrations._gym_spaces import AnyText, SpaceAdapter, leaf
-from dm_env_rpc_client.integrations._sb3_actions import DISCRETE_LIMIT, ActionMap
-from dm_env_rpc_client.integrations._vector_batch import open_batch, receive_firsts, reset_world
+from .. import errors, specs
+from .._proto import dm_env_rpc_pb2
+from ..batched import BatchedEnvironment
+from ..environment import DmEnvAdaptor
+from ._gym_spaces import AnyText, SpaceAdapter, leaf
+from ._sb3_actions import DISCRETE_LIMIT, ActionMap
+from ._vector_batch import open_batch, receive_firsts, reset_world
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST, _LAST = 0, 2  # dm_env.StepType

@@ -51,12 +51,13 @@ from typing import Any
 import dm_env
 import grpc
 
-from dm_env_rpc_client import _checks, errors
-from dm_env_rpc_client._loop import LoopThread
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
-from dm_env_rpc_client.server._session import Session
-from dm_env_rpc_client.server._worlds import Registry
-from dm_env_rpc_client.server.properties import Property
+from .. import errors
+from .._base import checks as _checks
+from .._proto import dm_env_rpc_pb2
+from .._transport.loop import LoopThread
+from ._session import Session
+from ._worlds import Registry
+from .properties import Property
 
 METHOD = "/dm_env_rpc.v1.Environment/Process"
 _OPTIONS = [

@@ -28,11 +28,11 @@ from typing import Any
 import dm_env
 import grpc
 
-from dm_env_rpc_client._args import UsageError, port, positive_int, read_pem
-from dm_env_rpc_client._quiet import quiet_grpc_logs
-from dm_env_rpc_client.server import _factory, serve
-from dm_env_rpc_client.server.catch import Catch
-from dm_env_rpc_client.server.envs import LargeObservation
+from .._base.quiet import quiet_grpc_logs
+from .._cli.args import UsageError, port, positive_int, read_pem
+from . import _factory, serve
+from .catch import Catch
+from .envs import LargeObservation
 
 ENVS: dict[str, Callable[..., dm_env.Environment]] = {"catch": Catch, "large": LargeObservation}
 DEFAULT_HOST = "127.0.0.1"

@@ -9,11 +9,11 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 
-from dm_env_rpc_client import specs, tensors
-from dm_env_rpc_client._proto import dm_env_rpc_pb2, properties_pb2
-from dm_env_rpc_client._wire import _varint
-from dm_env_rpc_client.server import properties
-from dm_env_rpc_client.server._worlds import Registry, ServerError, World
+from .. import specs, tensors
+from .._codec.payload import _varint
+from .._proto import dm_env_rpc_pb2, properties_pb2
+from . import properties
+from ._worlds import Registry, ServerError, World
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 DEFAULT_WORLD = ""

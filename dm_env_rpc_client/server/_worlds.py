@@ -18,8 +18,8 @@ import grpc
 import numpy as np
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import specs, tensors
-from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from .. import specs, tensors
+from .._proto import dm_env_rpc_pb2
 
 
 class ServerError(Exception):

@@ -26,7 +26,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from dm_env_rpc_client.server.properties import Property
+from .properties import Property
 
 _BAD_SETTING = "Catch setting {name!r} must be {what}, got {value!r}."
 

@@ -19,8 +19,9 @@ from typing import Any
 import grpc
 from dm_env import specs as dm_specs
 
-from dm_env_rpc_client import _checks, errors, specs, tensors
-from dm_env_rpc_client._proto import properties_pb2
+from .. import errors, specs, tensors
+from .._base import checks as _checks
+from .._proto import properties_pb2
 
 _NOT_CALLABLE = (
     "Property's {name} is a function (read=lambda: value; write=lambda value: ...), not {kind}."

@@ -1,0 +1,497 @@
+"""The loop side of ``BatchedEnvironment``: writing steps, filing answers, failures, restarts.
+
+``BatchCore`` holds a batch's state and everything that runs on the batch's
+event loop: ``_write_steps`` queues requests, ``_landed`` moves a world's
+step-type state machine on and files the answer for ``recv`` (with ``_autoreset``
+on, a world whose step lands LAST is sent its next, resetting step right there,
+a round trip before anyone asks for it: ``GymnasiumVectorEnv``'s SAME_STEP and
+SB3's ``BatchedVecEnv`` want the reset observation with the LAST one), ``_watch`` fails
+a world that passes its ``step_timeout``, and ``_fail`` applies the failure
+policy (``_restore`` makes a world again with ``_batch.restart.reopen``). Answers
+are filed under a per-world *generation*: a failure bumps it, so an answer to a
+step dropped by the failure is never filed. ``_batch.opening`` creates the worlds
+for ``BatchedEnvironment.connect``. The public face is ``batched``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dm_env
+import grpc
+import numpy as np
+
+from .. import errors, messages
+from .._adaptor.stacked import BatchedTimeStep, StackedDecoder, batch_of
+from .._base import checks as _checks
+from .._fastpath.step_encoder import StepEncoder
+from .._fastpath.wire_step import read_step
+from .._proto import dm_env_rpc_pb2
+from .._transport.loop import LoopConnection, LoopThread
+from ..aio import AsyncConnection
+from ..connection import ConnectionLike
+from ..environment import DmEnvAdaptor
+from . import restart as _restart
+from .restart import RestartPolicy, WorldFailure
+
+_WORLD_FAILED = "World {index} at {address} failed: {error}"
+_STALLED = "no response within its step_timeout of {timeout} s (the server may be stopped or hung)"
+_FAILED_BEFORE = (
+    "it failed before ({cause}) and takes no more steps; leave it out of env_ids, close "
+    "the batch, or connect with on_world_failure='restart'"
+)
+_REMOVED = (
+    "it was removed from the batch after {attempts} restart attempts failed "
+    "(first failure: {cause}; last attempt: {last}); see envs.failures and envs.live_ids"
+)
+_LIVE, _FAILED, _RESTARTING, _REMOVED_STATE = 0, 1, 2, 3
+_SEED_TWICE = (
+    "create_world_settings already holds {name!r}, and seed= sets it per world: "
+    "pass one of the two, or a different seed_setting."
+)
+_NAMES_COUNT = "Give one world name per world: {names} names for {count} worlds."
+_NO_WAITER = 1 << 62
+LATENCY_SAMPLES = 100_000  # latencies kept for percentiles; older ones are dropped
+
+
+class _Failure:
+    """A filed outcome that stands for ``lost`` steps of a failed or removed world."""
+
+    __slots__ = ("cause", "lost", "removed")
+
+    def __init__(self, cause: BaseException, lost: int, removed: bool = False) -> None:
+        self.cause, self.lost, self.removed = cause, lost, removed
+
+
+_NOT_ENVS = (
+    "BatchedEnvironment(envs) takes joined worlds (DmEnvAdaptors), not {envs}; to connect to "
+    "server addresses, use BatchedEnvironment.connect(addresses, num_envs)."
+)
+
+
+class BatchCore:
+    """The state of a batch and its loop side (see the module docs); ``BatchedEnvironment`` is the face."""
+
+    def __init__(
+        self,
+        envs: Sequence[DmEnvAdaptor],
+        addresses: Sequence[str | None] | None = None,
+        *,
+        connections: Sequence[ConnectionLike] = (),
+    ) -> None:
+        if not envs:
+            raise ValueError("A BatchedEnvironment needs at least one world.")
+        if isinstance(envs, str) or not all(isinstance(env, DmEnvAdaptor) for env in envs):
+            raise errors.ArgumentTypeError(_NOT_ENVS.format(envs=_checks.kind(envs)))
+        self.envs = list(envs)
+        self.addresses = (
+            list(addresses)
+            if addresses is not None
+            else [getattr(env.connection, "address", None) for env in self.envs]
+        )
+        self._connections = list(connections)
+        self.world_seeds: list[int | None] = [None] * len(self.envs)
+        self.failures: list[WorldFailure] = []
+        self._runner: LoopThread | None = None
+        self._streams: list[AsyncConnection] = []  # with a runner: each world's stream
+        # With a runner and the same specs everywhere: the batch-at-once decoder, and the
+        # specs it was made for (a world whose specs change on reset is decoded alone).
+        self._decoder: StackedDecoder | None = None
+        self._joined_specs: list[Any] = []
+        # With a runner and the same specs everywhere: the step requests' encoder (send's
+        # fast path, for the worlds whose specs are still those they joined with).
+        self._encoder: StepEncoder | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._closed = False
+        # Finished steps, per world in request order: (outcome, latency). The outcome is the
+        # exception of a failed step, a _Failure, else (TimeStep, state) (adaptors over their
+        # own connections) or (step type, StepResponse[, steps it answers]) (on the batch's loop;
+        # recv decodes these; a third item marks the truncating FIRST step after a restart).
+        self._cond = threading.Condition(threading.Lock())
+        count = len(self.envs)
+        self._done: list[collections.deque[tuple[Any, float]]] = [
+            collections.deque() for _ in range(count)
+        ]
+        self._ready = 0  # finished and not yet received, over all worlds
+        self._want = _NO_WAITER  # recv wakes when _ready reaches this
+        # Per world: steps sent by send() and not yet received (it goes below 0 when recv takes
+        # an autoreset step), and (written on the loop only) the autoreset steps the loop sent
+        # itself: with ``_autoreset`` on, a world whose step lands LAST with no other step in
+        # flight is sent its next step (the protocol's reset: a step after LAST starts the
+        # next sequence) at once, with the bytes of its latest step (``_latest_wire``), whose
+        # action the server ignores. What is in flight is the sum of the two.
+        self._in_flight = [0] * count
+        self._auto_sent = [0] * count
+        self._autoreset = False
+        self._latest_wire: list[bytes] = [b""] * count
+        # Round trips in seconds, send to response, of the latest LATENCY_SAMPLES steps.
+        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_SAMPLES)
+        # World states (written under _cond; on the loop when there is one) and generations:
+        # a failure bumps the generation, and responses of an older one are dropped.
+        self._state = [_LIVE] * count
+        self._gen = [0] * count
+        self._policy = _restart.RAISE
+        self._restart_policy = RestartPolicy()
+        self._step_timeout: float | None = None
+        # On the loop only: steps written and unanswered, the time of the world's last
+        # progress (perf_counter), steps held while it restarts, and whether its next step
+        # is the first after a restart that answered nothing.
+        self._busy = [0] * count
+        self._progress = [0.0] * count
+        self._held: list[list[tuple[bytes, float]]] = [[] for _ in range(count)]
+        self._truncate_next = [False] * count
+        self._recipes: list[_restart.WorldRecipe] = []
+        self._open_stream: Callable[[str, float], Any] | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._rng = random.Random()
+        self._balancer: Any = None  # under "restart": the balance of worlds over servers
+        self.servers: Any = None  # public: the LaunchedServers it was connected to, if any,
+        self.relaunches: list[Any] = []  # their Relaunch records (the same list),
+        self.moves: list[Any] = []  # and each WorldMove made for balance (_balance)
+        self._moving: dict[int, Any] = {}
+        self._actions_rng = np.random.default_rng()  # random_actions(); connect(seed=) seeds it
+
+    def _wrap(self, index: int, exc: BaseException) -> errors.WorldError:
+        address = self.addresses[index]
+        kind = errors.WorldTimeoutError if isinstance(exc, TimeoutError) else errors.WorldError
+        return kind(_WORLD_FAILED.format(index=index, address=address, error=exc), index, address)
+
+    def _latest_failure(self, index: int) -> WorldFailure | None:
+        """World ``index``'s latest entry in ``failures``, if it has one."""
+        return next((f for f in reversed(self.failures) if f.index == index), None)
+
+    def _refusal(self, index: int) -> errors.WorldError:
+        failure = self._latest_failure(index)
+        cause: Any = failure.cause if failure is not None else "unknown"
+        if self._state[index] == _REMOVED_STATE and failure is not None:
+            reason = _REMOVED.format(
+                attempts=failure.attempts, cause=cause, last=failure.last_error
+            )
+        else:
+            reason = _FAILED_BEFORE.format(cause=cause)
+        error = self._wrap(index, errors.DmEnvRpcClientError(reason))
+        error.__cause__ = cause if isinstance(cause, BaseException) else None
+        return error
+
+    def _write_steps(self, ids: list[int], wire: list[bytes], sent: float) -> None:
+        # Queue each world's step request (EnvironmentRequest bytes); _landed files its response.
+        for index, data in zip(ids, wire, strict=True):
+            state = self._state[index]
+            if state == _LIVE:
+                self._write(index, data, sent)
+            elif state == _RESTARTING:
+                self._held[index].append((data, sent))
+            else:  # failed or removed while this was on its way: it answers as a failure
+                self._file(index, self._gen[index], sent, _Failure(self._refusal(index), 1))
+
+    def _write(self, index: int, data: bytes, sent: float) -> None:
+        if not self._busy[index]:
+            self._progress[index] = sent
+        self._busy[index] += 1
+        if self._autoreset:
+            self._latest_wire[index] = data
+        # Steps are read from their wire bytes: a large payload is copied once (_wire_step).
+        if self._moving and index in self._moving:  # picked to move: keep the bytes
+            self._moving[index].recorded.append((data, sent))
+        landed = functools.partial(self._landed, index, self._gen[index], sent)
+        self._streams[index]._submit_callback(data, read_step, landed)
+
+    def _landed(
+        self, index: int, gen: int, sent: float, response: Any, error: BaseException | None
+    ) -> None:
+        # Only the state machine moves here (in request order); recv decodes the observations.
+        if gen != self._gen[index]:
+            return  # an answer to a step dropped by a failure
+        if isinstance(error, errors.DmEnvRpcConnectionError):
+            self._fail(index, error)  # this step is one of those it drops
+            return
+        outcome: Any = error
+        if error is None:
+            try:
+                outcome = (self.envs[index]._advance(response.state), response)
+            except Exception as exc:
+                outcome = exc
+        self._busy[index] -= 1
+        self._progress[index] = time.perf_counter()
+        if self._truncate_next[index]:
+            self._truncate_next[index] = False
+            if isinstance(outcome, tuple):
+                outcome = (*outcome, 1)
+        elif (
+            self._autoreset
+            and not self._busy[index]
+            and _ends(outcome)
+            and self._latest_wire[index]
+        ):
+            self._auto_sent[index] += 1  # counted before the LAST is filed: recv sees both
+            self._write(index, self._latest_wire[index], time.perf_counter())
+        self._file(index, gen, sent, outcome)
+        if self._moving and index in self._moving:
+            self._balancer.landed(index, outcome)
+
+    def _watch(self) -> None:
+        # Every world with steps in flight and no progress for step_timeout has failed.
+        timeout = self._step_timeout
+        if self._closed or timeout is None or self._runner is None:
+            return
+        now = time.perf_counter()
+        for index, busy in enumerate(self._busy):
+            if busy and now - self._progress[index] > timeout and self._state[index] == _LIVE:
+                self._fail(index, errors.RequestTimeoutError(_STALLED.format(timeout=timeout)))
+        interval = min(1.0, max(0.02, timeout / 4))
+        self._watchdog = self._runner.loop.call_later(interval, self._watch)
+
+    def _fail(self, index: int, cause: BaseException, reported: bool = False) -> int:
+        """World ``index`` failed: drop its unanswered steps and apply the policy.
+
+        Returns how many steps were dropped. ``reported``: the caller raises the
+        failure itself, so under "raise" nothing is filed for it.
+        """
+        if self._state[index] != _LIVE:
+            return 0
+        lost, self._busy[index] = self._busy[index], 0
+        with self._cond:
+            self._gen[index] += 1
+            self._state[index] = _RESTARTING if self._policy == _restart.RESTART else _FAILED
+        stream = self._streams[index]
+        self._moving.pop(index, None)
+        if self._policy == _restart.RESTART:
+            self._spawn(self._restore(index, cause, lost, stream))
+            return lost
+        self._spawn(stream.aclose())
+        self.failures.append(
+            WorldFailure(
+                index, self.addresses[index], cause, time.time(), 0, "raised", None, lost, 0.0
+            )
+        )
+        if lost and not reported:
+            self._file(index, self._gen[index], time.perf_counter(), _Failure(cause, lost))
+        return lost
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restore(
+        self, index: int, cause: BaseException, lost: int, old: AsyncConnection
+    ) -> None:
+        detected, started = time.time(), time.monotonic()
+        with contextlib.suppress(Exception):
+            await old.aclose()
+        address = self.addresses[index]
+        assert self._open_stream is not None
+        self._balancer.failed_at(str(address))  # restarts have a balancer (_balance)
+        try:
+            restored = await _restart.reopen(
+                self._open_stream,
+                self._balancer.order(index),
+                self._recipes[index],
+                self._restart_policy,
+                first_step=lost > 0,
+                rng=self._rng,
+            )
+        except _restart.GaveUp as gave_up:
+            held, self._held[index] = self._held[index], []
+            with self._cond:
+                self._state[index] = _REMOVED_STATE
+            self.failures.append(
+                WorldFailure(
+                    index,
+                    address,
+                    cause,
+                    detected,
+                    gave_up.attempts,
+                    "removed",
+                    None,
+                    lost + len(held),
+                    time.monotonic() - started,
+                    gave_up.last_error,
+                )
+            )
+            if lost or held:
+                failure = _Failure(cause, lost + len(held), removed=True)
+                self._file(index, self._gen[index], time.perf_counter(), failure)
+            self._balancer.restored(index)
+            return
+        env = restored.env
+        self._balancer.adopt(index, restored)
+        self.failures.append(
+            WorldFailure(
+                index,
+                address,
+                cause,
+                detected,
+                restored.attempts,
+                "restarted",
+                restored.address,
+                lost,
+                time.monotonic() - started,
+            )
+        )
+        if restored.first is not None:
+            step_type = env._advance(restored.first.state)
+            self._file(
+                index, self._gen[index], time.perf_counter(), (step_type, restored.first, lost)
+            )
+        else:
+            self._truncate_next[index] = True
+        self._balancer.flush_held(index)
+        self._balancer.restored(index)
+
+    def _finished(
+        self, index: int, gen: int, sent: float, future: concurrent.futures.Future[Any]
+    ) -> None:
+        try:
+            response = future.result()
+            outcome: Any = (self.envs[index].step_response(response), response.state)
+        except BaseException as exc:
+            outcome = exc
+        self._file(index, gen, sent, outcome)
+
+    def _file(self, index: int, gen: int, sent: float, outcome: Any) -> None:
+        # On the loop (or a connection's reader thread): file the step and wake recv if due.
+        latency = time.perf_counter() - sent
+        with self._cond:
+            if gen != self._gen[index]:
+                return  # an answer to a step dropped by a failure
+            self._done[index].append((outcome, latency))
+            self._ready += 1
+            if self._ready >= self._want:
+                self._cond.notify()
+
+    def _put_back(self, items: list[tuple[int, Any, float]]) -> None:
+        """Files ``items`` again at the front of their worlds' queues, in their order."""
+        with self._cond:
+            for index, outcome, latency in reversed(items):
+                self._done[index].appendleft((outcome, latency))
+            self._ready += len(items)
+
+    def _decode(
+        self, env_ids: list[int], step_types: list[Any], responses: list[Any]
+    ) -> BatchedTimeStep:
+        if self._decoder is not None and all(
+            self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
+        ):
+            return self._decoder.decode(step_types, responses, env_ids)
+        # Specs differ between worlds (or changed on reset): one TimeStep per world.
+        timesteps = [
+            self.envs[index]._timestep(step_type, response)
+            for index, step_type, response in zip(env_ids, step_types, responses, strict=True)
+        ]
+        return batch_of(timesteps, env_ids)
+
+    def _decode_apart(self, taken: list[tuple[int, Any, float]]) -> BatchedTimeStep:
+        """Raises ``WorldError`` for the first step that does not decode; the rest stay filed."""
+        for position, (index, outcome, _) in enumerate(taken):
+            try:
+                self.envs[index]._timestep(outcome[0], outcome[1])
+            except Exception as exc:
+                rest = taken[:position] + taken[position + 1 :]
+                for other, other_outcome, _ in rest:  # they are filed again below
+                    self._in_flight[other] += other_outcome[2] if len(other_outcome) > 2 else 1
+                self._put_back(rest)
+                raise self._wrap(index, exc) from exc
+        raise AssertionError("the batch did not decode, but each step does")
+
+    def _leave_all(self, timeout: float) -> None:
+        """Leaves (and destroys) every live world at once, waiting at most ``timeout`` s.
+
+        One call on the loop writes every world's requests before any answer is awaited (about
+        one round trip in all; the streams are then cancelled, which costs the servers less than
+        a half-close). As ``DmEnvAdaptor.close``, a world whose server refuses to leave still
+        gets its DestroyWorldRequest, and a dead or hung server ends the wait quietly."""
+        live = [
+            (index, env)
+            for index, env in enumerate(self.envs)
+            if self._state[index] == _LIVE and not env._closed
+        ]
+        for _, env in live:
+            env._closed = True
+        leave = messages.envelope(dm_env_rpc_pb2.LeaveWorldRequest())
+
+        async def leave_all() -> None:
+            answers = []
+            for index, env in live:
+                stream = self._streams[index]
+                answers.append(stream._submit(*leave))
+                if env._destroy_on_close and env.world_name is not None:
+                    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=env.world_name)
+                    answers.append(stream._submit(*messages.envelope(request)))
+            if answers:
+                await asyncio.wait(answers, timeout=timeout)
+
+        assert self._runner is not None
+        with contextlib.suppress(errors.DmEnvRpcClientError):
+            self._runner.run(leave_all(), timeout=timeout + 1.0)
+
+    async def _stop_tasks(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _ends(outcome: Any) -> bool:
+    """Whether a landed outcome is a LAST step (dm_env.StepType.LAST)."""
+    return isinstance(outcome, tuple) and outcome[0] == dm_env.StepType.LAST
+
+
+def _is_bad(outcome: Any) -> bool:
+    return isinstance(outcome, (BaseException, _Failure))
+
+
+def _flagged(
+    batch: BatchedTimeStep, truncated: Sequence[bool] | None, states: Sequence[int]
+) -> BatchedTimeStep:
+    """The batch with its ``truncated`` flags (all False unless given) and server states."""
+    flags = np.zeros(len(batch.env_ids), bool) if truncated is None else np.array(truncated, bool)
+    return batch._replace(truncated=flags, state=np.array(states, np.uint8))
+
+
+async def _call(function: Callable[..., Any], *args: Any) -> Any:
+    """Runs ``function(*args)`` on the loop (for ``LoopThread.run``)."""
+    return function(*args)
+
+
+def _shut_down(
+    runner: LoopThread,
+    connections: Sequence[ConnectionLike],
+    channels: dict[str, grpc.aio.Channel],
+) -> None:
+    """Closes the streams, then the channels, then the loop; never raises for a dead server.
+
+    Every stream on the loop is closed by one call on it, all at once (one round
+    trip to the loop per stream would make closing grow with the worlds).
+    """
+    on_loop = [conn for conn in connections if isinstance(conn, LoopConnection)]
+    for conn in connections:
+        if not isinstance(conn, LoopConnection):
+            with contextlib.suppress(errors.DmEnvRpcClientError):
+                conn.close()
+
+    async def close_all() -> None:  # each stream's aclose, but one wait for all their tasks
+        streams = [conn.async_connection for conn in on_loop]
+        tasks = [task for stream in streams for task in stream._abort()]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        own = [stream._channel for stream in streams if stream._owns_channel and stream._channel]
+        for stream in streams:
+            stream._call = stream._channel = None  # as aclose: let go of gRPC's objects
+        await asyncio.gather(*(channel.close() for channel in [*channels.values(), *own]))
+
+    with contextlib.suppress(errors.DmEnvRpcClientError):
+        runner.run(close_all(), timeout=10)
+    channels.clear()  # freed channels let gRPC close their TCP connections now
+    runner.close()

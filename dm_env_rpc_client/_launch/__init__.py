@@ -1,0 +1,1 @@
+"""Beneath launch: one launched server process."""

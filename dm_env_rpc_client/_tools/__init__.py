@@ -1,0 +1,1 @@
+"""Beneath conformance and recording: the conformance checks and probe, the episode stream, .npz files and the background episode writer."""
