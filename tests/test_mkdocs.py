@@ -34,5 +34,14 @@ def test_strict_build_covers_every_public_name(tmp_path: pathlib.Path) -> None:
     api = (site / "api" / "index.html").read_text()
     missing = [name for name in dmr.__all__ if name not in api]
     assert missing == []
-    for page in ("tensors", "connection", "environment", "batched", "cli", "server", "notebooks"):
+    for page in (
+        "tensors",
+        "connection",
+        "environment",
+        "batched",
+        "cli",
+        "server",
+        "notebooks",
+        "architecture",
+    ):
         assert (site / page / "index.html").exists(), page

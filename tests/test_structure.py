@@ -165,3 +165,85 @@ def test_the_docs_layout_lists_every_module() -> None:
         and f"`{path.relative_to(PACKAGE)}`" not in layout
     ]
     assert missing == [], "add these modules to the layout table in docs/index.md"
+
+
+# The layers of the package, lowest first (docs/architecture.md draws them). A module may
+# import modules of its own layer or of lower ones, never of a higher one. A name ending in
+# ".*" stands for a folder's modules; an exact name wins over a folder.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("foundation", ["errors", "_base", "_base.*"]),
+    ("codec", ["tensors", "specs", "messages", "display", "random_actions", "_codec", "_codec.*"]),
+    ("fast paths", ["_fastpath", "_fastpath.*"]),
+    ("transport", ["connection", "aio", "_transport", "_transport.*"]),
+    ("adaptor", ["environment", "aio_environment", "properties", "_adaptor", "_adaptor.*"]),
+    ("servers", ["server", "server.*", "launch", "_launch", "_launch.*"]),
+    ("batch", ["batched", "_batch", "_batch.*"]),
+    ("tools", ["recording", "conformance", "_tools", "_tools.*"]),
+    ("command-line pieces", ["_cli", "_cli.args", "_cli.run", "_cli.check"]),
+    ("integrations", ["integrations", "integrations.*"]),
+    ("programs", ["cli", "__main__", "server.__main__", "_cli.record"]),
+    ("the package", [""]),
+]
+
+
+def _layer_of(name: str, layers: list[tuple[str, list[str]]]) -> int | None:
+    """The index of ``name``'s layer (``name`` without the package prefix), or None."""
+    for index, (_, members) in enumerate(layers):
+        if name in members:
+            return index
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, (_, members) in enumerate(layers):
+        for member in members:
+            prefix = member.removesuffix("*")
+            fits = member.endswith(".*") and name.startswith(prefix)
+            if fits and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("dm_env_rpc_client").removeprefix(".")
+
+
+def _against_the_flow(graph: dict[str, set[str]], layers: list[tuple[str, list[str]]]) -> list[str]:
+    """Every import of a higher layer's module, as "module (layer) -> module (layer)"."""
+    found = []
+    for name, targets in sorted(graph.items()):
+        mine = _layer_of(_short(name), layers)
+        for target in sorted(targets):
+            theirs = _layer_of(_short(target), layers)
+            if mine is not None and theirs is not None and theirs > mine:
+                found.append(
+                    f"{_short(name)} ({layers[mine][0]}) -> {_short(target)} ({layers[theirs][0]})"
+                )
+    return found
+
+
+def test_the_layer_checker_sees_an_import_against_the_flow() -> None:
+    layers = [("low", ["a", "f.*"]), ("high", ["b", "f.top"])]
+    graph = {"a": {"b"}, "b": {"a"}, "f.x": {"f.top"}, "f.top": {"f.x"}}
+    assert _layer_of("f.x", layers) == 0 and _layer_of("f.top", layers) == 1
+    assert _against_the_flow(graph, layers) == ["a (low) -> b (high)", "f.x (low) -> f.top (high)"]
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted(
+        _short(n) or "__init__" for n in _graph() if _layer_of(_short(n), LAYERS) is None
+    )
+    assert missing == [], "declare the layer of these modules in LAYERS"
+
+
+def test_no_module_imports_against_the_flow_of_the_layers() -> None:
+    """Down the flow only: the codec never imports a connection, the adaptor never a batch,
+    the batch never the command line, and nothing but the programs imports an integration."""
+    assert _against_the_flow(_graph(), LAYERS) == []
+
+
+def test_the_architecture_page_names_every_folder_and_layer() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    folders = sorted(
+        f"`{path.parent.name}/`" for path in PACKAGE.glob("*/__init__.py") if path.parent.name
+    )
+    assert [f for f in folders if f not in text] == [], "describe these folders in the page"
+    rules = text[text.index("## The rules of the layering") :]
+    assert [name for name, _ in LAYERS if f"| {name} |" not in rules] == []
