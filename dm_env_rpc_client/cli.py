@@ -13,9 +13,8 @@ Commands:
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
 
-Before connecting, ``run`` and ``specs`` check each address: a host that does
-not resolve, or a port that refuses connections, fails at once with a
-message saying so; a remote host needs ``--insecure`` or TLS flags.
+Before connecting, ``run`` and ``specs`` check each address: a host that does not resolve, or
+a port that refuses connections, fails at once saying so; a remote host needs ``--insecure`` or TLS.
 
 Exit codes: 0 success; 1 an error, printed as one paragraph (``--debug`` for
 the traceback and gRPC's own log lines); 2 bad arguments; 3 ``run`` lost a world
