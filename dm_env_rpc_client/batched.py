@@ -29,9 +29,8 @@ finished steps are handed to ``recv`` through one condition variable, so the
 calling thread wakes once per ``recv``, not once per world, and decodes all the
 steps it takes at once (``_adaptor.stacked``).
 
-One thread drives a batch (``send``, ``recv``, ``step``, ``reset``); the loop
-thread only writes requests, files responses, watches deadlines and restarts
-worlds.
+One thread drives a batch (``send``, ``recv``, ``step``, ``reset``); the loop thread
+only writes requests, files responses, watches deadlines and restarts worlds.
 
 Failures. A world *fails* when its stream breaks, a step fails at the
 transport, or it passes its deadline: ``step_timeout`` seconds with steps in
