@@ -33,6 +33,8 @@ from .conformance import ConformanceReport, check_server
 from .connection import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
+    FAST_KEEPALIVE_DETECTION_S,
+    FAST_KEEPALIVE_OPTIONS,
     KEEPALIVE_DETECTION_S,
     Connection,
     ConnectionLike,
@@ -142,6 +144,8 @@ __all__ = [
     "Episode",
     "EpisodeRecorder",
     "ErrorCode",
+    "FAST_KEEPALIVE_DETECTION_S",
+    "FAST_KEEPALIVE_OPTIONS",
     "ForeignConnection",
     "IntegerRangeError",
     "InvalidArgumentError",

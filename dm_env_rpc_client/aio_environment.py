@@ -82,7 +82,7 @@ class AsyncDmEnvAdaptor(AdaptorCore):
         ``step_iter`` and ``aclose`` (default ``DEFAULT_TIMEOUT``, 60 s; as
         ``DmEnvAdaptor``); None waits until the response or the stream's end
         (a stopped or unreachable server ends it within
-        ``KEEPALIVE_DETECTION_S``, 15 s).
+        ``KEEPALIVE_DETECTION_S``, 350 s).
       copy_observations: False gives large observations as read-only views of
         the response's bytes, without a copy, where they are aligned (as
         ``DmEnvAdaptor``, in ``step``, ``step_iter`` and ``reset``).

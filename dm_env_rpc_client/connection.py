@@ -36,6 +36,8 @@ from ._base import checks as _checks
 from ._proto import dm_env_rpc_pb2
 from ._transport import ready as _ready
 from ._transport.channel import DEFAULT_OPTIONS as DEFAULT_OPTIONS
+from ._transport.channel import FAST_KEEPALIVE_DETECTION_S as FAST_KEEPALIVE_DETECTION_S
+from ._transport.channel import FAST_KEEPALIVE_OPTIONS as FAST_KEEPALIVE_OPTIONS
 from ._transport.channel import KEEPALIVE_DETECTION_S as KEEPALIVE_DETECTION_S
 from ._transport.channel import create_channel as create_channel
 from ._transport.channel import is_local as is_local
@@ -348,7 +350,7 @@ class Connection:
           request: as for ``send_async``.
           timeout: seconds to wait (default ``DEFAULT_TIMEOUT``, 60 s); None waits
             until the response or the stream's end (a stopped or unreachable
-            server ends it within ``KEEPALIVE_DETECTION_S``, 15 s).
+            server ends it within ``KEEPALIVE_DETECTION_S``, 350 s).
           response_type: as for ``send_async``.
 
         Returns:

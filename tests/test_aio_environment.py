@@ -185,13 +185,19 @@ def test_a_step_without_an_answer_times_out(slow_server: Server) -> None:
 
 
 def test_a_stopped_server_ends_waiting_steps_and_aclose_gives_up_quietly(server_process) -> None:
-    """SIGSTOP: with no request timeout at all, keepalive ends the wait within
-    KEEPALIVE_DETECTION_S; with the default timeout, the same; ``aclose`` returns quietly."""
+    """SIGSTOP: with no request timeout at all, keepalive (the fast options the SDK's server
+    accepts) ends the wait within FAST_KEEPALIVE_DETECTION_S; with the default timeout, the
+    same; ``aclose`` returns quietly."""
     child = server_process()
 
     async def main() -> None:
-        unbounded, _ = await dmr.create_and_join_world_async(child.address, {}, {}, timeout=None)
-        default, _ = await dmr.create_and_join_world_async(child.address, {}, {})
+        fast = dmr.FAST_KEEPALIVE_OPTIONS
+        unbounded, _ = await dmr.create_and_join_world_async(
+            await dmr.connect_async(child.address, options=fast), {}, {}, timeout=None
+        )
+        default, _ = await dmr.create_and_join_world_async(
+            await dmr.connect_async(child.address, options=fast), {}, {}
+        )
         assert default._timeout == dmr.DEFAULT_TIMEOUT
         await unbounded.reset()
         await default.reset()
@@ -207,7 +213,7 @@ def test_a_stopped_server_ends_waiting_steps_and_aclose_gives_up_quietly(server_
             with pytest.raises(errors.ConnectionClosedError):
                 await default.step({"paddle": 0})
             # The documented bound, with room for a loaded machine.
-            assert time.monotonic() - stopped < dmr.KEEPALIVE_DETECTION_S + 15
+            assert time.monotonic() - stopped < dmr.FAST_KEEPALIVE_DETECTION_S + 15
             for env in (unbounded, default):
                 await env.aclose()  # the server is gone: nothing to leave, no error
                 assert env.connection.closed

@@ -19,7 +19,13 @@ from dm_env_rpc_client import errors
 from dm_env_rpc_client._batch.restart import RestartPolicy
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client.batched import BatchedEnvironment
-from dm_env_rpc_client.connection import KEEPALIVE_DETECTION_S, connect
+from dm_env_rpc_client.connection import (
+    DEFAULT_OPTIONS,
+    FAST_KEEPALIVE_DETECTION_S,
+    FAST_KEEPALIVE_OPTIONS,
+    KEEPALIVE_DETECTION_S,
+    connect,
+)
 from dm_env_rpc_client.environment import create_and_join_world, create_world, join_world
 from dm_env_rpc_client.server import serve
 
@@ -231,10 +237,13 @@ def test_a_stopped_server_is_reported_within_the_step_timeout(server_process) ->
 
 def test_keepalive_finds_a_stopped_server_without_any_timeout(server_process) -> None:
     """No request timeout, no step_timeout: keepalive alone ends what waits on a stopped server,
-    within KEEPALIVE_DETECTION_S, for a plain Connection and for the batch's worlds."""
+    within FAST_KEEPALIVE_DETECTION_S with the fast options the SDK's server accepts, for a
+    plain Connection and for the batch's worlds."""
     servers = [server_process() for _ in range(2)]
-    envs = BatchedEnvironment.connect([s.address for s in servers], 4, step_timeout=None)
-    conn = connect(servers[1].address, timeout=10)
+    envs = BatchedEnvironment.connect(
+        [s.address for s in servers], 4, step_timeout=None, options=FAST_KEEPALIVE_OPTIONS
+    )
+    conn = connect(servers[1].address, timeout=10, options=FAST_KEEPALIVE_OPTIONS)
     try:
         envs.reset()
         env = join_world(conn, create_world(conn, {}, timeout=10), timeout=10)
@@ -256,7 +265,7 @@ def test_keepalive_finds_a_stopped_server_without_any_timeout(server_process) ->
         assert isinstance(error, errors.ConnectionClosedError), error
         assert "ping timeout" in str(error) or "keepalive timeout" in str(error)
         # The documented bound, with room for a loaded machine.
-        assert time.monotonic() - stopped < KEEPALIVE_DETECTION_S + 15
+        assert time.monotonic() - stopped < FAST_KEEPALIVE_DETECTION_S + 15
         envs.send({"paddle": np.zeros(2, np.int8)}, [0, 2])  # the healthy worlds go on
         assert sorted(envs.recv(2, timeout=10).env_ids.tolist()) == [0, 2]
     finally:
@@ -584,3 +593,18 @@ def test_step_async_over_a_broken_stream_loses_no_step_and_makes_none_wrong() ->
         dm_env_step_type("MID"),
         dm_env_step_type("MID"),
     ]
+
+
+def test_default_keepalive_keeps_to_the_ping_policy_of_a_default_grpc_server() -> None:
+    """A server with gRPC's default policy takes one ping per 5 minutes while it sends no data
+    and ends the connection (GOAWAY too_many_pings) after two faster ones: the default pings
+    no faster, and KEEPALIVE_DETECTION_S is what that pace gives."""
+    options = dict(DEFAULT_OPTIONS)
+    assert options["grpc.keepalive_time_ms"] >= 300_000
+    found_ms = options["grpc.keepalive_time_ms"] + options["grpc.keepalive_timeout_ms"]
+    assert found_ms == KEEPALIVE_DETECTION_S * 1000
+    assert options["grpc.http2.ping_timeout_ms"] <= options["grpc.keepalive_timeout_ms"]
+    fast = dict(FAST_KEEPALIVE_OPTIONS)
+    assert (
+        fast["grpc.keepalive_time_ms"] + fast["grpc.keepalive_timeout_ms"]
+    ) == FAST_KEEPALIVE_DETECTION_S * 1000

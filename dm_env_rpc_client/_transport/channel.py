@@ -18,27 +18,38 @@ from .._base import checks as _checks
 
 # Channel options: unlimited message sizes; quick reconnect backoff so connect() notices a
 # server that comes up late; and keepalive, so that a half-open connection (a stopped server, a
-# dropped network) is found within KEEPALIVE_DETECTION_S while a request waits. A ping goes out
-# after 10 s without reads and must be answered within 5 s. gRPC also pings on its own (to size
-# its flow-control window, right after data arrives); a keepalive that finds such a ping in
-# flight waits for it, and that ping's deadline is grpc.http2.ping_timeout_ms, 60 s unless set:
-# so it is set to 5 s too, or a server stopped just after it answered is found only after a
-# minute (measured with grpcio 1.85). Servers accept these pings: a default gRPC server allows
-# pings every 5 minutes only while it sends no data, and counts 2 "strikes" before it answers
-# too_many_pings; gRPC clients send at most 2 pings (grpc.http2.max_pings_without_data) before
-# they send data again, so an idle stream costs the server at most one strike.
+# dropped network) is found within KEEPALIVE_DETECTION_S while a request waits, even one sent
+# with timeout=None (every default timeout is far shorter). The pace is the one every gRPC server
+# accepts: a server with gRPC's default ping policy (the reference package's, most in the wild)
+# takes a ping at most every 5 minutes while it sends no data, counts a faster one as a strike,
+# and after 2 strikes ends the connection with GOAWAY too_many_pings, killing every world on it.
+# Keepalive pings are not held back by grpc.http2.max_pings_without_data (measured with grpcio
+# 1.85: with pings every 10 s, an idle stream was ended after about 2 minutes on both the SDK's
+# and the reference package's server, with that option at 1 too). So a ping goes out after
+# 330 s without reads (10% above the 5 minutes) and must be answered within 20 s; gRPC's own
+# flow-control pings get the same 20 s deadline (grpc.http2.ping_timeout_ms, 60 s unless set),
+# or a keepalive that finds one in flight would wait for it. A server that allows faster pings
+# (the SDK's own server allows one every 5 s) can be watched closer: FAST_KEEPALIVE_OPTIONS.
 DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.ping_timeout_ms", 5_000),
+    ("grpc.keepalive_time_ms", 330_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.http2.ping_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 )
-KEEPALIVE_DETECTION_S = 15.0  # keepalive_time + ping timeout: half-open found by then
+KEEPALIVE_DETECTION_S = 350.0  # keepalive_time + ping timeout: half-open found by then
+# For servers that accept a ping every 10 s while idle (the SDK's own server does): pass as
+# options= to find a stopped server within FAST_KEEPALIVE_DETECTION_S.
+FAST_KEEPALIVE_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),
+)
+FAST_KEEPALIVE_DETECTION_S = 15.0
 
 _NEEDS_CREDENTIALS = (
     "Refusing a plaintext connection to the remote host {address}. Pass credentials= "

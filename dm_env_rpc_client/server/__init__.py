@@ -65,6 +65,10 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", -1),
     # Without this, a second server on a port in use binds it too and takes half the clients.
     ("grpc.so_reuseport", 0),
+    # Clients may watch this server with keepalive pings every 10 s while it is idle
+    # (dmr.FAST_KEEPALIVE_OPTIONS); gRPC's default policy allows one per 5 minutes only.
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
 ]
 _START_TIMEOUT = 30.0
 _STOP_SLACK = 2.0  # seconds stop() waits for the loop beyond the grace period
