@@ -562,3 +562,22 @@ def test_worlds_of_equal_specs_share_their_wire_specs_and_others_do_not(stream: 
         board = next(s for s in specs.observations.values() if s.name == "board")
         assert tuple(board.shape) == (rows, 5)
         stream.send(leave_world=dm_env_rpc_pb2.LeaveWorldRequest())
+
+
+def test_the_server_accepts_the_fast_keepalive_pings() -> None:
+    """gRPC's default server policy takes one ping per 5 minutes while idle; the SDK's server
+    takes one per 5 s, so dmr.FAST_KEEPALIVE_OPTIONS (10 s) never earns a strike. The option's
+    name is checked against grpcio's own (a misspelled channel option is silently ignored)."""
+    import pathlib
+
+    from dm_env_rpc_client import FAST_KEEPALIVE_OPTIONS
+    from dm_env_rpc_client import server as server_module
+
+    options = dict(server_module._OPTIONS)
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] <= 5_000
+    assert dict(FAST_KEEPALIVE_OPTIONS)["grpc.keepalive_time_ms"] >= 10_000
+    known = b"".join(
+        p.read_bytes() for p in pathlib.Path(grpc.__file__).parent.glob("_cython/*.so")
+    )
+    for name in options:
+        assert name.encode() in known, name

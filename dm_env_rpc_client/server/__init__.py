@@ -67,7 +67,7 @@ _OPTIONS = [
     ("grpc.so_reuseport", 0),
     # Clients may watch this server with keepalive pings every 10 s while it is idle
     # (dmr.FAST_KEEPALIVE_OPTIONS); gRPC's default policy allows one per 5 minutes only.
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
 _START_TIMEOUT = 30.0
