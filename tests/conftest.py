@@ -86,6 +86,17 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: flo
         time.sleep(interval)
 
 
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (Linux ``/proc``); a zombie has (only its parent's
+    ``wait()`` is missing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
 def _all_threads_stopped(pid: int) -> bool:
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
