@@ -54,8 +54,33 @@ def process_server(process: Any, options: Any = None, max_workers: int = 8) -> I
             )
         },
     )
+    with serving(
+        lambda server: server.add_generic_rpc_handlers((handler,)), options, max_workers
+    ) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def reference_servicer_server(servicer: Any, max_workers: int = 8) -> Iterator[str]:
+    """Serves a reference-package ``EnvironmentServicer`` (default gRPC server options);
+    yields the address."""
+    from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc
+
+    def add(server: grpc.Server) -> None:
+        dm_env_rpc_pb2_grpc.add_EnvironmentServicer_to_server(servicer, server)
+
+    with serving(add, None, max_workers) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def serving(
+    add: Callable[[grpc.Server], None], options: Any = None, max_workers: int = 8
+) -> Iterator[str]:
+    """A ``grpc.server`` on a loopback port with ``add(server)``'s handlers, stopped at the
+    end; yields the address."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
-    server.add_generic_rpc_handlers((handler,))
+    add(server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:

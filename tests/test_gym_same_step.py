@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from faulty import stalling_reset_server
 from gymnasium.vector import AutoresetMode
-from vector_helpers import Recording
+from vector_helpers import Recording, over_two_servers
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client.batched import BatchedEnvironment, RestartPolicy
@@ -118,10 +118,10 @@ def test_the_batch_sends_no_autoreset_when_the_next_step_is_in_flight_already() 
 
 def _dying_pair(server_process: Any, make: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
     """World 0 on a Catch server, world 1 on one that dies on its world's autoreset step."""
-    servers = [server_process("catch"), server_process(DYING)]
-    addresses = [server.address for server in servers]
-    envs = make(addresses=addresses, num_envs=2, create_world_settings={"rows": 3}, **kwargs)
-    return envs, servers
+    settings = {"rows": 3}
+    return over_two_servers(
+        server_process, make, ("catch", DYING), create_world_settings=settings, **kwargs
+    )
 
 
 def test_same_step_restarts_a_world_whose_server_dies_on_the_pipelined_reset(
