@@ -42,6 +42,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _sb3_logs_in_tmp_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training-tier test's SB3 learner logs under its tmp_path: with no folder given, SB3
+    makes one per learner in the system's temp folder (``SB3-<date>``) unless SB3_LOGDIR names
+    one, and leaves it there."""
+    if "training" in request.keywords:
+        monkeypatch.setenv("SB3_LOGDIR", str(request.getfixturevalue("tmp_path")))
+
+
 @pytest.fixture
 def catch_server() -> Iterator[Server]:
     """An in-process embedded Catch server; ``make_env(settings) = Catch(**settings)``."""
