@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,7 +44,13 @@ def _step_bytes(specs: Any) -> bytes:
     return _request(step=step)
 
 
-async def _step(addresses: Sequence[str], worlds: int, steps: int, warmup: int) -> dict[str, float]:
+async def _step(
+    addresses: Sequence[str],
+    worlds: int,
+    steps: int,
+    warmup: int,
+    threads: Callable[[], dict[str, float]] | None,
+) -> dict[str, Any]:
     channels = {address: create_channel(address, aio=True) for address in addresses}
     for channel in channels.values():
         await channel.channel_ready()
@@ -76,7 +82,7 @@ async def _step(addresses: Sequence[str], worlds: int, steps: int, warmup: int) 
 
     start_at, stop_at = warmup * worlds, warmup * worlds + steps
     done = 0
-    marks: list[tuple[float, float]] = []
+    marks: list[tuple[float, float, dict[str, float]]] = []
     stop = False
 
     async def run(call: Any) -> None:
@@ -87,7 +93,9 @@ async def _step(addresses: Sequence[str], worlds: int, steps: int, warmup: int) 
             await call.read()
             done += 1
             if done in (start_at, stop_at):
-                marks.append((time.perf_counter(), time.process_time()))
+                marks.append(
+                    (time.perf_counter(), time.process_time(), threads() if threads else {})
+                )
                 stop = done == stop_at
             if stop:
                 break
@@ -99,11 +107,27 @@ async def _step(addresses: Sequence[str], worlds: int, steps: int, warmup: int) 
     for call in calls:
         call.cancel()
     await asyncio.gather(*(channel.close() for channel in channels.values()))
-    (wall0, cpu0), (wall1, cpu1) = marks
-    return {"cpu_us": (cpu1 - cpu0) / steps * 1e6, "steps_s": steps / (wall1 - wall0)}
+    (wall0, cpu0, before), (wall1, cpu1, after) = marks
+    per_thread = {
+        name: (after[name] - before.get(name, 0.0)) / steps * 1e6
+        for name in after
+        if after[name] > before.get(name, 0.0)
+    }
+    return {
+        "cpu_us": (cpu1 - cpu0) / steps * 1e6,
+        "steps_s": steps / (wall1 - wall0),
+        "threads_us": per_thread,
+    }
 
 
-def step_floor(addresses: Sequence[str], worlds: int, steps: int, warmup: int) -> dict[str, float]:
+def step_floor(
+    addresses: Sequence[str],
+    worlds: int,
+    steps: int,
+    warmup: int,
+    threads: Callable[[], dict[str, float]] | None = None,
+) -> dict[str, Any]:
     """Steps ``worlds`` worlds over ``addresses`` on bare ``grpc.aio`` (see the module docs);
-    returns this process's CPU µs per step (``cpu_us``) and steps per second (``steps_s``)."""
-    return asyncio.run(_step(addresses, worlds, steps, warmup))
+    returns this process's CPU µs per step (``cpu_us``), steps per second (``steps_s``) and,
+    with ``threads`` (CPU seconds by thread name so far), CPU µs per step by thread."""
+    return asyncio.run(_step(addresses, worlds, steps, warmup, threads))

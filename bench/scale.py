@@ -295,7 +295,9 @@ def child_main(argv: list[str]) -> None:
     elif floor:  # the stepping floor: the same steps on bare grpc.aio
         from _step_floor import step_floor
 
-        result = step_floor(addresses, worlds, steps, WARMUP_PER_WORLD)
+        result = step_floor(
+            addresses, worlds, steps, WARMUP_PER_WORLD, thread_cpu if threads else None
+        )
     else:
         result = client(addresses, worlds, steps, threads)
     print(json.dumps(result), flush=True)
@@ -361,8 +363,10 @@ def main() -> None:
                     continue
                 base = base or result["cpu_us"]
                 if args.step_floor:
-                    stepped = run_child(servers, worlds, steps, False, step_floor=True)
+                    stepped = run_child(servers, worlds, steps, args.threads, step_floor=True)
                     floor_base = floor_base or stepped["cpu_us"]
+                    if args.threads:
+                        print_threads(f"{SERVERS[kind]}, {worlds} worlds, floor", stepped)
                     floors.append(
                         floor_row(SERVERS[kind], worlds, result, stepped, base, floor_base)
                     )
@@ -397,12 +401,7 @@ def main() -> None:
                     ]
                 )
                 if args.threads:
-                    shares = sorted(result["threads_us"].items(), key=lambda kv: -kv[1])
-                    print(
-                        f"{SERVERS[kind]}, {worlds} worlds, client CPU µs/step by thread: "
-                        + ", ".join(f"{name} {us:.1f}" for name, us in shares),
-                        flush=True,
-                    )
+                    print_threads(f"{SERVERS[kind]}, {worlds} worlds, client", result)
                 if result["failures"]:
                     print(f"  ({result['failures']} world failures during the run)")
     if rows:
@@ -495,6 +494,13 @@ def targets(server: str, worlds: int, result: dict[str, Any], cpu_ratio: float) 
         f"{value:.2f} (at most {TARGETS[key]})"
         for key, value, what in checks
     ]
+
+
+def print_threads(what: str, result: dict[str, Any]) -> None:
+    """Prints a run's CPU µs per step by thread, most first."""
+    shares = sorted(result["threads_us"].items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{name} {us:.1f}" for name, us in shares)
+    print(f"{what} CPU µs/step by thread: {text}", flush=True)
 
 
 def floor_row(
