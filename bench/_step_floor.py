@@ -16,6 +16,7 @@ the floor's cost per step grows with the worlds is gRPC's.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +29,24 @@ from dm_env_rpc_client.messages import METHOD
 
 IN_FLIGHT = 2
 OPENING_PER_SERVER = 64
+
+
+class GcTime:
+    """Wall seconds spent in Python's garbage collector (any thread) within ``with``."""
+
+    def __enter__(self) -> GcTime:
+        self.seconds, self._started = 0.0, 0.0
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
 
 
 def _request(**payload: Any) -> bytes:
@@ -103,7 +122,8 @@ async def _step(
         for _ in range(IN_FLIGHT - 1):  # the rest in flight, so the streams end clean
             await call.read()
 
-    await asyncio.gather(*(run(call) for call in calls))
+    with GcTime() as collecting:
+        await asyncio.gather(*(run(call) for call in calls))
     for call in calls:
         call.cancel()
     await asyncio.gather(*(channel.close() for channel in channels.values()))
@@ -116,7 +136,7 @@ async def _step(
     return {
         "cpu_us": (cpu1 - cpu0) / steps * 1e6,
         "steps_s": steps / (wall1 - wall0),
-        "threads_us": per_thread,
+        "threads_us": {**per_thread, "(of which gc)": collecting.seconds / done * 1e6},
     }
 
 

@@ -180,7 +180,10 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
     batch.latencies.clear()
     before = thread_cpu() if threads else {}
     wall, cpu = time.perf_counter(), time.process_time()
-    counts = run(steps)
+    from _step_floor import GcTime
+
+    with GcTime() as collecting:
+        counts = run(steps)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     after = thread_cpu() if threads else {}
     taken = int(counts.sum())
@@ -213,7 +216,7 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
             )
             for first in range(min(len(addresses), worlds))
         ),
-        "threads_us": per_thread,
+        "threads_us": {**per_thread, "(of which gc)": collecting.seconds / taken * 1e6},
         "failures": len(batch.failures),
     }
 
