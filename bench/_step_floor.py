@@ -36,6 +36,7 @@ class GcTime:
 
     def __enter__(self) -> GcTime:
         self.seconds, self._started = 0.0, 0.0
+        self.by_generation = [0.0, 0.0, 0.0]
         gc.callbacks.append(self._callback)
         return self
 
@@ -46,7 +47,9 @@ class GcTime:
         if phase == "start":
             self._started = time.perf_counter()
         else:
-            self.seconds += time.perf_counter() - self._started
+            spent = time.perf_counter() - self._started
+            self.seconds += spent
+            self.by_generation[info["generation"]] += spent
 
 
 def _request(**payload: Any) -> bytes:

@@ -46,6 +46,7 @@ at most 1.10.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pathlib
@@ -129,6 +130,7 @@ def thread_cpu() -> dict[str, float]:
 def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict[str, Any]:
     """One size, in this (child) process; returns the measurements."""
     import numpy as np
+    from _step_floor import GcTime
 
     import dm_env_rpc_client as dmr
 
@@ -179,9 +181,8 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
     run(WARMUP_PER_WORLD * worlds)
     batch.latencies.clear()
     before = thread_cpu() if threads else {}
+    collections = [generation["collections"] for generation in gc.get_stats()]
     wall, cpu = time.perf_counter(), time.process_time()
-    from _step_floor import GcTime
-
     with GcTime() as collecting:
         counts = run(steps)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -217,6 +218,14 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
             for first in range(min(len(addresses), worlds))
         ),
         "threads_us": {**per_thread, "(of which gc)": collecting.seconds / taken * 1e6},
+        "gc": {
+            "collections": [
+                generation["collections"] - before_gc
+                for generation, before_gc in zip(gc.get_stats(), collections, strict=True)
+            ],
+            "seconds": [round(seconds, 3) for seconds in collecting.by_generation],
+            "tracked": len(gc.get_objects()),
+        },
         "failures": len(batch.failures),
     }
 
@@ -405,6 +414,12 @@ def main() -> None:
                 )
                 if args.threads:
                     print_threads(f"{SERVERS[kind]}, {worlds} worlds, client", result)
+                    print(
+                        "  garbage collections by generation {collections}, seconds in them "
+                        "{seconds}, objects the GC tracks after the run {tracked:,}".format(
+                            **result["gc"]
+                        )
+                    )
                 if result["failures"]:
                     print(f"  ({result['failures']} world failures during the run)")
     if rows:

@@ -10,6 +10,9 @@ random actions, pipelined, and returns a ``RunStats``:
   servers seeded the same way, plays the same steps whatever order the
   responses come back in.
 - Variable-length actions are sent world by world when they do not stack.
+- Each pass sends to the worlds that steps just came back from (and those not
+  yet full): its cost follows the steps it handles, not the number of worlds;
+  every world is looked at only at the start and after a failure.
 - Ctrl-C or SIGTERM (``stop`` set) ends the loop between steps: what was received
   is counted and recorded, and ``interrupted`` is set.
 - A stall raises ``RequestTimeoutError`` after ``timeout`` seconds without a
