@@ -38,9 +38,12 @@ client/floor ratio is the SDK's (``--no-step-floor`` skips it). ``--cli`` adds a
 fourth: the CLI's ``run`` loop (``step_worlds``: random actions, ``IN_FLIGHT`` in
 flight per world, the same number of steps) over a batch connected the same way.
 
-The last lines say which of the issue's targets each size meets (PASS) or misses (FAIL): at 4,096 worlds connect 2 s, close 1 s, 40 KB
-per world, client CPU per step 1.2x the first size's; at every size a spread of
-at most 1.10.
+The last lines say which of the issue's targets each size meets (PASS) or misses
+(FAIL): at 4,096 worlds connect 2 s, close 1 s, 40 KB per world, client CPU per
+step 1.2x the first size's; at every size a spread of at most 1.10. ``--threads``
+also prints, for the client and the floor, CPU per step by thread and the part
+of it spent in Python's garbage collector (with the client's collections by
+generation).
 """
 
 from __future__ import annotations

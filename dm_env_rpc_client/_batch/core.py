@@ -414,7 +414,7 @@ class BatchCore:
             self._ready += len(items)
 
     def _take_filed(self) -> list[tuple[int, Any, float]]:
-        """Takes every filed step: (world, outcome, latency), by world, each world's oldest first."""
+        """Takes every filed step: (world, outcome, latency), by world, oldest first."""
         with self._cond:
             done, worlds, self._filed = self._done, sorted(set(self._filed)), []
             taken = [
