@@ -216,11 +216,11 @@ def _stalled_pair(stalled: list[float], address: str, policy: str) -> GymnasiumV
 
 def _check_detected_within_the_documented_bound(failure: Any, stalled: list[float]) -> None:
     """docs/batched.md: a stall is found within step_timeout plus a quarter of it (the
-    watchdog's period); 1 s more for a loaded machine's scheduling. Not before the timeout:
+    watchdog's period); 3 s more for a loaded 2-core CI machine's scheduling. Not before the timeout:
     the clock starts as the loop sends the step, before it reaches the server."""
     (arrived,) = stalled
     waited = failure.time - arrived
-    assert STEP_TIMEOUT - 0.2 <= waited <= STEP_TIMEOUT * 1.25 + 1.0, waited
+    assert STEP_TIMEOUT - 0.2 <= waited <= STEP_TIMEOUT * 1.25 + 3.0, waited
     assert isinstance(failure.cause, errors.RequestTimeoutError)
     assert f"step_timeout of {STEP_TIMEOUT} s" in str(failure.cause)
 
