@@ -24,7 +24,13 @@ import time
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_processes
+from _common import (
+    DEFAULT_ROUNDS,
+    measure_interleaved,
+    print_table,
+    process_cpu_seconds,
+    server_processes,
+)
 
 # isort: split
 import dm_env
@@ -38,6 +44,7 @@ from dm_env_rpc_client.integrations.rlds import RldsWriter
 from dm_env_rpc_client.server.catch import Catch
 
 FORMATS = ("none", "npz", "minari", "rlds")
+BACKGROUND = "process"  # --background
 WINDOW = 8
 
 
@@ -69,6 +76,10 @@ class Frames(dm_env.Environment):
         return {"move": specs.DiscreteArray(4, name="move")}
 
 
+def _sizes() -> dict[str, list[float]]:
+    return {name: [] for fmt in FORMATS for name in (fmt, f"{fmt} child")}
+
+
 def _folder_mb(path: pathlib.Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
 
@@ -88,16 +99,24 @@ def _variants(addresses: list[str], worlds: int, sizes: dict[str, list[float]]) 
                 None
                 if fmt == "none"
                 else dmr.Recording(
-                    folder, worlds, batch.world_seeds, writer=writer, background=True
+                    folder, worlds, batch.world_seeds, writer=writer, background=BACKGROUND
                 )
             )
-            done = [0]
+            done = [0, 0]
+            child = getattr(getattr(recording, "_background", None), "pid", None)
+            if child:  # its imports are a one-off cost, not the run's
+                recording._background.wait_ready()  # type: ignore[union-attr]
 
             def run(steps: int) -> None:
+                cpu = process_cpu_seconds(child) if child else 0.0
                 step_worlds(
                     batch, steps=steps, pipeline=WINDOW, timeout=60, seed=0, recording=recording
                 )
                 done[0] += steps
+                done[1] += 1
+                if done[1] == 2:  # the timed run (the first is the warm-up)
+                    used = process_cpu_seconds(child) - cpu if child else 0.0
+                    sizes[f"{fmt} child"].append(used / steps * 1e6)
 
             def close() -> None:
                 if recording is not None:
@@ -117,16 +136,27 @@ def _report(title: str, rounds: Any, sizes: dict[str, list[float]]) -> None:
     rows = []
     for fmt in FORMATS:
         mb = np.median(sizes[fmt]) if sizes[fmt] else 0.0
+        child = np.median(sizes[f"{fmt} child"]) if sizes[f"{fmt} child"] else 0.0
         rows.append(
             (
                 fmt,
                 rounds.median(fmt),
                 f"{rounds.ratio(fmt, 'none'):.3f}",
                 f"{rounds.median(fmt, 'cpu_us_per_step'):.1f}",
+                f"{child:.1f}",
+                f"{rounds.median(fmt, 'server_cpu_us_per_step'):.1f}",
                 f"{mb:.3f}",
             )
         )
-    header = ("recording", "steps/s", "ratio to none", "client CPU µs/step", "MB / 1,000 steps")
+    header = (
+        "recording",
+        "steps/s",
+        "ratio to none",
+        "client CPU µs/step",
+        "writer process CPU µs/step",
+        "servers CPU µs/step",
+        "MB / 1,000 steps",
+    )
     print_table(title, header, rows)
 
 
@@ -200,8 +230,13 @@ def main() -> None:
     parser.add_argument("--only-writers", action="store_true", help="part 3 alone")
     parser.add_argument("--image-steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument(
+        "--background", choices=("process", "thread"), default="process", help="Recording's"
+    )
     args = parser.parse_args()
-    sizes: dict[str, list[float]] = {fmt: [] for fmt in FORMATS}
+    global BACKGROUND
+    BACKGROUND = args.background
+    sizes: dict[str, list[float]] = _sizes()
     if args.only_writers:
         with dmr.serve(lambda settings: Catch(**settings)) as server:
             _writers_alone(*_catch_episodes(server.address))
@@ -215,7 +250,7 @@ def main() -> None:
             server_pid=[s.pid for s in servers],
         )
     _report(f"16 Catch worlds, {args.steps} steps per run, {rounds.rounds} rounds", rounds, sizes)
-    sizes = {fmt: [] for fmt in FORMATS}
+    sizes = _sizes()
     with dmr.serve(Frames) as server:
         rounds = measure_interleaved(
             _variants([server.address], 4, sizes), args.image_steps, rounds=args.rounds, warmup=200
