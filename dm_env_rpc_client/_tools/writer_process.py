@@ -141,6 +141,7 @@ class WriterProcess:
         self._send_error: BaseException | None = None
         self._closed = False
         self._ready = False
+        self._failed: str | None = None  # the error raised, raised again by later calls
         self._inbox = bytearray()
         self.result: tuple[int, int, list[str]] = (0, 0, [])
         self._sender = threading.Thread(target=self._send, name="episode-writer-feed", daemon=True)
@@ -174,19 +175,20 @@ class WriterProcess:
                 self._moved.wait(self._timeout)
                 self._check()
                 if self._queued == before:
-                    raise errors.RecordingError(
-                        _STALLED.format(
-                            directory=self._directory,
-                            writer=self._name,
-                            timeout=self._timeout,
-                            queued=round(before / 1e6, 1),
-                        )
+                    self._failed = _STALLED.format(
+                        directory=self._directory,
+                        writer=self._name,
+                        timeout=self._timeout,
+                        queued=round(before / 1e6, 1),
                     )
+                    raise errors.RecordingError(self._failed)
             self._queued += size
         self._queue.put(parts)
 
     def _check(self) -> None:
         """Raises the child's error, if it stopped with one."""
+        if self._failed is not None:
+            raise errors.RecordingError(self._failed)
         if self._send_error is not None or self._process.poll() is not None:
             reply = self._read_reply(5.0)
             if reply is not None and reply[0] == "ready":
@@ -239,9 +241,8 @@ class WriterProcess:
             if code is None and self._send_error is None:
                 return
             error = f"it exited (code {code}) without saying why"
-        raise errors.RecordingError(
-            _FAILED.format(directory=self._directory, writer=self._name, error=error)
-        )
+        self._failed = _FAILED.format(directory=self._directory, writer=self._name, error=error)
+        raise errors.RecordingError(self._failed)
 
     def cut(self, blocks: Sequence[Block], worlds: Sequence[int] = ()) -> None:
         """Sends ``blocks`` (and the worlds whose running episodes end as cut) to the child."""
@@ -251,7 +252,8 @@ class WriterProcess:
     def close(self, blocks: Sequence[Block] = (), worlds: Sequence[int] = ()) -> None:
         """Sends the last blocks, cuts ``worlds``, waits for the child to finish (bounded).
 
-        ``result`` then holds (episodes, truncated, written paths). Idempotent.
+        ``result`` then holds (episodes, truncated, written paths). Idempotent; after
+        an error already raised, it only ends the child.
 
         Raises:
           RecordingError: the child failed, or did not finish within ``timeout`` s
@@ -261,33 +263,40 @@ class WriterProcess:
             return
         self._closed = True
         try:
-            self._check()
-            self._put(_message(("close", list(blocks), list(worlds))))
+            if self._failed is None:
+                self._check()
+                self._put(_message(("close", list(blocks), list(worlds))))
+        except BaseException:
+            self._kill()
+            raise
         finally:
             self._queue.put(None)
+        if self._failed is not None:
+            self._kill()
+            return
         self._sender.join(self._timeout)
         reply = self._read_reply(self._timeout)
         if reply is not None and reply[0] == "ready":
             reply = self._read_reply(self._timeout)
+        if reply is None:
+            self._process.kill()
+            self._kill()
+            error = f"it did not finish within {self._timeout} s and was killed"
+            self._raise_reply(("error", error) if self._process.returncode == -9 else None)
+        self._kill()
+        if reply[0] != "done":
+            self._raise_reply(reply)
+        self.result = reply[1:]
+
+    def _kill(self) -> None:
+        """Ends the child (at once if it has not ended within 5 s) and its feeding thread."""
         try:
-            self._process.wait(5.0 if reply is not None else 0.1)
+            self._process.wait(5.0 if self._closed and self._failed is None else 0.0)
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
-            if reply is None:
-                raise errors.RecordingError(
-                    _FAILED.format(
-                        directory=self._directory,
-                        writer=self._name,
-                        error=f"it did not finish within {self._timeout} s and was killed",
-                    )
-                ) from None
-        finally:
-            self._replies.close()
-        if reply is None or reply[0] != "done":
-            self._raise_reply(reply)
-            self._raise_reply(None)
-        self.result = reply[1:]
+        self._sender.join(5.0)
+        self._replies.close()
 
 
 # The child's side.
