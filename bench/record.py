@@ -112,6 +112,10 @@ def _variants(addresses: list[str], worlds: int, sizes: dict[str, list[float]]) 
                 step_worlds(
                     batch, steps=steps, pipeline=WINDOW, timeout=60, seed=0, recording=recording
                 )
+                if child:  # timed until every episode ended so far is written
+                    blocks, recording._blocks = recording._blocks, []  # type: ignore[union-attr]
+                    recording._rows = 0  # type: ignore[union-attr]
+                    recording._background.sync(blocks)  # type: ignore[union-attr]
                 done[0] += steps
                 done[1] += 1
                 if done[1] == 2:  # the timed run (the first is the warm-up)

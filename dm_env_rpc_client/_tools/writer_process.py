@@ -26,6 +26,8 @@ arrays travel as out-of-band buffers, written from their own memory with
   goes to the whole process group, and the parent decides what the run does.
   ``PR_SET_PDEATHSIG`` is not used: it fires when the *thread* that started the
   child ends, and would kill the child before its last commit.
+- **Priority:** the child runs at niceness ``NICE`` (10): the batch's steps go
+  first, and the writer catches up in the gaps.
 - **Close:** a ``close`` message cuts every world's running episode as
   truncated, closes the writer and answers with the counts; waited for at most
   ``timeout`` seconds after the last message went out, then the child is killed.
@@ -50,6 +52,10 @@ from typing import Any
 from .. import errors
 from .episode_stream import Block, EpisodeStream
 
+NICE = 10
+"""The child's niceness: on a machine short of cores it writes in the gaps the stepping
+process and the servers leave, rather than delaying their steps (it only has to keep up on
+average: ``max_bytes`` bounds how far behind it may fall)."""
 _HEAD = struct.Struct("<QI")  # pickle length, number of out-of-band buffers
 _SIZE = struct.Struct("<Q")
 _IOV_MAX = 512
@@ -244,6 +250,30 @@ class WriterProcess:
         self._failed = _FAILED.format(directory=self._directory, writer=self._name, error=error)
         raise errors.RecordingError(self._failed)
 
+    def sync(self, blocks: Sequence[Block] = ()) -> tuple[int, int]:
+        """Sends ``blocks`` and waits until the child has written every episode they end.
+
+        Returns:
+          The episodes written so far, and how many of them are truncated.
+
+        Raises:
+          RecordingError: the child failed, or did not answer within ``timeout`` s.
+        """
+        self._check()
+        self._put(_message(("sync", list(blocks), [])))
+        reply = self._read_reply(self._timeout)
+        if reply is not None and reply[0] == "ready":
+            reply = self._read_reply(self._timeout)
+        if reply is None or reply[0] != "synced":
+            self._raise_reply(reply)
+            self._failed = _FAILED.format(
+                directory=self._directory,
+                writer=self._name,
+                error=f"it did not answer within {self._timeout} s",
+            )
+            raise errors.RecordingError(self._failed)
+        return reply[1], reply[2]
+
     def cut(self, blocks: Sequence[Block], worlds: Sequence[int] = ()) -> None:
         """Sends ``blocks`` (and the worlds whose running episodes end as cut) to the child."""
         self._check()
@@ -345,6 +375,7 @@ def _reply(fd: int, obj: Any) -> None:
 
 def _child(parent: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.nice(NICE)
     replies = os.dup(1)
     os.dup2(2, 1)  # what the libraries print goes to stderr, not into the replies
     source = sys.stdin.fileno()
@@ -371,7 +402,9 @@ def _child(parent: int) -> int:
         while (message := _receive(source, parent)) is not None:
             kind, blocks, cut_worlds = message
             stream.cut(blocks, cut_worlds)
-            if kind == "close":
+            if kind == "sync":
+                _reply(replies, ("synced", counts[0], counts[1]))
+            elif kind == "close":
                 writer.close()
                 _reply(replies, ("done", counts[0], counts[1], written))
                 return 0
