@@ -3,7 +3,10 @@
 Run: ``python bench/record.py [--steps N] [--rounds R]`` (needs the ``minari`` and
 ``rlds`` extras). Part 1: 16 Catch worlds on two server processes, stepped by
 the ``run`` command's loop (``step_worlds``, 8 in flight per world) with each
-recording (``--record --format``) and without, interleaved in rounds; steps/s
+recording (``--record --format``, written by a child process, ``Recording(background=
+"process")``; ``--background thread`` for the writer thread) and without, interleaved
+in rounds; a run is timed until the child has written every episode its steps ended
+(``WriterProcess.sync``), and its CPU is the "writer process" column; steps/s
 are medians over the rounds and each format's ratio to no recording is the
 median of per-round ratios. Part 2: the same over 4 worlds of an in-process
 server whose observation is one uint8 84x84x3 image (episodes of 50 steps), to

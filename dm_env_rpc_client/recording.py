@@ -321,7 +321,7 @@ class Recording:
         self._background: BackgroundWriter | WriterProcess | None = None
         if background == "process":
             self._background = WriterProcess(
-                writer, worlds, seeds, first_world, directory=self.directory
+                writer, Episode, worlds, seeds, first_world, directory=self.directory
             )
         elif background:
             self._background = BackgroundWriter(writer)

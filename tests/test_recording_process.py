@@ -57,7 +57,11 @@ def test_a_writer_process_writes_the_same_files_as_the_stepping_process(
     here = dmr.Recording(tmp_path / "here", 3, batch.world_seeds)
     child = dmr.Recording(tmp_path / "child", 3, batch.world_seeds, background="process")
     try:
-        step_worlds(batch, steps=316, pipeline=4, timeout=30, seed=5, recording=_Both(here, child))  # type: ignore[arg-type]
+        both = _Both(here, child)
+        step_worlds(batch, steps=316, pipeline=4, timeout=30, seed=5, recording=both)  # type: ignore[arg-type]
+        blocks, child._blocks, child._rows = child._blocks, [], 0
+        here._flush(())
+        assert child._background.sync(blocks) == (here.episodes, 0)  # type: ignore[union-attr]
     finally:
         here.close()
         child.close()
@@ -115,7 +119,7 @@ def test_a_stuck_writer_process_bounds_the_stepping_sides_wait_memory_and_close(
     tmp_path,
 ) -> None:
     process = WriterProcess(
-        StuckWriter(), 1, [None], 0, directory=tmp_path, max_bytes=1 << 20, timeout=1.0
+        StuckWriter(), dmr.Episode, 1, [None], 0, directory=tmp_path, max_bytes=1 << 20, timeout=1.0
     )
     process.wait_ready()
     block = _episode_block(4, 100_000)  # 400 kB a message; the pipe holds 64 kB
@@ -134,7 +138,9 @@ def test_a_stuck_writer_process_bounds_the_stepping_sides_wait_memory_and_close(
 
 
 def test_close_of_a_stuck_writer_process_is_bounded(tmp_path) -> None:
-    process = WriterProcess(StuckWriter(), 1, [None], 0, directory=tmp_path, timeout=1.0)
+    process = WriterProcess(
+        StuckWriter(), dmr.Episode, 1, [None], 0, directory=tmp_path, timeout=1.0
+    )
     process.cut([_episode_block(3, 10)])  # the child is stuck writing its episode
     started = time.monotonic()
     with pytest.raises(errors.RecordingError, match=r"did not finish within 1.0 s and was killed"):

@@ -96,6 +96,8 @@ class WriterProcess:
 
     Args:
       writer: the ``EpisodeWriter`` (picklable; not yet written to).
+      episode_type: what the writer is given (``recording.Episode``), called with the
+        ``EpisodeStream``'s fields.
       worlds: how many worlds the batch has.
       seeds: each world's seed.
       first_world: the index of world 0 in the episodes' metadata.
@@ -111,6 +113,7 @@ class WriterProcess:
     def __init__(
         self,
         writer: Any,
+        episode_type: Any,
         worlds: int,
         seeds: Sequence[int | None],
         first_world: int,
@@ -124,7 +127,7 @@ class WriterProcess:
         self._timeout = timeout
         self._max_bytes = max_bytes
         try:
-            start = _message(("start", writer, worlds, list(seeds), first_world))
+            start = _message(("start", writer, episode_type, worlds, list(seeds), first_world))
         except Exception as exc:
             raise errors.RecordingError(
                 _NOT_PICKLABLE.format(writer=self._name, error=exc)
@@ -380,13 +383,12 @@ def _child(parent: int) -> int:
     os.dup2(2, 1)  # what the libraries print goes to stderr, not into the replies
     source = sys.stdin.fileno()
     writer: Any = None
+    episode_type: Any = None
     counts = [0, 0]
     written: list[str] = []
 
     def emit(**fields: Any) -> None:
-        from ..recording import Episode
-
-        path = writer.write(Episode(**fields))
+        path = writer.write(episode_type(**fields))
         if path is not None:
             written.append(str(path))
         counts[0] += 1
@@ -396,7 +398,7 @@ def _child(parent: int) -> int:
         start = _receive(source, parent)
         if start is None:
             return 0
-        _, writer, worlds, seeds, first_world = start
+        _, writer, episode_type, worlds, seeds, first_world = start
         _reply(replies, ("ready",))
         stream = EpisodeStream(worlds, seeds, first_world, emit)
         while (message := _receive(source, parent)) is not None:
