@@ -240,8 +240,11 @@ def main() -> None:
     parser.add_argument(
         "--background", choices=("process", "thread"), default="process", help="Recording's"
     )
+    parser.add_argument("--formats", default=",".join(FORMATS), help="e.g. none,minari")
+    parser.add_argument("--catch-only", action="store_true", help="part 1 alone")
     args = parser.parse_args()
-    global BACKGROUND
+    global BACKGROUND, FORMATS
+    FORMATS = tuple(args.formats.split(","))
     BACKGROUND = args.background
     sizes: dict[str, list[float]] = _sizes()
     if args.only_writers:
@@ -257,6 +260,8 @@ def main() -> None:
             server_pid=[s.pid for s in servers],
         )
     _report(f"16 Catch worlds, {args.steps} steps per run, {rounds.rounds} rounds", rounds, sizes)
+    if args.catch_only:
+        return
     sizes = _sizes()
     with dmr.serve(Frames) as server:
         rounds = measure_interleaved(
