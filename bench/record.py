@@ -94,8 +94,9 @@ def _variants(addresses: list[str], worlds: int, sizes: dict[str, list[float]]) 
             root = pathlib.Path(tempfile.mkdtemp(prefix="bench_record-"))
             folder = root / "data-v0"
             writer: Any = None
-            if fmt == "minari":
-                writer = MinariWriter.for_environment(folder, batch)
+            if fmt.startswith("minari"):  # minari@0.1: commit_every=0.1
+                every = float(fmt.partition("@")[2] or 1.0)
+                writer = MinariWriter.for_environment(folder, batch, commit_every=every)
             elif fmt == "rlds":
                 writer = RldsWriter.for_environment(folder, batch)
             recording = (
@@ -240,7 +241,9 @@ def main() -> None:
     parser.add_argument(
         "--background", choices=("process", "thread"), default="process", help="Recording's"
     )
-    parser.add_argument("--formats", default=",".join(FORMATS), help="e.g. none,minari")
+    parser.add_argument(
+        "--formats", default=",".join(FORMATS), help="e.g. none,minari,minari@0.1 (commit_every)"
+    )
     parser.add_argument("--catch-only", action="store_true", help="part 1 alone")
     args = parser.parse_args()
     global BACKGROUND, FORMATS

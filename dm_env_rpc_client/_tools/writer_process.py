@@ -134,13 +134,19 @@ class WriterProcess:
             ) from exc
         # The child imports what this process can: the writer's class, wherever it lives.
         path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(os.getpid())],
-            env={**os.environ, "PYTHONPATH": path},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-        )
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(os.getpid())],
+                env={**os.environ, "PYTHONPATH": path},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise errors.RecordingError(
+                _FAILED.format(directory=directory, writer=self._name, error=exc)
+                + " (it could not start): record with background='thread'."
+            ) from exc
         assert self._process.stdin is not None and self._process.stdout is not None
         self._stdin = self._process.stdin
         self._replies = self._process.stdout
