@@ -233,6 +233,7 @@ def _catch_episodes(address: str) -> tuple[list[Any], Any]:
 
 
 def main() -> None:
+    global BACKGROUND, FORMATS
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=16000)
     parser.add_argument("--only-writers", action="store_true", help="part 3 alone")
@@ -246,7 +247,6 @@ def main() -> None:
     )
     parser.add_argument("--catch-only", action="store_true", help="part 1 alone")
     args = parser.parse_args()
-    global BACKGROUND, FORMATS
     FORMATS = tuple(args.formats.split(","))
     BACKGROUND = args.background
     sizes: dict[str, list[float]] = _sizes()
