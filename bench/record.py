@@ -3,7 +3,10 @@
 Run: ``python bench/record.py [--steps N] [--rounds R]`` (needs the ``minari`` and
 ``rlds`` extras). Part 1: 16 Catch worlds on two server processes, stepped by
 the ``run`` command's loop (``step_worlds``, 8 in flight per world) with each
-recording (``--record --format``) and without, interleaved in rounds; steps/s
+recording (``--record --format``, written by a child process, ``Recording(background=
+"process")``; ``--background thread`` for the writer thread) and without, interleaved
+in rounds; a run is timed until the child has written every episode its steps ended
+(``WriterProcess.sync``), and its CPU is the "writer process" column; steps/s
 are medians over the rounds and each format's ratio to no recording is the
 median of per-round ratios. Part 2: the same over 4 worlds of an in-process
 server whose observation is one uint8 84x84x3 image (episodes of 50 steps), to
@@ -24,7 +27,13 @@ import time
 from typing import Any
 
 # _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import DEFAULT_ROUNDS, measure_interleaved, print_table, server_processes
+from _common import (
+    DEFAULT_ROUNDS,
+    measure_interleaved,
+    print_table,
+    process_cpu_seconds,
+    server_processes,
+)
 
 # isort: split
 import dm_env
@@ -38,6 +47,7 @@ from dm_env_rpc_client.integrations.rlds import RldsWriter
 from dm_env_rpc_client.server.catch import Catch
 
 FORMATS = ("none", "npz", "minari", "rlds")
+BACKGROUND = "process"  # --background
 WINDOW = 8
 
 
@@ -69,6 +79,10 @@ class Frames(dm_env.Environment):
         return {"move": specs.DiscreteArray(4, name="move")}
 
 
+def _sizes() -> dict[str, list[float]]:
+    return {name: [] for fmt in FORMATS for name in (fmt, f"{fmt} child")}
+
+
 def _folder_mb(path: pathlib.Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
 
@@ -80,24 +94,37 @@ def _variants(addresses: list[str], worlds: int, sizes: dict[str, list[float]]) 
             root = pathlib.Path(tempfile.mkdtemp(prefix="bench_record-"))
             folder = root / "data-v0"
             writer: Any = None
-            if fmt == "minari":
-                writer = MinariWriter.for_environment(folder, batch)
+            if fmt.startswith("minari"):  # minari@0.1: commit_every=0.1
+                every = float(fmt.partition("@")[2] or 1.0)
+                writer = MinariWriter.for_environment(folder, batch, commit_every=every)
             elif fmt == "rlds":
                 writer = RldsWriter.for_environment(folder, batch)
             recording = (
                 None
                 if fmt == "none"
                 else dmr.Recording(
-                    folder, worlds, batch.world_seeds, writer=writer, background=True
+                    folder, worlds, batch.world_seeds, writer=writer, background=BACKGROUND
                 )
             )
-            done = [0]
+            done = [0, 0]
+            child = getattr(getattr(recording, "_background", None), "pid", None)
+            if child:  # its imports are a one-off cost, not the run's
+                recording._background.wait_ready()  # type: ignore[union-attr]
 
             def run(steps: int) -> None:
+                cpu = process_cpu_seconds(child) if child else 0.0
                 step_worlds(
                     batch, steps=steps, pipeline=WINDOW, timeout=60, seed=0, recording=recording
                 )
+                if child:  # timed until every episode ended so far is written
+                    blocks, recording._blocks = recording._blocks, []  # type: ignore[union-attr]
+                    recording._rows = 0  # type: ignore[union-attr]
+                    recording._background.sync(blocks)  # type: ignore[union-attr]
                 done[0] += steps
+                done[1] += 1
+                if done[1] == 2:  # the timed run (the first is the warm-up)
+                    used = process_cpu_seconds(child) - cpu if child else 0.0
+                    sizes[f"{fmt} child"].append(used / steps * 1e6)
 
             def close() -> None:
                 if recording is not None:
@@ -117,16 +144,27 @@ def _report(title: str, rounds: Any, sizes: dict[str, list[float]]) -> None:
     rows = []
     for fmt in FORMATS:
         mb = np.median(sizes[fmt]) if sizes[fmt] else 0.0
+        child = np.median(sizes[f"{fmt} child"]) if sizes[f"{fmt} child"] else 0.0
         rows.append(
             (
                 fmt,
                 rounds.median(fmt),
                 f"{rounds.ratio(fmt, 'none'):.3f}",
                 f"{rounds.median(fmt, 'cpu_us_per_step'):.1f}",
+                f"{child:.1f}",
+                f"{rounds.median(fmt, 'server_cpu_us_per_step'):.1f}",
                 f"{mb:.3f}",
             )
         )
-    header = ("recording", "steps/s", "ratio to none", "client CPU µs/step", "MB / 1,000 steps")
+    header = (
+        "recording",
+        "steps/s",
+        "ratio to none",
+        "client CPU µs/step",
+        "writer process CPU µs/step",
+        "servers CPU µs/step",
+        "MB / 1,000 steps",
+    )
     print_table(title, header, rows)
 
 
@@ -195,13 +233,23 @@ def _catch_episodes(address: str) -> tuple[list[Any], Any]:
 
 
 def main() -> None:
+    global BACKGROUND, FORMATS
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=16000)
     parser.add_argument("--only-writers", action="store_true", help="part 3 alone")
     parser.add_argument("--image-steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument(
+        "--background", choices=("process", "thread"), default="process", help="Recording's"
+    )
+    parser.add_argument(
+        "--formats", default=",".join(FORMATS), help="e.g. none,minari,minari@0.1 (commit_every)"
+    )
+    parser.add_argument("--catch-only", action="store_true", help="part 1 alone")
     args = parser.parse_args()
-    sizes: dict[str, list[float]] = {fmt: [] for fmt in FORMATS}
+    FORMATS = tuple(args.formats.split(","))
+    BACKGROUND = args.background
+    sizes: dict[str, list[float]] = _sizes()
     if args.only_writers:
         with dmr.serve(lambda settings: Catch(**settings)) as server:
             _writers_alone(*_catch_episodes(server.address))
@@ -215,7 +263,9 @@ def main() -> None:
             server_pid=[s.pid for s in servers],
         )
     _report(f"16 Catch worlds, {args.steps} steps per run, {rounds.rounds} rounds", rounds, sizes)
-    sizes = {fmt: [] for fmt in FORMATS}
+    if args.catch_only:
+        return
+    sizes = _sizes()
     with dmr.serve(Frames) as server:
         rounds = measure_interleaved(
             _variants([server.address], 4, sizes), args.image_steps, rounds=args.rounds, warmup=200

@@ -61,6 +61,7 @@ from ._base import checks as _checks
 from ._tools.background_writer import BackgroundWriter
 from ._tools.episode_stream import Block, EpisodeStream
 from ._tools.npz_file import save_npz
+from ._tools.writer_process import WriterProcess
 
 _NOT_EMPTY = (
     "The recording folder {path} already holds {count} entries (e.g. {example!r}); "
@@ -279,9 +280,12 @@ class Recording:
       writer: where the episodes go (default: ``.npz`` files in ``directory``);
         a writer made for ``directory`` (``MinariWriter``, ``RldsWriter``) is
         closed with the recording.
-      background: cut and write on a thread of its own (``BackgroundWriter``), while
-        the batch steps (``run --record`` does); ``episodes`` then counts the
-        episodes written so far, all of them after ``close``, and ``truncate``
+      background: cut and write while the batch steps: ``"process"`` in a child
+        process (``WriterProcess``, what ``run --record`` does: the stepping side
+        only pickles and queues; the writer must be picklable), ``"thread"`` (or
+        True) on a thread of the stepping process (``BackgroundWriter``), False
+        here and now. In the background, ``episodes`` counts the episodes written
+        so far (a child process's: all of them at ``close``), and ``truncate``
         returns None.
       flush_steps: steps held before they are cut into episodes.
       flush_seconds: seconds steps are held at most (checked as steps come in).
@@ -298,7 +302,7 @@ class Recording:
         *,
         first_world: int = 0,
         writer: EpisodeWriter | None = None,
-        background: bool = False,
+        background: bool | str = False,
         flush_steps: int = 2048,
         flush_seconds: float = 0.5,
     ) -> None:
@@ -309,10 +313,18 @@ class Recording:
         else:
             self.directory = pathlib.Path(directory)
         self.writer = writer
-        self._background: BackgroundWriter | None = None
-        if background:
-            self._background = BackgroundWriter(writer)
+        if background not in (False, True, "thread", "process"):
+            raise ValueError(
+                f"background is False, 'thread' (or True) or 'process', not {background!r}."
+            )
         seeds = list(seeds) if seeds is not None else [None] * worlds
+        self._background: BackgroundWriter | WriterProcess | None = None
+        if background == "process":
+            self._background = WriterProcess(
+                writer, Episode, worlds, seeds, first_world, directory=self.directory
+            )
+        elif background:
+            self._background = BackgroundWriter(writer)
         self._worlds = worlds
         self._stream = EpisodeStream(worlds, seeds, first_world, self._emit)
         self._blocks: list[Block] = []
@@ -388,7 +400,9 @@ class Recording:
     def _flush(self, worlds: Sequence[int]) -> None:
         blocks, self._blocks, self._rows = self._blocks, [], 0
         self._since = time.monotonic()
-        if self._background is not None:
+        if isinstance(self._background, WriterProcess):
+            self._background.cut(blocks, worlds)
+        elif self._background is not None:
             self._background.call(self._stream.cut, blocks, worlds)
         else:
             self._stream.cut(blocks, worlds)
@@ -409,6 +423,12 @@ class Recording:
         if self._closed:
             return
         self._closed = True
+        if isinstance(self._background, WriterProcess):
+            blocks, self._blocks, self._rows = self._blocks, [], 0
+            self._background.close(blocks, range(self._worlds))
+            self.episodes, self.truncated, written = self._background.result
+            self.written = [pathlib.Path(path) for path in written]
+            return
         try:
             self._flush(range(self._worlds))
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 import dm_env
@@ -97,14 +98,21 @@ class Tap(dmr.Recording):
 
 
 def record(
-    address: str, writer_for: Any, worlds: int = 3, steps: int = 130, **settings: Any
+    address: str,
+    writer_for: Any,
+    worlds: int = 3,
+    steps: int = 130,
+    background: bool | str = False,
+    **settings: Any,
 ) -> Tap:
-    """Steps ``worlds`` Catch worlds with random actions into ``writer_for(batch)``."""
+    """Steps ``worlds`` Catch worlds with random actions into ``writer_for(batch)`` (written
+    by a child process with ``background="process"``)."""
     batch = dmr.BatchedEnvironment.connect(
         [address], worlds, seed=7, create_world_settings=settings, timeout=30
     )
     try:
-        tap = Tap("unused", worlds, batch.world_seeds, writer=writer_for(batch))
+        writer = writer_for(batch)
+        tap = Tap("unused", worlds, batch.world_seeds, writer=writer, background=background)
         try:
             step_worlds(batch, steps=steps, pipeline=4, timeout=30, seed=7, recording=tap)
         finally:
@@ -117,3 +125,13 @@ def record(
 def same(a: Any, b: Any) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))
+
+
+class StuckWriter:
+    """An ``EpisodeWriter`` whose ``write`` never returns (a writer process stuck on a disk)."""
+
+    def write(self, episode: Any) -> None:
+        threading.Event().wait()
+
+    def close(self) -> None:
+        pass

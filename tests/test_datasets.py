@@ -74,7 +74,8 @@ def check_rlds(reader, tap) -> None:  # type: ignore[no-untyped-def]
                 assert same(step.action["paddle"], episode.actions[t - 1]["paddle"])
 
 
-def test_minari_round_trip(catch_server, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("background", [False, "process"])
+def test_minari_round_trip(catch_server, tmp_path, monkeypatch, background) -> None:
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
     address = catch_server.address
     tap = record(
@@ -82,6 +83,7 @@ def test_minari_round_trip(catch_server, tmp_path, monkeypatch) -> None:
         lambda batch: MinariWriter.for_environment(
             tmp_path / "catch-random-v0", batch, env_kwargs={"address": address}, commit_every=0
         ),
+        background=background,
     )
     assert any(e.cut for e in tap.stepped) and any(not e.cut for e in tap.stepped)
     dataset = minari.load_dataset("catch-random-v0")
@@ -112,13 +114,15 @@ def test_minari_keeps_interrupted_apart_from_terminated(catch_server, tmp_path) 
     assert dataset.total_episodes and not any(ep.terminations.any() for ep in dataset)
 
 
-def test_rlds_round_trip_with_interrupted_episodes(catch_server, tmp_path) -> None:
+@pytest.mark.parametrize("background", [False, "process"])
+def test_rlds_round_trip_with_interrupted_episodes(catch_server, tmp_path, background) -> None:
     for name, settings in (("plain", {}), ("interrupted", {"max_steps": 4})):
         tap = record(
             catch_server.address,
             lambda batch, name=name: RldsWriter.for_environment(
                 tmp_path / name, batch, settings={"run": name}, commit_every=0
             ),
+            background=background,
             **settings,
         )
         with envlogger.Reader(str(tmp_path / name)) as reader:

@@ -95,12 +95,32 @@ def _spawn(folder: pathlib.Path, fmt: str) -> subprocess.Popen[str]:
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _kill_when(child: subprocess.Popen[str], ready, timeout: float = 60.0) -> object:  # type: ignore[no-untyped-def]
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (the run's writer process)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _kill_when(  # type: ignore[no-untyped-def]
+    child: subprocess.Popen[str], ready, timeout: float = 60.0, *, its_writer: bool = False
+) -> object:
+    """SIGKILLs ``child`` once ``ready()``; with ``its_writer``, its writer process at once too
+    (as the OOM killer or a kill of the process group would); alone, the writer process
+    commits what it has and exits."""
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
             value = ready()
             if value:
+                for pid in _children(child.pid) if its_writer else ():
+                    os.kill(pid, signal.SIGKILL)
                 os.kill(child.pid, signal.SIGKILL)
                 child.wait(10)
                 return value
@@ -142,7 +162,7 @@ def _rlds_shards(folder: pathlib.Path) -> int:
 
 def test_rlds_dataset_survives_sigkill(tmp_path) -> None:
     folder = tmp_path / "killed"
-    _kill_when(_spawn(folder, "rlds"), lambda: _rlds_shards(folder))
+    _kill_when(_spawn(folder, "rlds"), lambda: _rlds_shards(folder), its_writer=True)
     assert (folder / ".staging").exists()  # a shard was open at the kill, and stays unseen
     with envlogger.Reader(str(folder)) as reader:
         metas = list(reader.episode_metadata())

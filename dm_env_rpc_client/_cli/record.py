@@ -93,7 +93,9 @@ def open_recording(
         return None
     addresses = [str(a) for a in dict.fromkeys(batch.addresses)]
     writer = open_writer(args, batch, settings(args, addresses), create_settings)
-    return Recording(args.record, len(batch), batch.world_seeds, writer=writer, background=True)
+    return Recording(
+        args.record, len(batch), batch.world_seeds, writer=writer, background="process"
+    )
 
 
 def open_writer(
