@@ -33,6 +33,7 @@ import numpy as np
 from .. import errors, messages
 from .._adaptor.stacked import BatchedTimeStep, StackedDecoder, batch_of
 from .._base import checks as _checks
+from .._base import collector
 from .._fastpath.step_encoder import StepEncoder
 from .._fastpath.wire_step import read_step
 from .._proto import dm_env_rpc_pb2
@@ -404,13 +405,36 @@ class BatchCore:
                 raise self._wrap(index, exc) from exc
         raise AssertionError("the batch did not decode, but each step does")
 
+    def _close(self, timeout: float) -> None:
+        """``BatchedEnvironment.close``: leaves and destroys every world, then closes the streams,
+        the channels and the loop. The garbage collector is held off meanwhile (``collector``):
+        closing 4,096 worlds started about 240 collections, half the close's CPU, freeing nothing."""
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        with collector.paused():
+            if self._runner is not None and not self._runner.closed:
+                with contextlib.suppress(errors.DmEnvRpcClientError):
+                    self._runner.run(self._stop_tasks(), timeout=max(0.1, timeout / 4))
+                self._leave_all(max(0.1, deadline - time.monotonic()))  # every world at once
+            for index, env in enumerate(self.envs):  # those left above are closed already
+                if self._state[index] == _LIVE and not env._closed:  # else nothing to leave
+                    with contextlib.suppress(errors.DmEnvRpcClientError):  # a dead world
+                        env.close(timeout=max(0.1, deadline - time.monotonic()))
+            if self._runner is None:
+                for conn in self._connections:
+                    conn.close()
+            else:
+                _shut_down(self._runner, self._connections, self._channels)
+            self._connections = []
+
     def _leave_all(self, timeout: float) -> None:
         """Leaves (and destroys) every live world at once, waiting at most ``timeout`` s.
 
         One call on the loop writes every world's requests before any answer is awaited (about
         one round trip in all; the streams are then cancelled, which costs the servers less than
         a half-close). As ``DmEnvAdaptor.close``, a world whose server refuses to leave still
-        gets its DestroyWorldRequest, and a dead or hung server ends the wait quietly."""
+        gets its DestroyWorldRequest, and a dead or hung server ends the wait quietly. The
+        answers are only counted (no Future, no parsing: a refusal changes nothing)."""
         live = [
             (index, env)
             for index, env in enumerate(self.envs)
@@ -418,18 +442,28 @@ class BatchCore:
         ]
         for _, env in live:
             env._closed = True
-        leave = messages.envelope(dm_env_rpc_pb2.LeaveWorldRequest())
+        leave, _ = messages.envelope(dm_env_rpc_pb2.LeaveWorldRequest())
 
         async def leave_all() -> None:
-            answers = []
+            everyone = asyncio.get_running_loop().create_future()
+            waiting = 0
+
+            def answered(_result: Any, _error: BaseException | None) -> None:
+                nonlocal waiting
+                waiting -= 1
+                if not waiting and not everyone.done():
+                    everyone.set_result(None)
+
             for index, env in live:
                 stream = self._streams[index]
-                answers.append(stream._submit(*leave))
+                waiting += 1
+                stream._submit_callback(leave, _ignored, answered)
                 if env._destroy_on_close and env.world_name is not None:
                     request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=env.world_name)
-                    answers.append(stream._submit(*messages.envelope(request)))
-            if answers:
-                await asyncio.wait(answers, timeout=timeout)
+                    waiting += 1
+                    stream._submit_callback(messages.envelope(request)[0], _ignored, answered)
+            if waiting:
+                await asyncio.wait((everyone,), timeout=timeout)
 
         assert self._runner is not None
         with contextlib.suppress(errors.DmEnvRpcClientError):
@@ -447,6 +481,10 @@ class BatchCore:
 def _ends(outcome: Any) -> bool:
     """Whether a landed outcome is a LAST step (dm_env.StepType.LAST)."""
     return isinstance(outcome, tuple) and outcome[0] == dm_env.StepType.LAST
+
+
+def _ignored(_data: bytes) -> None:
+    """An answer read and dropped (close's leaves and destroys)."""
 
 
 def _is_bad(outcome: Any) -> bool:

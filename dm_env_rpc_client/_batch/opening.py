@@ -28,6 +28,7 @@ from .. import errors, messages, tensors
 from .._adaptor.core import pack_settings
 from .._adaptor.stacked import StackedDecoder
 from .._base import checks as _checks
+from .._base import collector
 from .._fastpath.step_encoder import StepEncoder
 from .._proto import dm_env_rpc_pb2
 from .._transport.loop import LoopConnection, LoopThread
@@ -164,17 +165,18 @@ def open_batch(
 
     connections: list[LoopConnection] = []
     try:
-        opened = open_worlds(
-            runner,
-            open_stream,
-            connections,
-            addresses,
-            count,
-            (create_world_settings, join_world_settings, world_names, requested),
-            timeout,
-            seed,
-            seed_setting,
-        )
+        with collector.paused():  # its collections would scan every world's objects, in vain
+            opened = open_worlds(
+                runner,
+                open_stream,
+                connections,
+                addresses,
+                count,
+                (create_world_settings, join_world_settings, world_names, requested),
+                timeout,
+                seed,
+                seed_setting,
+            )
     except BaseException:
         _shut_down(runner, connections, channels)
         raise
