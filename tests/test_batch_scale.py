@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import run_child, wait_for
+from conftest import run_child, sigstop, wait_for
 from faulty import faulty_server, float_specs, refusing_leave
 
 import dm_env_rpc_client as dmr
@@ -95,6 +98,27 @@ def test_a_thread_pool_servers_stream_limit_is_named_after_the_timeout() -> None
         # the pool's threads were given back: two worlds connect and step
         with dmr.BatchedEnvironment.connect([address], 2, timeout=10) as batch:
             assert len(batch.step({"paddle": np.zeros(2, np.int8)}).env_ids) == 2
+
+
+def test_the_sdk_servers_max_workers_is_named_and_nothing_is_left_half_open(
+    server_process,
+) -> None:
+    server = server_process("catch", "--max-workers", "2")  # the command line's limit
+    with pytest.raises(errors.WorldError) as raised:
+        dmr.BatchedEnvironment.connect([server.address], 3, timeout=10)
+    message = str(raised.value)
+    assert "RESOURCE_EXHAUSTED" in message and "--max-workers" in message, message
+
+    # all or nothing: the failed connect let go of every stream it had opened, so the server
+    # has room for two worlds again (once it has seen the streams end)
+    def two_connect() -> bool:
+        try:
+            with dmr.BatchedEnvironment.connect([server.address], 2, timeout=10) as batch:
+                return len(batch.step({"paddle": np.zeros(2, np.int8)}).env_ids) == 2
+        except errors.WorldError:
+            return False
+
+    assert wait_for(two_connect, timeout=20, interval=0.2)
 
 
 _LOW_LIMIT = textwrap.dedent(
@@ -208,3 +232,31 @@ def test_collector_pauses_nest_and_restore_what_they_found() -> None:
 @pytest.mark.parametrize("value", [0, 7, -3, 2**63 - 1, -(2**63), 2**63, np.int64(5)])
 def test_seed_tensors_are_what_pack_tensor_makes(value: int) -> None:
     assert _seed_tensor(value) == dmr.pack_tensor(value)
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_close_leaves_and_destroys_the_live_servers_worlds_bounded_beside_a_dead_one(
+    server_process, how: str
+) -> None:
+    dead = server_process()
+    seen: list[str] = []
+    with faulty_server(refusing_leave(float_specs(), seen)) as live:
+        batch = dmr.BatchedEnvironment.connect([live, dead.address], 8, timeout=20)
+        if how == "killed":
+            dead.process.kill()
+            dead.process.wait(timeout=10)
+        else:
+            sigstop(dead.process)
+        try:
+            started = time.monotonic()
+            batch.close(timeout=2)
+            took = time.monotonic() - started
+            # bounded: the leaves wait at most the timeout; the teardown does not wait for servers
+            assert took < 2 + 5, took
+            assert all(env._closed for env in batch.envs)
+            # each of the live server's 4 worlds got its Leave (refused) and its Destroy
+            assert seen.count("leave_world") == 4 and seen.count("destroy_world") == 4, seen
+            assert gc.isenabled()
+        finally:
+            if how == "stopped":
+                os.kill(dead.process.pid, signal.SIGCONT)
