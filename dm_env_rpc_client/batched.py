@@ -71,6 +71,7 @@ import numpy as np
 from . import errors
 from ._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
 from ._base import checks as _checks
+from ._batch.closing import close_batch
 from ._batch.core import (
     _FAILED,
     _NO_WAITER,
@@ -516,7 +517,7 @@ class BatchedEnvironment(BatchCore):
         A dead or hung server is waited for at most ``timeout`` (10 s) to answer the leaves and
         destroys; tearing the streams down after that takes at most 10 s more (gRPC's own)."""
         if not self._closed:
-            self._close(timeout)
+            close_batch(self, timeout)
 
     def __enter__(self) -> BatchedEnvironment:
         return self

@@ -38,7 +38,8 @@ from ..environment import DmEnvAdaptor
 from ..launch import LaunchedServers
 from . import restart as _restart
 from .balance import Balancer
-from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED, BatchCore, _shut_down
+from .closing import shut_down
+from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED, BatchCore
 from .restart import RestartPolicy
 
 try:
@@ -178,7 +179,7 @@ def open_batch(
                 seed_setting,
             )
     except BaseException:
-        _shut_down(runner, connections, channels)
+        shut_down(runner, connections, channels)
         raise
     envs, used, recipes, seeds = opened
     batch = cls(envs, used, connections=connections)
