@@ -30,15 +30,27 @@ CPU and the 4 servers' CPU (summed, from /proc) in each. ``--floor`` adds the ra
 gRPC floor of the same opening and closing on bare ``grpc.aio`` (``_open_floor.py``),
 ``--connect-only`` skips the steps, ``--profile PREFIX`` records the client and
 every server with py-spy, ``--baseline DIR`` adds rows for the SDK found in DIR
-(another commit's tree: a before-and-after in one run). The last lines say which of the issue's targets each
-size meets (PASS) or misses (FAIL): at 4,096 worlds connect 2 s, close 1 s, 40 KB
-per world, client CPU per step 1.2x the first size's; at every size a spread of
-at most 1.10.
+(another commit's tree: a before-and-after of connect and close in one run).
+
+A third table puts each size's client CPU per step next to the raw gRPC stepping
+floor's: the same steps on bare ``grpc.aio`` (``_step_floor.py``), in a fresh
+process of its own; the floor's growth from the first size is gRPC's, the
+client/floor ratio is the SDK's (``--no-step-floor`` skips it). ``--cli`` adds a
+fourth: the CLI's ``run`` loop (``step_worlds``: random actions, ``IN_FLIGHT`` in
+flight per world, the same number of steps) over a batch connected the same way.
+
+The last lines say which of the issue's targets each size meets (PASS) or misses
+(FAIL): at 4,096 worlds connect 2 s, close 1 s, 40 KB per world, client CPU per
+step 1.2x the first size's; at every size a spread of at most 1.10. ``--threads``
+also prints, for the client and the floor, CPU per step by thread and the part
+of it spent in Python's garbage collector (with the client's collections by
+generation).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pathlib
@@ -129,6 +141,7 @@ def thread_cpu() -> dict[str, float]:
 def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict[str, Any]:
     """One size, in this (child) process; returns the measurements."""
     import numpy as np
+    from _step_floor import GcTime
 
     import dm_env_rpc_client as dmr
 
@@ -179,8 +192,10 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
     run(WARMUP_PER_WORLD * worlds)
     batch.latencies.clear()
     before = thread_cpu() if threads else {}
+    collections = [generation["collections"] for generation in gc.get_stats()]
     wall, cpu = time.perf_counter(), time.process_time()
-    counts = run(steps)
+    with GcTime() as collecting:
+        counts = run(steps)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     after = thread_cpu() if threads else {}
     taken = int(counts.sum())
@@ -213,9 +228,35 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
             )
             for first in range(min(len(addresses), worlds))
         ),
-        "threads_us": per_thread,
+        "threads_us": {**per_thread, "(of which gc)": collecting.seconds / taken * 1e6},
+        "gc": {
+            "collections": [
+                generation["collections"] - before_gc
+                for generation, before_gc in zip(gc.get_stats(), collections, strict=True)
+            ],
+            "seconds": [round(seconds, 3) for seconds in collecting.by_generation],
+            "tracked": len(gc.get_objects()),
+        },
         "failures": len(batch.failures),
     }
+
+
+def cli_client(addresses: list[str], worlds: int, steps: int) -> dict[str, float]:
+    """The CLI's ``run`` loop (``step_worlds``, random actions, ``IN_FLIGHT`` in flight per
+    world) over a batch connected as above: its CPU per step, after a warm-up run."""
+    import dm_env_rpc_client as dmr
+    from dm_env_rpc_client._cli.run import step_worlds
+
+    batch = dmr.BatchedEnvironment.connect(
+        addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
+    )
+    with batch:
+        options = {"pipeline": IN_FLIGHT, "timeout": 60.0, "seed": 0}
+        step_worlds(batch, steps=WARMUP_PER_WORLD * worlds, **options)
+        wall, cpu = time.perf_counter(), time.process_time()
+        stats = step_worlds(batch, steps=steps, **options)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"cpu_us": cpu / stats.steps * 1e6, "steps_s": stats.steps / wall}
 
 
 def run_child(
@@ -224,6 +265,8 @@ def run_child(
     steps: int,
     threads: bool,
     profile: str | None = None,
+    step_floor: bool = False,
+    cli: bool = False,
     sdk_root: str | None = None,
 ) -> dict[str, Any]:
     addresses = [server.address for server in servers]
@@ -233,6 +276,10 @@ def run_child(
     command = [sys.executable, __file__, "--child", str(worlds), str(steps), *addresses]
     if threads:
         command.append("--threads")
+    if step_floor:
+        command.append("--step-floor")
+    if cli:
+        command.append("--cli")
     # The child inherits this process's CPUs (``pin`` put it on the client's).
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=environment)
     spies = []
@@ -266,10 +313,20 @@ def run_child(
 
 
 def child_main(argv: list[str]) -> None:
-    threads = "--threads" in argv
-    argv = [arg for arg in argv if arg != "--threads"]
+    threads, floor, cli = "--threads" in argv, "--step-floor" in argv, "--cli" in argv
+    argv = [arg for arg in argv if arg not in ("--threads", "--step-floor", "--cli")]
     worlds, steps, addresses = int(argv[0]), int(argv[1]), argv[2:]
-    print(json.dumps(client(addresses, worlds, steps, threads)), flush=True)
+    if cli:
+        result = cli_client(addresses, worlds, steps)
+    elif floor:  # the stepping floor: the same steps on bare grpc.aio
+        from _step_floor import step_floor
+
+        result = step_floor(
+            addresses, worlds, steps, WARMUP_PER_WORLD, thread_cpu if threads else None
+        )
+    else:
+        result = client(addresses, worlds, steps, threads)
+    print(json.dumps(result), flush=True)
 
 
 def main() -> None:
@@ -288,6 +345,17 @@ def main() -> None:
         help="also connect and close each size on bare grpc.aio (the raw gRPC floor)",
     )
     parser.add_argument(
+        "--step-floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also step each size on bare grpc.aio (the raw gRPC stepping floor, _step_floor.py)",
+    )
+    parser.add_argument(
+        "--cli",
+        action="store_true",
+        help="also time the CLI's run loop (step_worlds) at each size: a fourth table",
+    )
+    parser.add_argument(
         "--profile",
         metavar="PREFIX",
         help="py-spy record each client and each server to PREFIX-<kind>-<n>-<process>.txt",
@@ -302,7 +370,7 @@ def main() -> None:
     args = parser.parse_args()
     pinned = apply_pin(args.pin)
     per_server = -(-max(args.worlds) // SERVER_COUNT) + 16  # a stream per world, and some
-    rows, phases, verdicts = [], [], []
+    rows, phases, verdicts, floors, cli_rows = [], [], [], [], []
     for kind in args.servers:
         with contextlib.ExitStack() as stack:
             servers = [
@@ -312,7 +380,7 @@ def main() -> None:
                 for _ in range(SERVER_COUNT)
             ]
             pin([server.pid for server in servers])
-            base = None
+            base = floor_base = cli_base = None
             for worlds in args.worlds:
                 steps = (
                     0 if args.connect_only else max(args.min_steps, args.steps_per_world * worlds)
@@ -322,13 +390,33 @@ def main() -> None:
                     floor = run_child(servers, worlds, -1, False)
                     phases.append(phase_row(f"{SERVERS[kind]}, raw gRPC floor", worlds, floor))
                 if args.baseline:
-                    before = run_child(servers, worlds, steps, False, None, args.baseline)
+                    before = run_child(servers, worlds, steps, False, sdk_root=args.baseline)
                     phases.append(phase_row(f"{SERVERS[kind]}, before", worlds, before))
                 result = run_child(servers, worlds, steps, args.threads, profile)
                 phases.append(phase_row(SERVERS[kind], worlds, result))
                 if args.connect_only:
                     continue
                 base = base or result["cpu_us"]
+                if args.step_floor:
+                    stepped = run_child(servers, worlds, steps, args.threads, step_floor=True)
+                    floor_base = floor_base or stepped["cpu_us"]
+                    if args.threads:
+                        print_threads(f"{SERVERS[kind]}, {worlds} worlds, floor", stepped)
+                    floors.append(
+                        floor_row(SERVERS[kind], worlds, result, stepped, base, floor_base)
+                    )
+                if args.cli:
+                    ran = run_child(servers, worlds, steps, False, cli=True)
+                    cli_base = cli_base or ran["cpu_us"]
+                    cli_rows.append(
+                        [
+                            SERVERS[kind],
+                            f"{worlds:,}",
+                            f"{ran['cpu_us']:.1f} µs",
+                            f"{ran['cpu_us'] / cli_base:.2f}x",
+                            f"{ran['steps_s']:,.0f}",
+                        ]
+                    )
                 verdicts += targets(SERVERS[kind], worlds, result, result["cpu_us"] / base)
                 rows.append(
                     [
@@ -348,11 +436,12 @@ def main() -> None:
                     ]
                 )
                 if args.threads:
-                    shares = sorted(result["threads_us"].items(), key=lambda kv: -kv[1])
+                    print_threads(f"{SERVERS[kind]}, {worlds} worlds, client", result)
                     print(
-                        f"{SERVERS[kind]}, {worlds} worlds, client CPU µs/step by thread: "
-                        + ", ".join(f"{name} {us:.1f}" for name, us in shares),
-                        flush=True,
+                        "  garbage collections by generation {collections}, seconds in them "
+                        "{seconds}, objects the GC tracks after the run {tracked:,}".format(
+                            **result["gc"]
+                        )
                     )
                 if result["failures"]:
                     print(f"  ({result['failures']} world failures during the run)")
@@ -380,6 +469,28 @@ def main() -> None:
         print(
             f"\n{args.steps_per_world} steps per world (at least {args.min_steps:,}) after a "
             f"warm-up of {WARMUP_PER_WORLD}; each size in a fresh client process."
+        )
+    if floors:
+        print_table(
+            "Client CPU per step vs the raw gRPC stepping floor (bare grpc.aio, the same steps: "
+            "_step_floor.py)",
+            [
+                "server",
+                "worlds",
+                "client CPU/step",
+                "floor CPU/step",
+                "client/floor",
+                f"client vs {args.worlds[0]:,}",
+                f"floor vs {args.worlds[0]:,}",
+                "floor steps/s",
+            ],
+            floors,
+        )
+    if cli_rows:
+        print_table(
+            f"The CLI's run loop (step_worlds, random actions, {IN_FLIGHT} in flight per world)",
+            ["server", "worlds", "client CPU/step", f"vs {args.worlds[0]:,}", "steps/s"],
+            cli_rows,
         )
     print_table(
         "Where connect and close go: wall seconds, the client's CPU seconds (all threads), and "
@@ -423,6 +534,34 @@ def targets(server: str, worlds: int, result: dict[str, Any], cpu_ratio: float) 
         f"{'PASS' if value <= TARGETS[key] else 'FAIL'} {server}, {worlds:,} worlds: {what} "
         f"{value:.2f} (at most {TARGETS[key]})"
         for key, value, what in checks
+    ]
+
+
+def print_threads(what: str, result: dict[str, Any]) -> None:
+    """Prints a run's CPU µs per step by thread, most first."""
+    shares = sorted(result["threads_us"].items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{name} {us:.1f}" for name, us in shares)
+    print(f"{what} CPU µs/step by thread: {text}", flush=True)
+
+
+def floor_row(
+    server: str,
+    worlds: int,
+    result: dict[str, Any],
+    floor: dict[str, float],
+    base: float,
+    floor_base: float,
+) -> list[str]:
+    """One row of the client-vs-stepping-floor table."""
+    return [
+        server,
+        f"{worlds:,}",
+        f"{result['cpu_us']:.1f} µs",
+        f"{floor['cpu_us']:.1f} µs",
+        f"{result['cpu_us'] / floor['cpu_us']:.2f}x",
+        f"{result['cpu_us'] / base:.2f}x",
+        f"{floor['cpu_us'] / floor_base:.2f}x",
+        f"{floor['steps_s']:,.0f}",
     ]
 
 

@@ -63,7 +63,10 @@ class _Callback:
     It stands in for the request's Future where the loop itself consumes the
     response (``_submit_callback``): no Future, no done callbacks, and no loop
     turn between reading a response and handling it. An exception of the
-    callback goes to the loop's exception handler, never into the reader.
+    callback goes to the loop's exception handler, never into the reader. A
+    subclass may override ``_run`` instead of holding a callback (a batch's
+    receiver holds the step's own few values: one object per step in flight,
+    not a callback, a bound method and a partial that the GC would scan).
     """
 
     __slots__ = ("_callback",)
@@ -80,9 +83,12 @@ class _Callback:
     def set_exception(self, error: BaseException) -> None:
         self._call(None, error)
 
+    def _run(self, result: Any, error: BaseException | None) -> None:
+        self._callback(result, error)
+
     def _call(self, result: Any, error: BaseException | None) -> None:
         try:
-            self._callback(result, error)
+            self._run(result, error)
         except Exception as exc:
             asyncio.get_running_loop().call_exception_handler(
                 {"message": "dm_env_rpc_client: a response callback failed", "exception": exc}
@@ -317,7 +323,7 @@ class AsyncConnection:
         self,
         data: bytes,
         decode: Callable[[bytes], Any],
-        callback: Callable[[Any, BaseException | None], None],
+        callback: Callable[[Any, BaseException | None], None] | _Callback,
     ) -> None:
         """Queues envelope bytes; ``callback(result, error)`` takes the response; on the loop.
 
@@ -325,12 +331,14 @@ class AsyncConnection:
         ``callback`` as it reads the response (with the result of
         ``decode(data)``, or the error), or as the connection ends (with the
         error). If the connection is closed already, it is called with the error
-        on the loop's next turn, never from within this call.
+        on the loop's next turn, never from within this call. ``callback`` may be
+        a ``_Callback`` itself (used as it is).
         """
+        receiver = callback if isinstance(callback, _Callback) else _Callback(callback)
         if self._closed_error is not None:
-            asyncio.get_running_loop().call_soon(callback, None, self._closed_error)
+            asyncio.get_running_loop().call_soon(receiver._call, None, self._closed_error)
             return
-        self._pending.push(_Callback(callback), "", None, decode)
+        self._pending.push(receiver, "", None, decode)
         self._queue(data)
 
     async def aclose(self) -> None:

@@ -333,7 +333,7 @@ class BatchedEnvironment(BatchCore):
                 sent = time.perf_counter()
                 for index, request in zip(ids, packed, strict=True):
                     future = self.envs[index].connection.send_async(request)
-                    self._in_flight[index] += 1
+                    self._count(index, 1)
                     callback = functools.partial(self._finished, index, self._gen[index], sent)
                     future.add_done_callback(callback)
                 return
@@ -343,6 +343,7 @@ class BatchedEnvironment(BatchCore):
         in_flight = self._in_flight
         for index in ids:
             in_flight[index] += 1
+        self._in_flight_total += len(ids)
         assert self._runner is not None
         self._runner.call(self._write_steps, ids, wire, sent)
 
@@ -378,7 +379,7 @@ class BatchedEnvironment(BatchCore):
 
     def pending(self) -> int:
         """The number of steps sent and not yet received."""
-        return sum(self._in_flight) + sum(self._auto_sent)
+        return self._in_flight_total + self._auto_total
 
     def in_flight(self, index: int) -> int:
         """The number of steps sent to world ``index`` and not yet received."""
@@ -422,14 +423,7 @@ class BatchedEnvironment(BatchCore):
             raise errors.RequestTimeoutError(
                 _RECV_TIMEOUT.format(wanted=min_count, timeout=timeout, ready=self._ready)
             )
-        with self._cond:
-            taken = [
-                (index, *queue.popleft())
-                for index, queue in enumerate(self._done)
-                for _ in range(len(queue))
-            ]
-            self._ready -= len(taken)
-        return self._collect(taken, min_count, timeout)
+        return self._collect(self._take_filed(), min_count, timeout)
 
     def _recv_worlds(self, env_ids: list[int], timeout: float | None) -> BatchedTimeStep:
         wanted = collections.Counter(env_ids)
@@ -470,7 +464,7 @@ class BatchedEnvironment(BatchCore):
                 )
             )
         if self._policy == RAISE:
-            self._in_flight[index] -= lost
+            self._count(index, -lost)
 
     def _collect(
         self, taken: list[tuple[int, Any, float]], min_count: int, timeout: float | None
@@ -478,7 +472,7 @@ class BatchedEnvironment(BatchCore):
         removed = [item for item in taken if isinstance(item[1], _Failure) and item[1].removed]
         if removed:  # a removed world's steps are accounted for, not returned
             for index, outcome, _ in removed:
-                self._in_flight[index] -= outcome.lost
+                self._count(index, -outcome.lost)
             taken = [item for item in taken if item not in removed]
             if not taken:
                 if min_count and self.pending():
@@ -488,7 +482,7 @@ class BatchedEnvironment(BatchCore):
         if bad is not None:
             index, outcome, _ = taken[bad]
             self._put_back(taken[:bad] + taken[bad + 1 :])
-            self._in_flight[index] -= outcome.lost if isinstance(outcome, _Failure) else 1
+            self._count(index, -(outcome.lost if isinstance(outcome, _Failure) else 1))
             cause = outcome.cause if isinstance(outcome, _Failure) else outcome
             if isinstance(cause, errors.WorldError):
                 raise cause
@@ -497,11 +491,15 @@ class BatchedEnvironment(BatchCore):
         self.latencies.extend(latency for _, _, latency in taken)
         if self._runner is None:  # (TimeStep, state) already
             for index in env_ids:
-                self._in_flight[index] -= 1
+                self._count(index, -1)
             timesteps, states = zip(*(outcome for _, outcome, _ in taken), strict=True)
             return _flagged(batch_of(timesteps, env_ids), None, states)
+        in_flight, answered = self._in_flight, 0
         for index, outcome, _ in taken:
-            self._in_flight[index] -= outcome[2] if len(outcome) > 2 else 1
+            steps = outcome[2] if len(outcome) > 2 else 1
+            in_flight[index] -= steps
+            answered += steps
+        self._in_flight_total -= answered
         step_types = [outcome[0] for _, outcome, _ in taken]
         responses = [outcome[1] for _, outcome, _ in taken]
         try:

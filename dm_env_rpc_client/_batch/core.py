@@ -19,7 +19,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import functools
 import random
 import threading
 import time
@@ -36,7 +35,7 @@ from .._base import checks as _checks
 from .._fastpath.step_encoder import StepEncoder
 from .._fastpath.wire_step import read_step
 from .._transport.loop import LoopThread
-from ..aio import AsyncConnection
+from ..aio import AsyncConnection, _Callback
 from ..connection import ConnectionLike
 from ..environment import DmEnvAdaptor
 from . import restart as _restart
@@ -69,6 +68,23 @@ class _Failure:
 
     def __init__(self, cause: BaseException, lost: int, removed: bool = False) -> None:
         self.cause, self.lost, self.removed = cause, lost, removed
+
+
+class _Landing(_Callback):
+    """A step in flight on the batch's loop: its response goes to ``BatchCore._landed``.
+
+    One object per step in flight (with 2 in flight per world of 4,096, what the
+    GC scans at each full collection), in place of a bound method, a
+    ``functools.partial`` and the ``_Callback`` around them.
+    """
+
+    __slots__ = ("_core", "_gen", "_index", "_sent")
+
+    def __init__(self, core: BatchCore, index: int, gen: int, sent: float) -> None:
+        self._core, self._index, self._gen, self._sent = core, index, gen, sent
+
+    def _run(self, result: Any, error: BaseException | None) -> None:
+        self._core._landed(self._index, self._gen, self._sent, result, error)
 
 
 _NOT_ENVS = (
@@ -121,6 +137,10 @@ class BatchCore:
             collections.deque() for _ in range(count)
         ]
         self._ready = 0  # finished and not yet received, over all worlds
+        # The worlds whose queue was empty when a step was filed for it since the last recv
+        # (each world with a filed step is here; some twice, some emptied since): recv takes
+        # from these alone, so its cost follows the steps it takes, not the batch's size.
+        self._filed: list[int] = []
         self._want = _NO_WAITER  # recv wakes when _ready reaches this
         # Per world: steps sent by send() and not yet received (it goes below 0 when recv takes
         # an autoreset step), and (written on the loop only) the autoreset steps the loop sent
@@ -130,6 +150,10 @@ class BatchCore:
         # action the server ignores. What is in flight is the sum of the two.
         self._in_flight = [0] * count
         self._auto_sent = [0] * count
+        # Their sums (pending() in O(1)): the first written by the caller's thread only
+        # (_count), the second by the loop only.
+        self._in_flight_total = 0
+        self._auto_total = 0
         self._autoreset = False
         self._latest_wire: list[bytes] = [b""] * count
         # Round trips in seconds, send to response, of the latest LATENCY_SAMPLES steps.
@@ -202,8 +226,8 @@ class BatchCore:
         # Steps are read from their wire bytes: a large payload is copied once (_wire_step).
         if self._moving and index in self._moving:  # picked to move: keep the bytes
             self._moving[index].recorded.append((data, sent))
-        landed = functools.partial(self._landed, index, self._gen[index], sent)
-        self._streams[index]._submit_callback(data, read_step, landed)
+        landing = _Landing(self, index, self._gen[index], sent)
+        self._streams[index]._submit_callback(data, read_step, landing)
 
     def _landed(
         self, index: int, gen: int, sent: float, response: Any, error: BaseException | None
@@ -233,6 +257,7 @@ class BatchCore:
             and self._latest_wire[index]
         ):
             self._auto_sent[index] += 1  # counted before the LAST is filed: recv sees both
+            self._auto_total += 1
             self._write(index, self._latest_wire[index], time.perf_counter())
         self._file(index, gen, sent, outcome)
         if self._moving and index in self._moving:
@@ -364,17 +389,41 @@ class BatchCore:
         with self._cond:
             if gen != self._gen[index]:
                 return  # an answer to a step dropped by a failure
-            self._done[index].append((outcome, latency))
+            queue = self._done[index]
+            if not queue:
+                self._filed.append(index)
+            queue.append((outcome, latency))
             self._ready += 1
             if self._ready >= self._want:
                 self._cond.notify()
+
+    def _count(self, index: int, steps: int) -> None:
+        """World ``index`` has ``steps`` more steps sent and not received (fewer if negative)."""
+        self._in_flight[index] += steps
+        self._in_flight_total += steps
 
     def _put_back(self, items: list[tuple[int, Any, float]]) -> None:
         """Files ``items`` again at the front of their worlds' queues, in their order."""
         with self._cond:
             for index, outcome, latency in reversed(items):
-                self._done[index].appendleft((outcome, latency))
+                queue = self._done[index]
+                if not queue:
+                    self._filed.append(index)
+                queue.appendleft((outcome, latency))
             self._ready += len(items)
+
+    def _take_filed(self) -> list[tuple[int, Any, float]]:
+        """Takes every filed step: (world, outcome, latency), by world, oldest first."""
+        with self._cond:
+            done, worlds, self._filed = self._done, sorted(set(self._filed)), []
+            taken = [
+                (index, *queue.popleft())
+                for index in worlds
+                for queue in (done[index],)
+                for _ in range(len(queue))
+            ]
+            self._ready -= len(taken)
+        return taken
 
     def _decode(
         self, env_ids: list[int], step_types: list[Any], responses: list[Any]
@@ -398,7 +447,7 @@ class BatchCore:
             except Exception as exc:
                 rest = taken[:position] + taken[position + 1 :]
                 for other, other_outcome, _ in rest:  # they are filed again below
-                    self._in_flight[other] += other_outcome[2] if len(other_outcome) > 2 else 1
+                    self._count(other, other_outcome[2] if len(other_outcome) > 2 else 1)
                 self._put_back(rest)
                 raise self._wrap(index, exc) from exc
         raise AssertionError("the batch did not decode, but each step does")

@@ -10,6 +10,9 @@ random actions, pipelined, and returns a ``RunStats``:
   servers seeded the same way, plays the same steps whatever order the
   responses come back in.
 - Variable-length actions are sent world by world when they do not stack.
+- Each pass sends to the worlds that steps just came back from (and those not
+  yet full): its cost follows the steps it handles, not the number of worlds;
+  every world is looked at only at the start and after a failure.
 - Ctrl-C or SIGTERM (``stop`` set) ends the loop between steps: what was received
   is counted and recorded, and ``interrupted`` is set.
 - A stall raises ``RequestTimeoutError`` after ``timeout`` seconds without a
@@ -227,12 +230,21 @@ def step_worlds(
     left = [steps // count + (world < steps % count) for world in range(count)]
     stats = RunStats(worlds=count, world_seeds=list(batch.world_seeds))
     tally = EpisodeTally(batch, stats, recording, in_episode=False, first_world=first_world)
+    # The worlds that may take a step: every world at first, then those a step came back
+    # from (or not yet full): each pass costs what it sends and receives, not the batch's size.
+    wanting = set(range(count))
+    live: set[int] = set()
+    failures = -1  # len(batch.failures) when ``live`` was taken
     started = time.perf_counter()
     while stats.steps < steps and not stop.is_set():
-        live = set(batch.live_ids)
-        for world in tally.let_go_of_removed(live):
-            left[world] = 0
-        ids = [w for w in sorted(live) if left[w] and batch.in_flight(w) < pipeline]
+        if len(batch.failures) != failures or count - len(live) > len(tally.removed):
+            # A world failed (or a removed one is not let go of yet): look at every world.
+            failures, live = len(batch.failures), set(batch.live_ids)
+            for world in tally.let_go_of_removed(live):
+                left[world] = 0
+        ids = sorted(w for w in wanting if left[w] and w in live and batch.in_flight(w) < pipeline)
+        wanting.clear()
+        sent: set[int] = set()
         if ids:
             actions = [random_action(spec, rngs[world]) for world in ids]
             sent = set(_send(batch, ids, actions))
@@ -240,7 +252,9 @@ def step_worlds(
                 if world in sent:
                     tally.sent[world].append(action)
                     left[world] -= 1
-        if not batch.pending():
+                if world not in sent or batch.in_flight(world) < pipeline:
+                    wanting.add(world)  # not sent (removed meanwhile), or room for more
+        if not sent and not batch.pending():  # (a step just sent is pending)
             # Every step sent; the rest were lost with a restarted or removed world
             # (batch.failures), or every world that could still step is gone.
             break
@@ -253,6 +267,7 @@ def step_worlds(
         if result is None:
             break
         tally.take(result, progress)
+        wanting.update(result.env_ids.tolist())
     tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
     return stats
 
