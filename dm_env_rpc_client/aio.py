@@ -22,6 +22,7 @@ It never calls ``asyncio.run``: it works inside a running loop (Jupyter).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +40,11 @@ from .connection import (
     DEFAULT_TIMEOUT,
     closed_error,
     create_channel,
+)
+
+_READER_CANCELLED = (
+    "The connection's reader task was cancelled (its event loop is shutting down, as at the "
+    "end of asyncio.run) before the connection was closed; open a new connection."
 )
 
 
@@ -213,8 +219,26 @@ class AsyncConnection:
         except grpc.RpcError as exc:
             error = exc
         except asyncio.CancelledError:
+            if not self._close_called:  # not by aclose(): by the end of the loop
+                await self._close_as_the_loop_ends()
             return
         self._shutdown(closed_error(error))
+
+    async def _close_as_the_loop_ends(self) -> None:
+        """What ``aclose`` does, when the loop cancels the reader (``asyncio.run`` returning
+        with this connection open): fail the pending requests (else what awaits them, as a
+        ``step_iter``'s clean-up, waits forever), then end the call and the channel while the
+        loop still runs. gRPC completes the operations of a call left open later, on a closed
+        loop, and prints "Event loop is closed" from whichever loop runs next."""
+        self._close_called = True
+        self._end_queued = True  # the call is cancelled: no end of writing to send
+        self._shutdown(errors.ConnectionClosedError(_READER_CANCELLED))
+        self._call.cancel()
+        if self._owns_channel and self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.close()
+        self._call = None
+        self._channel = None
 
     def _shutdown(self, exc: errors.ConnectionClosedError) -> None:
         if self._closed_error is None:

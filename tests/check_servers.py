@@ -19,12 +19,11 @@ import itertools
 import queue
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
 import numpy as np
-from faulty import process_server
+from faulty import process_server, reference_servicer_server
 
 from dm_env_rpc_client._proto import dm_env_rpc_pb2 as pb
 
@@ -416,11 +415,5 @@ def reference_server() -> Iterator[str]:
                 step.state = ref.RUNNING
             return step
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    dm_env_rpc_pb2_grpc.add_EnvironmentServicer_to_server(Servicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(grace=None).wait(5)
+    with reference_servicer_server(Servicer()) as address:
+        yield address

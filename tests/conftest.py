@@ -42,6 +42,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _sb3_logs_in_tmp_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training-tier test's SB3 learner logs under its tmp_path: with no folder given, SB3
+    makes one per learner in the system's temp folder (``SB3-<date>``) unless SB3_LOGDIR names
+    one, and leaves it there."""
+    if "training" in request.keywords:
+        monkeypatch.setenv("SB3_LOGDIR", str(request.getfixturevalue("tmp_path")))
+
+
 @pytest.fixture
 def catch_server() -> Iterator[Server]:
     """An in-process embedded Catch server; ``make_env(settings) = Catch(**settings)``."""
@@ -84,6 +93,17 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, interval: flo
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (Linux ``/proc``); a zombie has (only its parent's
+    ``wait()`` is missing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
 
 
 def _all_threads_stopped(pid: int) -> bool:

@@ -54,8 +54,33 @@ def process_server(process: Any, options: Any = None, max_workers: int = 8) -> I
             )
         },
     )
+    with serving(
+        lambda server: server.add_generic_rpc_handlers((handler,)), options, max_workers
+    ) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def reference_servicer_server(servicer: Any, max_workers: int = 8) -> Iterator[str]:
+    """Serves a reference-package ``EnvironmentServicer`` (default gRPC server options);
+    yields the address."""
+    from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc
+
+    def add(server: grpc.Server) -> None:
+        dm_env_rpc_pb2_grpc.add_EnvironmentServicer_to_server(servicer, server)
+
+    with serving(add, None, max_workers) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def serving(
+    add: Callable[[grpc.Server], None], options: Any = None, max_workers: int = 8
+) -> Iterator[str]:
+    """A ``grpc.server`` on a loopback port with ``add(server)``'s handlers, stopped at the
+    end; yields the address."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
-    server.add_generic_rpc_handlers((handler,))
+    add(server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
@@ -167,3 +192,51 @@ def counting_server(refuse: int | None, delay: float) -> Any:
         return dm_env_rpc_pb2.EnvironmentResponse(step=step)
 
     return faulty_server(answer)
+
+
+def two_step_specs() -> dm_env_rpc_pb2.ActionObservationSpecs:
+    """``float_specs()`` and one action ``a``, an int8 in [0, 1] (UID 1)."""
+    specs = float_specs()
+    action = specs.actions[1]
+    action.name, action.dtype = "a", dm_env_rpc_pb2.INT8
+    action.min.int8s.array, action.max.int8s.array = b"\x00", b"\x01"
+    return specs
+
+
+@contextlib.contextmanager
+def stalling_reset_server(stall_seed: int, stalled: list[float]) -> Iterator[str]:
+    """A server of two-step episodes that never answers one autoreset step; yields its address.
+
+    Each stream's world counts its steps from 1 and observes ``x = [count, seed]``
+    (``seed``: its CreateWorldRequest's); an odd count starts an episode (RUNNING),
+    an even one ends it (TERMINATED). The first step after the first LAST of the world
+    created with ``seed == stall_seed`` (its reset step) gets no answer: its arrival
+    time (``time.time()``) goes into ``stalled`` and the stream waits, at most 60 s,
+    for the client to cancel it. Once per server: a world made again there steps on.
+    """
+    specs = two_step_specs()
+
+    def process(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        cancelled = threading.Event()
+        context.add_callback(cancelled.set)
+        seed, count = None, 0
+        for request in requests:
+            if request.WhichOneof("payload") == "create_world":
+                seed = int(request.create_world.settings["seed"].int64s.array[0])
+            done = lifecycle(request, specs)
+            if done is not None:
+                yield done
+                continue
+            count += 1
+            if count == 3 and seed == stall_seed and not stalled:
+                stalled.append(time.time())
+                cancelled.wait(60)
+                return
+            tensor = dm_env_rpc_pb2.Tensor(shape=[2])
+            tensor.floats.array.extend([float(count), float(seed or 0)])
+            state = dm_env_rpc_pb2.RUNNING if count % 2 else dm_env_rpc_pb2.TERMINATED
+            step = dm_env_rpc_pb2.StepResponse(state=state, observations={1: tensor})
+            yield dm_env_rpc_pb2.EnvironmentResponse(step=step)
+
+    with process_server(process) as address:
+        yield address

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import wait_for
+from conftest import process_gone, wait_for
 
 CLI = [sys.executable, "-m", "dm_env_rpc_client"]
 SERVER = [sys.executable, "-m", "dm_env_rpc_client.server"]
@@ -103,14 +103,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state in ("Z", "X")  # a zombie has exited; only its parent's wait() is missing
-
-
 @pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
 def test_the_child_server_dies_with_run(stop: int) -> None:
@@ -128,10 +120,10 @@ def test_the_child_server_dies_with_run(stop: int) -> None:
     try:
         assert wait_for(lambda: bool(_children(process.pid)), timeout=60)
         (child,) = _children(process.pid)
-        assert wait_for(lambda: process.poll() is None and not _gone(child), timeout=5)
+        assert wait_for(lambda: process.poll() is None and not process_gone(child), timeout=5)
         process.send_signal(stop)
         process.wait(timeout=60)
-        assert wait_for(lambda: _gone(child), timeout=30), f"server {child} outlived run"
+        assert wait_for(lambda: process_gone(child), timeout=30), f"server {child} outlived run"
     finally:
         process.kill()
         process.wait()

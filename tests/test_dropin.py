@@ -19,7 +19,11 @@ in this process, and the SDK's embedded Catch server for properties.
 
 from __future__ import annotations
 
+import os
 import pathlib
+import select
+import signal
+import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -30,6 +34,7 @@ import dm_env
 import grpc
 import numpy as np
 import pytest
+from conftest import process_gone, wait_for
 from dm_env_rpc.v1 import connection as ref_connection
 from dm_env_rpc.v1 import dm_env_adaptor as ref_adaptor
 from dm_env_rpc.v1 import dm_env_rpc_pb2 as ref_pb2
@@ -770,3 +775,55 @@ def test_with_action_repeats_every_episode_starts_first_and_ends_last(
     reference_episodes = results["reference"][0]
     assert {steps[0].step_type for steps in reference_episodes} == {dm_env.StepType.MID}
     assert all(steps[-1].last() for steps in reference_episodes)
+
+
+# The loader in a process of its own: it starts the player (its subprocess.Popen), connects
+# through the SDK (imports switched), prints the player's pid, then waits to be killed.
+_LOADER_PROCESS = """
+import sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import test_dropin
+np.product = np.prod  # the loader's NumPy 2 incompatibility (the player_dir fixture says why)
+loader = test_dropin.loaders()["sdk"]
+settings = loader.EnvironmentSettings(
+    seed=11, level_name="spot_diff_train", width=12, height=9, episode_length_seconds=0.2
+)
+env = loader.load_from_disk(sys.argv[2], settings)
+env.reset()
+print(env._process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_the_player_does_not_outlive_a_sigkilled_loader(player_dir: Any) -> None:
+    """The project's rule for every process started on the SDK's behalf: the process that
+    started the player (the loader's, on the SDK) is SIGKILLed, so no close() runs; the
+    player must exit on its own, within a deadline."""
+    loaders()  # skips here, not in the child, without the loader
+    tests = str(pathlib.Path(__file__).parent)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _LOADER_PROCESS, tests, str(player_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        assert ready, "the loader did not start the player within 60 s"
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.strip().isdigit(), f"the loader failed: {line!r} {process.stderr.read()!r}"
+        player = int(line)
+        assert not process_gone(player)  # serving: the loader's reset() was answered
+        process.kill()
+        process.wait(timeout=10)
+        assert wait_for(lambda: process_gone(player), timeout=10), (
+            f"the player (pid {player}) outlived the SIGKILLed loader"
+        )
+    finally:
+        process.kill()
+        process.wait()
+        if "player" in locals() and not process_gone(player):
+            os.kill(player, signal.SIGKILL)

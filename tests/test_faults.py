@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import run_child, sigstop, wait_for
-from faulty import Counter, faulty_server, float_specs, lifecycle, refusing_leave
+from faulty import (
+    Counter,
+    faulty_server,
+    float_specs,
+    lifecycle,
+    reference_servicer_server,
+    refusing_leave,
+)
 
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._batch.restart import RestartPolicy
@@ -341,10 +348,6 @@ def test_close_destroys_the_world_when_leave_is_refused() -> None:
 
 def _reference_server(answer: Any) -> Any:
     """A server built on the reference package's servicer (default gRPC server options)."""
-    import contextlib
-    from concurrent import futures
-
-    import grpc
     from dm_env_rpc.v1 import dm_env_rpc_pb2 as ref_pb2
     from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc as ref_grpc
 
@@ -354,23 +357,15 @@ def _reference_server(answer: Any) -> Any:
                 ours = dm_env_rpc_pb2.EnvironmentRequest.FromString(request.SerializeToString())
                 yield ref_pb2.EnvironmentResponse.FromString(answer(ours).SerializeToString())
 
-    @contextlib.contextmanager
-    def running() -> Any:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        ref_grpc.add_EnvironmentServicer_to_server(Servicer(), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        try:
-            yield f"127.0.0.1:{port}"
-        finally:
-            server.stop(grace=None).wait(5)
-
-    return running()
+    return reference_servicer_server(Servicer(), max_workers=4)
 
 
 @pytest.mark.parametrize("kind", ["default grpc server", "reference servicer"])
-def test_keepalive_is_not_refused_as_too_many_pings(kind: str) -> None:
-    """An idle stream, pinged often, on a server with default ping limits: still usable."""
+def test_a_stream_idle_for_seconds_under_fast_pings_stays_usable(kind: str) -> None:
+    """A stream pinged every 0.5 s, idle twice for 2.5 s, on a server with gRPC's default ping
+    limits: no GOAWAY in that time, and it steps after each idle spell. Seconds only: the
+    default keepalive's fit with that policy over minutes is
+    test_default_keepalive_keeps_to_the_ping_policy_of_a_default_grpc_server's."""
     specs = float_specs()
     fast = [("grpc.keepalive_time_ms", 500), ("grpc.keepalive_timeout_ms", 2_000)]
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from faulty import stalling_reset_server
 from gymnasium.vector import AutoresetMode
-from vector_helpers import Recording
+from vector_helpers import Recording, over_two_servers
 
 from dm_env_rpc_client import errors
-from dm_env_rpc_client.batched import BatchedEnvironment
+from dm_env_rpc_client.batched import BatchedEnvironment, RestartPolicy
 from dm_env_rpc_client.integrations.gymnasium import GymnasiumVectorEnv
 from dm_env_rpc_client.server import serve
 
@@ -117,10 +118,10 @@ def test_the_batch_sends_no_autoreset_when_the_next_step_is_in_flight_already() 
 
 def _dying_pair(server_process: Any, make: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
     """World 0 on a Catch server, world 1 on one that dies on its world's autoreset step."""
-    servers = [server_process("catch"), server_process(DYING)]
-    addresses = [server.address for server in servers]
-    envs = make(addresses=addresses, num_envs=2, create_world_settings={"rows": 3}, **kwargs)
-    return envs, servers
+    settings = {"rows": 3}
+    return over_two_servers(
+        server_process, make, ("catch", DYING), create_world_settings=settings, **kwargs
+    )
 
 
 def test_same_step_restarts_a_world_whose_server_dies_on_the_pipelined_reset(
@@ -189,3 +190,110 @@ def test_sb3_vec_env_restarts_a_world_whose_server_dies_on_the_pipelined_reset(
     observations, _, dones, _ = envs.step(np.ones(2, np.int64))
     assert (observations[:, 1].max(axis=1) == 1.0).all() and not dones.any()
     envs.close()
+
+
+STEP_TIMEOUT = 1.0
+
+
+def _stalled_pair(stalled: list[float], address: str, policy: str) -> GymnasiumVectorEnv:
+    """Worlds 0 and 1 (seeds 100 and 101) on ``stalling_reset_server(101, stalled)``."""
+    envs = GymnasiumVectorEnv(
+        addresses=[address],
+        num_envs=2,
+        timeout=20,
+        autoreset_mode=SAME_STEP,
+        connect_kwargs={
+            "seed": 100,
+            "on_world_failure": policy,
+            "step_timeout": STEP_TIMEOUT,
+            "restart": RestartPolicy(attempts=3, total=10.0, backoff=0.05, connect_timeout=2.0),
+        },
+    )
+    observations, _ = envs.reset()
+    assert observations["x"].tolist() == [[1.0, 100.0], [1.0, 101.0]]  # count, seed
+    return envs
+
+
+def _check_detected_within_the_documented_bound(failure: Any, stalled: list[float]) -> None:
+    """docs/batched.md: a stall is found within step_timeout plus a quarter of it (the
+    watchdog's period); 3 s more for a loaded 2-core CI machine's scheduling. Not before the timeout:
+    the clock starts as the loop sends the step, before it reaches the server."""
+    (arrived,) = stalled
+    waited = failure.time - arrived
+    assert STEP_TIMEOUT - 0.2 <= waited <= STEP_TIMEOUT * 1.25 + 3.0, waited
+    assert isinstance(failure.cause, errors.RequestTimeoutError)
+    assert f"step_timeout of {STEP_TIMEOUT} s" in str(failure.cause)
+
+
+def test_same_step_restarts_a_world_whose_server_never_answers_the_pipelined_reset() -> None:
+    stalled: list[float] = []
+    with stalling_reset_server(101, stalled) as address:
+        envs = _stalled_pair(stalled, address, "restart")
+        one = {"a": np.ones(2, np.int8)}
+        observations, _, terminations, truncations, infos = envs.step(one)
+        # Both LASTs are kept; world 1's next episode is its restarted world's first step.
+        assert terminations.tolist() == [True, True] and not truncations.any()
+        assert [final["x"].tolist() for final in infos["final_obs"]] == [[2, 100], [2, 101]]
+        assert observations["x"].tolist() == [[3.0, 100.0], [1.0, 101.0]]
+        (failure,) = envs.batch.failures
+        assert (failure.index, failure.outcome, failure.steps_lost) == (1, "restarted", 1)
+        assert failure.new_address == address
+        _check_detected_within_the_documented_bound(failure, stalled)
+        # Both step on, exactly once each: no step lost, repeated or left in flight.
+        steps = [([[4, 100], [2, 101]], [[5, 100], [3, 101]])]
+        steps.append(([[6, 100], [4, 101]], [[7, 100], [5, 101]]))
+        for finals, firsts in steps:  # (count, seed): LASTs, then the next episode's firsts
+            observations, _, terminations, _, infos = envs.step(one)
+            assert terminations.tolist() == [True, True]
+            assert [final["x"].tolist() for final in infos["final_obs"]] == finals
+            assert observations["x"].tolist() == firsts
+        assert envs.batch.pending() == 0 and len(envs.batch.failures) == 1
+        envs.close()
+
+
+def test_same_step_under_raise_a_never_answered_reset_names_its_world() -> None:
+    stalled: list[float] = []
+    with stalling_reset_server(101, stalled) as address:
+        envs = _stalled_pair(stalled, address, "raise")
+        one = {"a": np.ones(2, np.int8)}
+        with pytest.raises(errors.WorldTimeoutError) as raised:
+            envs.step(one)
+        assert raised.value.index == 1 and raised.value.address == address
+        message = str(raised.value)
+        assert f"World 1 at {address} failed" in message and "step_timeout" in message
+        (failure,) = envs.batch.failures
+        assert (failure.index, failure.outcome, failure.steps_lost) == (1, "raised", 1)
+        _check_detected_within_the_documented_bound(failure, stalled)
+        observations, _, terminations, _, infos = envs.step_wait()
+        assert terminations.tolist() == [True, True]
+        assert infos["_error"].tolist() == [False, True] and infos["error"][1].index == 1
+        # World 0 starts its next episode; world 1 keeps its LAST and takes no more steps.
+        assert observations["x"].tolist() == [[3.0, 100.0], [2.0, 101.0]]
+        with pytest.raises(errors.WorldError, match="World 1"):
+            envs.step(one)
+        envs.close()
+
+
+@pytest.mark.training
+def test_sb3_vec_env_restarts_a_world_whose_server_never_answers_the_pipelined_reset() -> None:
+    sb3 = pytest.importorskip("dm_env_rpc_client.integrations.sb3")
+    stalled: list[float] = []
+    with stalling_reset_server(101, stalled) as address:
+        envs = sb3.BatchedVecEnv(
+            addresses=[address],
+            num_envs=2,
+            timeout=20,
+            connect_kwargs={"seed": 100, "on_world_failure": "restart", "step_timeout": 1.0},
+        )
+        assert envs.reset().tolist() == [[1, 100], [1, 101]]  # count, seed
+        observations, _, dones, infos = envs.step(np.ones(2, np.int64))
+        assert dones.tolist() == [True, True]
+        assert [info["terminal_observation"].tolist() for info in infos] == [[2, 100], [2, 101]]
+        assert observations.tolist() == [[3, 100], [1, 101]]  # world 1 made again
+        (failure,) = envs.batch.failures
+        assert (failure.index, failure.outcome, failure.steps_lost) == (1, "restarted", 1)
+        _check_detected_within_the_documented_bound(failure, stalled)
+        observations, _, dones, infos = envs.step(np.ones(2, np.int64))
+        assert [info["terminal_observation"].tolist() for info in infos] == [[4, 100], [2, 101]]
+        assert observations.tolist() == [[5, 100], [3, 101]] and envs.batch.pending() == 0
+        envs.close()

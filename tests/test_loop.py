@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -187,3 +188,66 @@ def test_closing_a_batch_with_steps_in_flight_prints_nothing() -> None:
     done = run_child([sys.executable, "-c", _CLOSE_WITH_STEPS_IN_FLIGHT, "8"], timeout=100)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "Exception" not in done.stderr, done.stderr
+
+
+# A program that never calls close(), with steps in flight when it ends. "threads": a batch
+# (its loop in a daemon thread) and a sync step_iter; "asyncio": twice asyncio.run of an
+# AsyncConnection's world, left with an async step_iter and steps in flight.
+_EXIT_WITHOUT_CLOSE = """
+import asyncio, itertools, sys
+import numpy as np
+import dm_env_rpc_client as dmr
+
+address, variant = sys.argv[1:]
+keep = []
+if variant == "threads":
+    batch = dmr.BatchedEnvironment.connect([address], 8, timeout=20)
+    batch.reset()
+    for _ in range(4):
+        batch.send({"paddle": np.zeros(8, np.int8)}, list(range(8)))
+    env, _ = dmr.create_and_join_world(dmr.connect(address, timeout=20), {}, {})
+    env.reset()
+    steps = env.step_iter(itertools.repeat({"paddle": 0}), in_flight=16)
+    next(steps)
+    keep += [batch, env, steps]
+else:
+    async def main():
+        env, _ = await dmr.create_and_join_world_async(address, {}, {})
+        await env.reset()
+        steps = env.step_iter(itertools.repeat({"paddle": 0}), in_flight=16)
+        await steps.__anext__()
+        keep.extend(asyncio.ensure_future(env.step({"paddle": 0})) for _ in range(8))
+        keep.extend([env, steps])
+    asyncio.run(main())
+    asyncio.run(main())
+"""
+
+
+def test_a_program_that_exits_without_close_with_steps_in_flight_prints_nothing(
+    server_process,
+) -> None:
+    # asyncio.run cancels the AsyncConnection's reader as it ends: the pending steps were
+    # then never failed, and the async step_iter's clean-up (run by asyncio.run) waited for
+    # them forever: the program hung at its end. Six runs of each, two at a time.
+    address = server_process().address
+    for _ in range(6):
+        pair = [
+            subprocess.Popen(
+                [sys.executable, "-c", _EXIT_WITHOUT_CLOSE, address, variant],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for variant in ("threads", "asyncio")
+        ]
+        try:
+            for process in pair:
+                try:
+                    _, err = process.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"{process.args[-1]}: the program did not end within 30 s")
+                assert (process.returncode, err) == (0, ""), process.args[-1]
+        finally:
+            for process in pair:
+                process.kill()
+                process.wait()

@@ -19,10 +19,15 @@ from dm_env_rpc_client.server.catch import Catch
 
 
 def over_two_servers(
-    server_process: Callable[..., Any], make: Callable[..., Any], env: str = "catch", **kwargs: Any
+    server_process: Callable[..., Any],
+    make: Callable[..., Any],
+    env: str | tuple[str, str] = "catch",
+    **kwargs: Any,
 ) -> tuple[Any, list[Any]]:
-    """Two server subprocesses of ``env`` and ``make(addresses=both, num_envs=2, **kwargs)``."""
-    servers = [server_process(env), server_process(env)]
+    """Two server subprocesses of ``env`` (or one of each of two) and
+    ``make(addresses=both, num_envs=2, **kwargs)``: world ``i`` is on server ``i``."""
+    envs = (env, env) if isinstance(env, str) else env
+    servers = [server_process(name) for name in envs]
     return make(addresses=[server.address for server in servers], num_envs=2, **kwargs), servers
 
 
