@@ -29,7 +29,8 @@ A second table says where connect and close go: their wall time, the client's
 CPU and the 4 servers' CPU (summed, from /proc) in each. ``--floor`` adds the raw
 gRPC floor of the same opening and closing on bare ``grpc.aio`` (``_open_floor.py``),
 ``--connect-only`` skips the steps, ``--profile PREFIX`` records the client and
-every server with py-spy.
+every server with py-spy, ``--baseline DIR`` adds rows for the SDK found in DIR
+(another commit's tree: a before-and-after of connect and close in one run).
 
 A third table puts each size's client CPU per step next to the raw gRPC stepping
 floor's: the same steps on bare ``grpc.aio`` (``_step_floor.py``), in a fresh
@@ -72,6 +73,13 @@ from _common import (
 
 # isort: split
 import contextlib
+
+if len(sys.argv) > 1 and sys.argv[1] == "--child" and os.environ.get("SCALE_SDK_ROOT"):
+    # --baseline: this child measures the SDK in that directory (another commit's tree), not
+    # this checkout's (which _common put first on the path and imported part of).
+    for _name in [name for name in sys.modules if name.startswith("dm_env_rpc_client")]:
+        del sys.modules[_name]
+    sys.path.insert(0, os.environ["SCALE_SDK_ROOT"])
 
 WORLDS = (64, 1024, 4096)
 SERVER_COUNT = 4
@@ -259,9 +267,12 @@ def run_child(
     profile: str | None = None,
     step_floor: bool = False,
     cli: bool = False,
+    sdk_root: str | None = None,
 ) -> dict[str, Any]:
     addresses = [server.address for server in servers]
     environment = {**os.environ, "SCALE_SERVER_PIDS": " ".join(str(s.pid) for s in servers)}
+    if sdk_root:
+        environment["SCALE_SDK_ROOT"] = sdk_root
     command = [sys.executable, __file__, "--child", str(worlds), str(steps), *addresses]
     if threads:
         command.append("--threads")
@@ -349,6 +360,12 @@ def main() -> None:
         metavar="PREFIX",
         help="py-spy record each client and each server to PREFIX-<kind>-<n>-<process>.txt",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also measure the SDK in DIR (another commit's tree, e.g. from `git archive main "
+        "dm_env_rpc_client | tar -x -C DIR`), each size right after this checkout's",
+    )
     add_pin_argument(parser)
     args = parser.parse_args()
     pinned = apply_pin(args.pin)
@@ -372,6 +389,9 @@ def main() -> None:
                 if args.floor:
                     floor = run_child(servers, worlds, -1, False)
                     phases.append(phase_row(f"{SERVERS[kind]}, raw gRPC floor", worlds, floor))
+                if args.baseline:
+                    before = run_child(servers, worlds, steps, False, sdk_root=args.baseline)
+                    phases.append(phase_row(f"{SERVERS[kind]}, before", worlds, before))
                 result = run_child(servers, worlds, steps, args.threads, profile)
                 phases.append(phase_row(SERVERS[kind], worlds, result))
                 if args.connect_only:

@@ -59,7 +59,6 @@ before it sends any: all or nothing.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import operator
 import time
@@ -72,9 +71,9 @@ import numpy as np
 from . import errors
 from ._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
 from ._base import checks as _checks
+from ._batch.closing import close_batch
 from ._batch.core import (
     _FAILED,
-    _LIVE,
     _NO_WAITER,
     _REMOVED_STATE,
     BatchCore,
@@ -82,7 +81,6 @@ from ._batch.core import (
     _Failure,
     _flagged,
     _is_bad,
-    _shut_down,
 )
 from ._batch.opening import open_batch
 from ._batch.reset import reset_each
@@ -512,25 +510,12 @@ class BatchedEnvironment(BatchCore):
         return _flagged(stacked, truncated, [response.state for response in responses])
 
     def close(self, timeout: float = 10.0) -> None:
-        """Leaves every world and closes what this batch opened. Idempotent; bounded by ``timeout``."""
-        if self._closed:
-            return
-        self._closed = True
-        deadline = time.monotonic() + timeout
-        if self._runner is not None and not self._runner.closed:
-            with contextlib.suppress(errors.DmEnvRpcClientError):
-                self._runner.run(self._stop_tasks(), timeout=max(0.1, timeout / 4))
-            self._leave_all(max(0.1, deadline - time.monotonic()))  # every world at once
-        for index, env in enumerate(self.envs):  # those left above are closed already
-            if self._state[index] == _LIVE:  # else its stream is closed or gone: nothing to leave
-                with contextlib.suppress(errors.DmEnvRpcClientError):  # a dead world
-                    env.close(timeout=max(0.1, deadline - time.monotonic()))
-        if self._runner is None:
-            for conn in self._connections:
-                conn.close()
-        else:
-            _shut_down(self._runner, self._connections, self._channels)
-        self._connections = []
+        """Leaves every world and closes what this batch opened. Idempotent; bounded by ``timeout``.
+
+        A dead or hung server is waited for at most ``timeout`` (10 s) to answer the leaves and
+        destroys; tearing the streams down after that takes at most 10 s more (gRPC's own)."""
+        if not self._closed:
+            close_batch(self, timeout)
 
     def __enter__(self) -> BatchedEnvironment:
         return self

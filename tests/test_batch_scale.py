@@ -9,19 +9,25 @@ process whose file-descriptor limit (RLIMIT_NOFILE) is lowered.
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import run_child, wait_for
+from conftest import run_child, sigstop, wait_for
 from faulty import faulty_server, float_specs, refusing_leave
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
+from dm_env_rpc_client._base import collector
+from dm_env_rpc_client._batch.opening import _seed_tensor
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server._subprocess import _ADDRESS, _first_line, _stop
 from dm_env_rpc_client.server.catch import Catch
@@ -94,6 +100,27 @@ def test_a_thread_pool_servers_stream_limit_is_named_after_the_timeout() -> None
             assert len(batch.step({"paddle": np.zeros(2, np.int8)}).env_ids) == 2
 
 
+def test_the_sdk_servers_max_workers_is_named_and_nothing_is_left_half_open(
+    server_process,
+) -> None:
+    server = server_process("catch", "--max-workers", "2")  # the command line's limit
+    with pytest.raises(errors.WorldError) as raised:
+        dmr.BatchedEnvironment.connect([server.address], 3, timeout=10)
+    message = str(raised.value)
+    assert "RESOURCE_EXHAUSTED" in message and "--max-workers" in message, message
+
+    # all or nothing: the failed connect let go of every stream it had opened, so the server
+    # has room for two worlds again (once it has seen the streams end)
+    def two_connect() -> bool:
+        try:
+            with dmr.BatchedEnvironment.connect([server.address], 2, timeout=10) as batch:
+                return len(batch.step({"paddle": np.zeros(2, np.int8)}).env_ids) == 2
+        except errors.WorldError:
+            return False
+
+    assert wait_for(two_connect, timeout=20, interval=0.2)
+
+
 _LOW_LIMIT = textwrap.dedent(
     """
     import os, resource, sys
@@ -136,3 +163,100 @@ def test_close_leaves_and_destroys_every_world_even_when_leave_is_refused() -> N
         assert seen.count("destroy_world") == 4
         assert all(env._closed for env in batch.envs)
         batch.close()  # idempotent
+
+
+_SEEN: list[tuple[str, bool]] = []
+
+
+class _Watched(Catch):
+    """Catch that records (in ``_SEEN``) whether the garbage collector was on as it is made and
+    destroyed (the in-process server runs it on its own thread, while the client opens or
+    closes)."""
+
+    def __init__(self, **settings: object) -> None:
+        super().__init__(**settings)  # type: ignore[arg-type]
+        _SEEN.append(("made", gc.isenabled()))
+
+    def close(self) -> None:
+        _SEEN.append(("destroyed", gc.isenabled()))
+        super().close()
+
+
+def test_the_garbage_collector_is_held_off_while_opening_and_closing_and_only_then() -> None:
+    _SEEN.clear()
+    assert gc.isenabled()
+    with serve(lambda settings: _Watched(**settings), max_workers=4) as server:
+        batch = dmr.BatchedEnvironment.connect([server.address], 3)
+        assert gc.isenabled()  # on again once connected
+        batch.reset()
+        batch.close()
+        assert gc.isenabled()
+        assert wait_for(lambda: len(_SEEN) == 6)
+        # the worlds were made while connect held the collector off, destroyed while close did
+        assert sorted(_SEEN) == [("destroyed", False)] * 3 + [("made", False)] * 3
+        # a connect that fails turns it back on too
+        with pytest.raises(errors.WorldError):
+            dmr.BatchedEnvironment.connect([server.address], 5, timeout=10)
+        assert gc.isenabled()
+        assert wait_for(lambda: server._streams == 0)
+        # a collector the caller turned off stays off
+        gc.disable()
+        try:
+            with dmr.BatchedEnvironment.connect([server.address], 2) as batch:
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+
+
+def test_collector_pauses_nest_and_restore_what_they_found() -> None:
+    assert gc.isenabled()
+    with collector.paused():
+        assert not gc.isenabled()
+        with collector.paused():  # another batch closing meanwhile
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(KeyError), collector.paused():  # an error inside still ends the pause
+        raise KeyError("x")
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("value", [0, 7, -3, 2**63 - 1, -(2**63), 2**63, np.int64(5)])
+def test_seed_tensors_are_what_pack_tensor_makes(value: int) -> None:
+    assert _seed_tensor(value) == dmr.pack_tensor(value)
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_close_leaves_and_destroys_the_live_servers_worlds_bounded_beside_a_dead_one(
+    server_process, how: str
+) -> None:
+    dead = server_process()
+    seen: list[str] = []
+    with faulty_server(refusing_leave(float_specs(), seen)) as live:
+        batch = dmr.BatchedEnvironment.connect([live, dead.address], 8, timeout=20)
+        if how == "killed":
+            dead.process.kill()
+            dead.process.wait(timeout=10)
+        else:
+            sigstop(dead.process)
+        try:
+            started = time.monotonic()
+            batch.close(timeout=2)
+            took = time.monotonic() - started
+            # bounded: the leaves wait at most the timeout; the teardown does not wait for servers
+            assert took < 2 + 5, took
+            assert all(env._closed for env in batch.envs)
+            # each of the live server's 4 worlds got its Leave (refused) and its Destroy
+            assert seen.count("leave_world") == 4 and seen.count("destroy_world") == 4, seen
+            assert gc.isenabled()
+        finally:
+            if how == "stopped":
+                os.kill(dead.process.pid, signal.SIGCONT)

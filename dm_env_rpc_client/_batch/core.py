@@ -29,13 +29,12 @@ import dm_env
 import grpc
 import numpy as np
 
-from .. import errors, messages
+from .. import errors
 from .._adaptor.stacked import BatchedTimeStep, StackedDecoder, batch_of
 from .._base import checks as _checks
 from .._fastpath.step_encoder import StepEncoder
 from .._fastpath.wire_step import read_step
-from .._proto import dm_env_rpc_pb2
-from .._transport.loop import LoopConnection, LoopThread
+from .._transport.loop import LoopThread
 from ..aio import AsyncConnection, _Callback
 from ..connection import ConnectionLike
 from ..environment import DmEnvAdaptor
@@ -453,37 +452,6 @@ class BatchCore:
                 raise self._wrap(index, exc) from exc
         raise AssertionError("the batch did not decode, but each step does")
 
-    def _leave_all(self, timeout: float) -> None:
-        """Leaves (and destroys) every live world at once, waiting at most ``timeout`` s.
-
-        One call on the loop writes every world's requests before any answer is awaited (about
-        one round trip in all; the streams are then cancelled, which costs the servers less than
-        a half-close). As ``DmEnvAdaptor.close``, a world whose server refuses to leave still
-        gets its DestroyWorldRequest, and a dead or hung server ends the wait quietly."""
-        live = [
-            (index, env)
-            for index, env in enumerate(self.envs)
-            if self._state[index] == _LIVE and not env._closed
-        ]
-        for _, env in live:
-            env._closed = True
-        leave = messages.envelope(dm_env_rpc_pb2.LeaveWorldRequest())
-
-        async def leave_all() -> None:
-            answers = []
-            for index, env in live:
-                stream = self._streams[index]
-                answers.append(stream._submit(*leave))
-                if env._destroy_on_close and env.world_name is not None:
-                    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=env.world_name)
-                    answers.append(stream._submit(*messages.envelope(request)))
-            if answers:
-                await asyncio.wait(answers, timeout=timeout)
-
-        assert self._runner is not None
-        with contextlib.suppress(errors.DmEnvRpcClientError):
-            self._runner.run(leave_all(), timeout=timeout + 1.0)
-
     async def _stop_tasks(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -513,34 +481,3 @@ def _flagged(
 async def _call(function: Callable[..., Any], *args: Any) -> Any:
     """Runs ``function(*args)`` on the loop (for ``LoopThread.run``)."""
     return function(*args)
-
-
-def _shut_down(
-    runner: LoopThread,
-    connections: Sequence[ConnectionLike],
-    channels: dict[str, grpc.aio.Channel],
-) -> None:
-    """Closes the streams, then the channels, then the loop; never raises for a dead server.
-
-    Every stream on the loop is closed by one call on it, all at once (one round
-    trip to the loop per stream would make closing grow with the worlds).
-    """
-    on_loop = [conn for conn in connections if isinstance(conn, LoopConnection)]
-    for conn in connections:
-        if not isinstance(conn, LoopConnection):
-            with contextlib.suppress(errors.DmEnvRpcClientError):
-                conn.close()
-
-    async def close_all() -> None:  # each stream's aclose, but one wait for all their tasks
-        streams = [conn.async_connection for conn in on_loop]
-        tasks = [task for stream in streams for task in stream._abort()]
-        await asyncio.gather(*tasks, return_exceptions=True)
-        own = [stream._channel for stream in streams if stream._owns_channel and stream._channel]
-        for stream in streams:
-            stream._call = stream._channel = None  # as aclose: let go of gRPC's objects
-        await asyncio.gather(*(channel.close() for channel in [*channels.values(), *own]))
-
-    with contextlib.suppress(errors.DmEnvRpcClientError):
-        runner.run(close_all(), timeout=10)
-    channels.clear()  # freed channels let gRPC close their TCP connections now
-    runner.close()

@@ -28,6 +28,7 @@ from .. import errors, messages, tensors
 from .._adaptor.core import pack_settings
 from .._adaptor.stacked import StackedDecoder
 from .._base import checks as _checks
+from .._base import collector
 from .._fastpath.step_encoder import StepEncoder
 from .._proto import dm_env_rpc_pb2
 from .._transport.loop import LoopConnection, LoopThread
@@ -37,7 +38,8 @@ from ..environment import DmEnvAdaptor
 from ..launch import LaunchedServers
 from . import restart as _restart
 from .balance import Balancer
-from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED, BatchCore, _shut_down
+from .closing import shut_down
+from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED, BatchCore
 from .restart import RestartPolicy
 
 try:
@@ -164,19 +166,20 @@ def open_batch(
 
     connections: list[LoopConnection] = []
     try:
-        opened = open_worlds(
-            runner,
-            open_stream,
-            connections,
-            addresses,
-            count,
-            (create_world_settings, join_world_settings, world_names, requested),
-            timeout,
-            seed,
-            seed_setting,
-        )
+        with collector.paused():  # its collections would scan every world's objects, in vain
+            opened = open_worlds(
+                runner,
+                open_stream,
+                connections,
+                addresses,
+                count,
+                (create_world_settings, join_world_settings, world_names, requested),
+                timeout,
+                seed,
+                seed_setting,
+            )
     except BaseException:
-        _shut_down(runner, connections, channels)
+        shut_down(runner, connections, channels)
         raise
     envs, used, recipes, seeds = opened
     batch = cls(envs, used, connections=connections)
@@ -304,7 +307,7 @@ def open_worlds(
         if seed_setting is not None and seed is not None and not refused:
             settings[seed_setting] = seeds[index] = seed + index
             made[index] = settings
-            seeded = {**packed, seed_setting: tensors.pack_tensor(seed + index)}
+            seeded = {**packed, seed_setting: _seed_tensor(seed + index)}
             return dm_env_rpc_pb2.CreateWorldRequest(settings=seeded)
         made[index] = settings
         return dm_env_rpc_pb2.CreateWorldRequest(settings=packed)
@@ -383,6 +386,14 @@ def open_worlds(
         for index in range(count)
     ]
     return envs, where, recipes, seeds
+
+
+def _seed_tensor(value: int) -> dm_env_rpc_pb2.Tensor:
+    """``tensors.pack_tensor(value)``, made directly for a Python int in int64's range (the
+    same message; a twentieth of pack_tensor's 60 µs, which 4,096 worlds' seeds add up)."""
+    if type(value) is int and -(2**63) <= value < 2**63:
+        return dm_env_rpc_pb2.Tensor(int64s=dm_env_rpc_pb2.Tensor.Int64Array(array=[value]))
+    return tensors.pack_tensor(value)
 
 
 async def _ask(stream: AsyncConnection, request: Any, timeout: float | None) -> Any:
