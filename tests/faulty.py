@@ -143,6 +143,15 @@ def refusing_catch(settings: dict[str, Any]) -> dm_env.Environment:
     return Catch(**settings)
 
 
+def refusing_servers(
+    server_process: Any, tmp_path: Any, monkeypatch: Any, count: int = 2
+) -> tuple[Any, list[Any]]:
+    """``count`` server processes of ``refusing_catch``, and the flag file that makes them refuse."""
+    flag = tmp_path / "refuse"
+    monkeypatch.setenv("DMR_TEST_REFUSE_FLAG", str(flag))  # refusing_catch reads it
+    return flag, [server_process("tests.faulty:refusing_catch") for _ in range(count)]
+
+
 class Counter(dm_env.Environment):
     """Observation ``count``: the steps taken so far. Step ``gate_at`` waits at ``gate``."""
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from faulty import refusing_servers
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client._cli.run import step_worlds
@@ -82,9 +83,7 @@ def test_the_run_loop_looks_at_every_world_only_at_the_start(catch_server: Serve
 def test_the_run_loop_goes_on_without_a_removed_world(
     server_process: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    flag = tmp_path / "refuse"
-    monkeypatch.setenv("DMR_TEST_REFUSE_FLAG", str(flag))  # tests.faulty.refusing_catch reads it
-    servers = [server_process("tests.faulty:refusing_catch") for _ in range(2)]
+    flag, servers = refusing_servers(server_process, tmp_path, monkeypatch)
 
     class KillAt:
         total, killed_at = 0, None

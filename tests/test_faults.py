@@ -20,6 +20,7 @@ from faulty import (
     lifecycle,
     reference_servicer_server,
     refusing_leave,
+    refusing_servers,
 )
 
 from dm_env_rpc_client import errors
@@ -505,9 +506,7 @@ def test_a_stopped_server_s_worlds_restart_elsewhere(server_process) -> None:
 
 
 def test_a_world_that_cannot_be_restored_is_removed(server_process, tmp_path, monkeypatch) -> None:
-    flag = tmp_path / "refuse"
-    monkeypatch.setenv("DMR_TEST_REFUSE_FLAG", str(flag))  # tests.faulty.refusing_catch reads it
-    servers = [server_process("tests.faulty:refusing_catch") for _ in range(2)]
+    flag, servers = refusing_servers(server_process, tmp_path, monkeypatch)
     addresses = [s.address for s in servers]
     policy = RestartPolicy(
         attempts=3, total=10.0, backoff=0.01, max_backoff=0.05, connect_timeout=0.5

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import trustme
 from conftest import run_child, wait_for
+from faulty import refusing_servers
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client._cli.run import RunStats
@@ -620,9 +621,7 @@ def test_cli_run_on_ray_exits_3_when_worlds_are_lost(
 ) -> None:
     """Worlds whose server is gone while the other refuses to make worlds are lost: the
     other worlds run to the end, the summary counts the lost ones, and the exit code is 3."""
-    flag = tmp_path / "refuse"
-    monkeypatch.setenv("DMR_TEST_REFUSE_FLAG", str(flag))  # tests.faulty.refusing_catch reads it
-    servers = [server_process("tests.faulty:refusing_catch") for _ in range(2)]
+    flag, servers = refusing_servers(server_process, tmp_path, monkeypatch)
 
     def kill_a_server(_: subprocess.Popen[bytes]) -> None:
         flag.touch()  # from now on both servers refuse CreateWorld

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from faulty import refusing_servers
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client.integrations._ray_policy import step_with_policy
@@ -65,9 +66,7 @@ class _KillAt:
 def test_the_policy_loop_goes_on_without_a_removed_world(
     server_process: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    flag = tmp_path / "refuse"
-    monkeypatch.setenv("DMR_TEST_REFUSE_FLAG", str(flag))  # tests.faulty.refusing_catch reads it
-    servers = [server_process("tests.faulty:refusing_catch") for _ in range(2)]
+    flag, servers = refusing_servers(server_process, tmp_path, monkeypatch)
 
     def kill() -> None:
         flag.touch()  # from now on both servers refuse CreateWorld
