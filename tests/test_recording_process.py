@@ -197,8 +197,9 @@ def _committed(folder: pathlib.Path, fmt: str) -> int:
 def test_a_sigkilled_parent_leaves_a_child_that_commits_and_exits(
     catch_server, tmp_path, fmt
 ) -> None:
-    if fmt == "minari":
+    if fmt == "minari":  # the [minari] extra: minari and its arrow storage
         pytest.importorskip("minari")
+        pytest.importorskip("pyarrow", reason="needs the minari extra: pip install -e '.[minari]'")
     folder = tmp_path / "orphan-v0"
     parent = subprocess.Popen(
         [sys.executable, "-c", _PARENT, catch_server.address, str(folder), fmt],
