@@ -314,7 +314,7 @@ class Recording:
             self.directory = pathlib.Path(directory)
         self.writer = writer
         if background not in (False, True, "thread", "process"):
-            raise ValueError(
+            raise errors.ArgumentValueError(
                 f"background is False, 'thread' (or True) or 'process', not {background!r}."
             )
         seeds = list(seeds) if seeds is not None else [None] * worlds
