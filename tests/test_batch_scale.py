@@ -127,7 +127,7 @@ _LOW_LIMIT = textwrap.dedent(
     import dm_env_rpc_client as dmr
     from dm_env_rpc_client import errors
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 2, hard))
     try:
         dmr.BatchedEnvironment.connect(sys.argv[1:], 4, timeout=10)
     except errors.DmEnvRpcConnectionError as exc:

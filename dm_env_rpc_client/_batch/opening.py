@@ -138,6 +138,7 @@ def open_batch(
     batch_options = list(options or ())
     if not any(name == _NO_RETRIES[0] for name, _ in batch_options):
         batch_options.insert(0, _NO_RETRIES)
+    check_descriptors(addresses)  # before gRPC or the loop open any (gRPC aborts without them)
     runner = LoopThread(name="dm_env_rpc_client-batched")
     channels: dict[str, grpc.aio.Channel] = {}
 
@@ -285,13 +286,11 @@ def open_worlds(
     ``settings_of`` is (create settings, join settings, world names, requested observations).
 
     Raises:
-      DmEnvRpcConnectionError: the process may not open a connection per server.
       WorldError: naming the world that could not be created or joined (the
         lowest index of those that failed).
       UnknownNameError: a requested observation the world does not have.
     """
     create_settings, join_settings, world_names, requested = settings_of
-    check_descriptors(addresses)
     where = [addresses[index % len(addresses)] for index in range(count)]
     seeds: list[int | None] = [None] * count
     made: list[dict[str, Any] | None] = [None] * count
