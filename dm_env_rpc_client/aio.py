@@ -32,6 +32,7 @@ from google.protobuf import message
 from . import errors, messages
 from ._base.checks import check_metadata, check_seconds
 from ._transport import ready as _ready
+from ._transport.writers import WritePool
 from .connection import (
     _CLOSED,
     _IN_FLIGHT_TIMEOUT,
@@ -117,6 +118,7 @@ class AsyncConnection:
         "_limit",
         "_owns_channel",
         "_pending",
+        "_pool",
         "_reader",
         "_slots",
         "_writer",
@@ -151,6 +153,7 @@ class AsyncConnection:
         # and an asyncio.Queue per stream were about 5 KB of a world at 4,096 worlds).
         self._writes = []
         self._writer = None
+        self._pool = None
         self._end_queued = False
         self._call = channel.stream_stream(messages.METHOD)(metadata=metadata)
         self._reader = asyncio.ensure_future(self._read_loop())
@@ -167,14 +170,19 @@ class AsyncConnection:
     _writes: list[bytes | None]
     _end_queued: bool
     _call: Any
-    _writer: asyncio.Future[None] | None
+    _writer: asyncio.Future[None] | WritePool | None
+    _pool: WritePool | None
     _reader: asyncio.Future[None]
 
     def _queue(self, data: bytes | None) -> None:
         """Queues request bytes (None: the end of writing) and starts the writer if it is idle."""
         self._writes.append(data)
         if self._writer is None:
-            self._writer = asyncio.ensure_future(self._write_loop())
+            if self._pool is not None:  # a batch's stream: its pool's tasks write it
+                self._writer = self._pool
+                self._pool.ready(self)
+            else:
+                self._writer = asyncio.ensure_future(self._write_loop())
 
     def _end_writing(self) -> None:
         """Half-closes the stream after the queued requests (idempotent; on the loop)."""
@@ -183,11 +191,23 @@ class AsyncConnection:
             self._queue(None)
 
     async def _write_loop(self) -> None:
-        """Writes the queued requests in order, then ends (``_queue`` starts it again)."""
+        """Writes the queued requests, then ends (``_queue`` starts it again)."""
+        try:
+            await self._write_queued()
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._writer = None
+
+    async def _write_queued(self) -> None:
+        """Writes the queued requests in order (a writer task's work, or a ``WritePool``'s)."""
         try:
             while self._writes:
                 writes, self._writes = self._writes, []  # those queued meanwhile wait their turn
                 for data in writes:
+                    if self._close_called:  # closed meanwhile: aclose lets go of the call
+                        self._writes = []
+                        return
                     if data is None:
                         await self._call.done_writing()
                         return
@@ -195,10 +215,6 @@ class AsyncConnection:
         except (grpc.RpcError, asyncio.InvalidStateError) as exc:
             self._writes = []
             self._shutdown(closed_error(exc if isinstance(exc, grpc.RpcError) else None))
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self._writer = None
 
     async def _read_loop(self) -> None:
         error: grpc.RpcError | None = None
@@ -390,7 +406,9 @@ class AsyncConnection:
         self._end_queued = True  # the call is cancelled: no end of writing to send
         self._shutdown(errors.ConnectionClosedError(_CLOSED))
         self._call.cancel()
-        tasks = [self._reader] if self._writer is None else [self._writer, self._reader]
+        # A pool's writer ends on its own: the cancelled call fails its write, if any.
+        writer = self._writer
+        tasks = [writer, self._reader] if isinstance(writer, asyncio.Future) else [self._reader]
         for task in tasks:
             task.cancel()
         return tasks

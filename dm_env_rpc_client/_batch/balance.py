@@ -134,6 +134,7 @@ class Balancer:
         core.envs[index] = env
         core._connections[index] = restored.connection
         core._streams[index] = restored.connection.async_connection
+        core._streams[index]._pool = core._writers
         core.addresses[index] = restored.address
         if env._wire_specs == core._joined_specs[index]:
             core._joined_specs[index] = env._wire_specs

@@ -35,6 +35,7 @@ from .._base import checks as _checks
 from .._fastpath.step_encoder import StepEncoder
 from .._fastpath.wire_step import read_step
 from .._transport.loop import LoopThread
+from .._transport.writers import WritePool
 from ..aio import AsyncConnection, _Callback
 from ..connection import ConnectionLike
 from ..environment import DmEnvAdaptor
@@ -118,6 +119,7 @@ class BatchCore:
         self.failures: list[WorldFailure] = []
         self._runner: LoopThread | None = None
         self._streams: list[AsyncConnection] = []  # with a runner: each world's stream
+        self._writers = WritePool()  # and the tasks that write them all (_transport.writers)
         # With a runner and the same specs everywhere: the batch-at-once decoder, and the
         # specs it was made for (a world whose specs change on reset is decoded alone).
         self._decoder: StackedDecoder | None = None

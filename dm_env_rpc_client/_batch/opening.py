@@ -189,6 +189,8 @@ def open_batch(
         batch._actions_rng = np.random.default_rng(seed)
     batch._runner, batch._channels = runner, channels
     batch._streams = [conn.async_connection for conn in connections]
+    for stream in batch._streams:  # one pool of writer tasks for all (_transport.writers)
+        stream._pool = batch._writers
     batch._joined_specs = [env._wire_specs for env in envs]
     if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
         batch._decoder = StackedDecoder(envs[0])
