@@ -73,13 +73,23 @@ class _Callback:
     callback goes to the loop's exception handler, never into the reader. A
     subclass may override ``_run`` instead of holding a callback (a batch's
     receiver holds the step's own few values: one object per step in flight,
-    not a callback, a bound method and a partial that the GC would scan).
+    not a callback, a bound method and a partial that the GC would scan). It is
+    its own pending item (``messages.PendingLike``: ``future`` is itself), so no
+    ``Pending`` is made for it either.
     """
 
-    __slots__ = ("_callback",)
+    __slots__ = ("_callback", "decode")
+
+    expected = ""  # a pending item's other fields (messages.PendingLike)
+    response_type: type | None = None
 
     def __init__(self, callback: Callable[[Any, BaseException | None], None]) -> None:
         self._callback = callback
+        self.decode: Callable[[bytes], Any] | None = None
+
+    @property
+    def future(self) -> _Callback:
+        return self
 
     def done(self) -> bool:
         return False  # each pending request is completed once
@@ -378,7 +388,8 @@ class AsyncConnection:
         if self._closed_error is not None:
             asyncio.get_running_loop().call_soon(receiver._call, None, self._closed_error)
             return
-        self._pending.push(receiver, "", None, decode)
+        receiver.decode = decode
+        self._pending.push_item(receiver)
         self._queue(data)
 
     async def aclose(self) -> None:

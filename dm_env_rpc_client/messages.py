@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from google.protobuf import any_pb2, message
 
@@ -152,6 +152,7 @@ def response_type_for(request: message.Message) -> type | None:
 
 
 F = TypeVar("F")
+F_co = TypeVar("F_co", covariant=True)
 
 
 class Pending(NamedTuple, Generic[F]):
@@ -161,6 +162,22 @@ class Pending(NamedTuple, Generic[F]):
     expected: str
     response_type: type | None
     decode: Callable[[bytes], Any] | None = None
+
+
+class PendingLike(Protocol[F_co]):
+    """What ``PendingQueue`` holds: a ``Pending``, or a receiver that is its own (``push_item``)."""
+
+    @property
+    def future(self) -> F_co: ...
+
+    @property
+    def expected(self) -> str: ...
+
+    @property
+    def response_type(self) -> type | None: ...
+
+    @property
+    def decode(self) -> Callable[[bytes], Any] | None: ...
 
 
 class PendingQueue(Generic[F]):
@@ -174,7 +191,7 @@ class PendingQueue(Generic[F]):
     def __init__(
         self, resolve: Callable[[F, Any], None], fail: Callable[[F, BaseException], None]
     ) -> None:
-        self._items: collections.deque[Pending[F]] = collections.deque()
+        self._items: collections.deque[PendingLike[F]] = collections.deque()
         self._resolve = resolve
         self._fail = fail
 
@@ -195,7 +212,12 @@ class PendingQueue(Generic[F]):
         """
         self._items.append(Pending(future, expected, response_type, decode))
 
-    def pop(self) -> Pending[F]:
+    def push_item(self, item: PendingLike[F]) -> None:
+        """Queues a request that is its own pending item (no ``Pending`` made for it: a batch's
+        step in flight is one object the garbage collector tracks, not two)."""
+        self._items.append(item)
+
+    def pop(self) -> PendingLike[F]:
         """The oldest pending request.
 
         Raises:
@@ -206,7 +228,7 @@ class PendingQueue(Generic[F]):
         except IndexError:
             raise errors.ProtocolError(_UNEXPECTED) from None
 
-    def complete(self, pending: Pending[F], data: bytes) -> None:
+    def complete(self, pending: PendingLike[F], data: bytes) -> None:
         """Completes one pending request with its response bytes."""
         if pending.decode is not None:
             try:

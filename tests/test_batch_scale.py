@@ -8,6 +8,7 @@ process whose file-descriptor limit (RLIMIT_NOFILE) is lowered.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import os
@@ -18,6 +19,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._base import collector
 from dm_env_rpc_client._batch.opening import _seed_tensor
+from dm_env_rpc_client._transport.writers import POOL_SIZE
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server._subprocess import _ADDRESS, _first_line, _stop
 from dm_env_rpc_client.server.catch import Catch
@@ -260,3 +263,61 @@ def test_close_leaves_and_destroys_the_live_servers_worlds_bounded_beside_a_dead
         finally:
             if how == "stopped":
                 os.kill(dead.process.pid, signal.SIGCONT)
+
+
+def _step_rounds(batch: dmr.BatchedEnvironment, worlds: int, rounds: int) -> None:
+    """Keeps 2 steps in flight per world and takes half the worlds at a time, ``rounds`` times."""
+    paddles = np.zeros(4 * worlds, np.int8)
+    for _ in range(rounds):
+        ids = list(batch.recv(worlds // 2, timeout=30).env_ids)
+        batch.send({"paddle": paddles[: len(ids)]}, ids)
+
+
+def test_stepping_a_batch_makes_no_cyclic_garbage(server_process: Any) -> None:
+    # Garbage in cycles is what makes Python's collector run while nothing else grows; a batch
+    # stepping (steps, responses, gRPC's writes and reads, the watchdog) must free all it makes
+    # by reference counting. Counted with the collector off, so nothing is collected unseen.
+    servers = [server_process("catch", "--max-workers", "64") for _ in range(2)]
+    batch = dmr.BatchedEnvironment.connect(
+        [server.address for server in servers], 32, seed=0, on_world_failure="restart"
+    )
+    with batch:
+        batch.reset()
+        for _ in range(2):
+            batch.send({"paddle": np.zeros(32, np.int8)}, list(range(32)))
+        _step_rounds(batch, 32, 20)  # warm: the decoders' layouts, gRPC's caches
+        gc.collect()
+        gc.disable()
+        try:
+            _step_rounds(batch, 32, 100)
+            found = gc.collect()
+        finally:
+            gc.enable()
+        assert found == 0
+        while batch.pending():
+            batch.recv(batch.pending(), timeout=30)
+
+
+def test_a_send_to_many_worlds_starts_a_bounded_pool_of_writers() -> None:
+    # One writer task per stream, started in one loop turn for every world sent a step, was
+    # a burst of tracked objects (the task's and its gRPC write's) that ran dozens of young
+    # collections per send at 4,096 worlds. The writer tasks on the loop right after the send
+    # is queued: at most POOL_SIZE (main had one per world: 138).
+    worlds = POOL_SIZE * 2 + 10
+    with serve(lambda settings: Catch(**settings), max_workers=worlds + 8) as server:
+        batch = dmr.BatchedEnvironment.connect([server.address], worlds, seed=0)
+        with batch:
+            batch.reset()
+            assert batch._runner is not None
+            counted: list[int] = []
+            batch.send({"paddle": np.zeros(worlds, np.int8)}, list(range(worlds)))
+            batch._runner.call(lambda: counted.append(_writers(asyncio.all_tasks())))
+            assert wait_for(lambda: bool(counted))
+            assert 0 < counted[0] <= POOL_SIZE
+            assert len(batch.recv(worlds, timeout=30).env_ids) == worlds
+
+
+def _writers(tasks: set[asyncio.Task[Any]]) -> int:
+    """How many of ``tasks`` write requests: a pool's, or a stream's own."""
+    names = [getattr(task.get_coro(), "__qualname__", "") for task in tasks]
+    return sum(name in ("WritePool._work", "AsyncConnection._write_loop") for name in names)

@@ -76,7 +76,8 @@ class _Landing(_Callback):
 
     One object per step in flight (with 2 in flight per world of 4,096, what the
     GC scans at each full collection), in place of a bound method, a
-    ``functools.partial`` and the ``_Callback`` around them.
+    ``functools.partial``, the ``_Callback`` around them and the stream's
+    ``Pending`` (the receiver is its own pending item).
     """
 
     __slots__ = ("_core", "_gen", "_index", "_sent")
