@@ -30,7 +30,8 @@ CPU and the 4 servers' CPU (summed, from /proc) in each. ``--floor`` adds the ra
 gRPC floor of the same opening and closing on bare ``grpc.aio`` (``_open_floor.py``),
 ``--connect-only`` skips the steps, ``--profile PREFIX`` records the client and
 every server with py-spy, ``--baseline DIR`` adds rows for the SDK found in DIR
-(another commit's tree: a before-and-after of connect and close in one run).
+(another commit's tree: a before-and-after in one run, each size's "before" row
+in the stepping table and in this one, with ``--threads`` its collector's line).
 
 A third table puts each size's client CPU per step next to the raw gRPC stepping
 floor's: the same steps on bare ``grpc.aio`` (``_step_floor.py``), in a fresh
@@ -380,7 +381,7 @@ def main() -> None:
                 for _ in range(SERVER_COUNT)
             ]
             pin([server.pid for server in servers])
-            base = floor_base = cli_base = None
+            base = floor_base = cli_base = before_base = None
             for worlds in args.worlds:
                 steps = (
                     0 if args.connect_only else max(args.min_steps, args.steps_per_world * worlds)
@@ -389,8 +390,9 @@ def main() -> None:
                 if args.floor:
                     floor = run_child(servers, worlds, -1, False)
                     phases.append(phase_row(f"{SERVERS[kind]}, raw gRPC floor", worlds, floor))
+                before = None
                 if args.baseline:
-                    before = run_child(servers, worlds, steps, False, sdk_root=args.baseline)
+                    before = run_child(servers, worlds, steps, args.threads, sdk_root=args.baseline)
                     phases.append(phase_row(f"{SERVERS[kind]}, before", worlds, before))
                 result = run_child(servers, worlds, steps, args.threads, profile)
                 phases.append(phase_row(SERVERS[kind], worlds, result))
@@ -418,31 +420,16 @@ def main() -> None:
                         ]
                     )
                 verdicts += targets(SERVERS[kind], worlds, result, result["cpu_us"] / base)
-                rows.append(
-                    [
-                        SERVERS[kind],
-                        f"{worlds:,}",
-                        f"{result['connect']['wall']:.2f} s",
-                        f"{result['close']['wall']:.2f} s",
-                        f"{result['cpu_us']:.1f} µs",
-                        f"{result['cpu_us'] / base:.2f}x",
-                        f"{result['rss_kb']:.0f} KB",
-                        f"{result['server_rss_kb']:.0f} KB",
-                        f"{result['steps_s']:,.0f}",
-                        f"{result['p50_ms']:.1f} ms",
-                        f"{result['p99_ms']:.1f} ms",
-                        f"{result['spread']:.2f}",
-                        f"{result['server_spread']:.2f}",
-                    ]
-                )
+                if before is not None:
+                    before_base = before_base or before["cpu_us"]
+                    rows.append(step_row(f"{SERVERS[kind]}, before", worlds, before, before_base))
+                    if args.threads:
+                        print_threads(f"{SERVERS[kind]}, {worlds} worlds, before", before)
+                        print(GC_LINE.format(**before["gc"]))
+                rows.append(step_row(SERVERS[kind], worlds, result, base))
                 if args.threads:
                     print_threads(f"{SERVERS[kind]}, {worlds} worlds, client", result)
-                    print(
-                        "  garbage collections by generation {collections}, seconds in them "
-                        "{seconds}, objects the GC tracks after the run {tracked:,}".format(
-                            **result["gc"]
-                        )
-                    )
+                    print(GC_LINE.format(**result["gc"]))
                 if result["failures"]:
                     print(f"  ({result['failures']} world failures during the run)")
     if rows:
@@ -511,6 +498,31 @@ def main() -> None:
     for verdict in verdicts:
         print(verdict)
     print(pinned)
+
+
+GC_LINE = (
+    "  garbage collections by generation {collections}, seconds in them {seconds}, objects the "
+    "GC tracks after the run {tracked:,}"
+)
+
+
+def step_row(label: str, worlds: int, result: dict[str, Any], base: float) -> list[str]:
+    """A row of the stepping table (``base``: the first size's client CPU per step)."""
+    return [
+        label,
+        f"{worlds:,}",
+        f"{result['connect']['wall']:.2f} s",
+        f"{result['close']['wall']:.2f} s",
+        f"{result['cpu_us']:.1f} µs",
+        f"{result['cpu_us'] / base:.2f}x",
+        f"{result['rss_kb']:.0f} KB",
+        f"{result['server_rss_kb']:.0f} KB",
+        f"{result['steps_s']:,.0f}",
+        f"{result['p50_ms']:.1f} ms",
+        f"{result['p99_ms']:.1f} ms",
+        f"{result['spread']:.2f}",
+        f"{result['server_spread']:.2f}",
+    ]
 
 
 # The issue's targets at 4,096 worlds over 4 servers, and fairness at every size.

@@ -78,6 +78,9 @@ def _leave_all(batch: BatchCore, timeout: float) -> None:
 
         for index, env in live:
             stream = batch._streams[index]
+            # Each stream writes its leave with a task of its own (the collector is paused while
+            # closing, and a pool's few tasks would write 4,096 leaves in turn).
+            stream._pool = None
             waiting += 1
             stream._submit_callback(leave, _ignored, answered)
             if env._destroy_on_close and env.world_name is not None:
