@@ -30,7 +30,7 @@ import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._base import collector
 from dm_env_rpc_client._batch.opening import _seed_tensor
-from dm_env_rpc_client._transport.writers import POOL_SIZE
+from dm_env_rpc_client._transport.writers import POOL_SIZE, WritePool
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server._subprocess import _ADDRESS, _first_line, _stop
 from dm_env_rpc_client.server.catch import Catch
@@ -321,3 +321,32 @@ def _writers(tasks: set[asyncio.Task[Any]]) -> int:
     """How many of ``tasks`` write requests: a pool's, or a stream's own."""
     names = [getattr(task.get_coro(), "__qualname__", "") for task in tasks]
     return sum(name in ("WritePool._work", "AsyncConnection._write_loop") for name in names)
+
+
+def test_a_stream_queued_as_the_pools_last_task_ends_is_still_written() -> None:
+    # The pool's scheduling alone (no gRPC: what a stream's write does is not the point): a
+    # stream queued after the last task found nothing to write, but before that task's done
+    # callback ran, used to find the pool full and wait forever.
+    pool = WritePool(size=1)
+    written: list[str] = []
+
+    class Stream:
+        _close_called = False
+
+        def __init__(self, name: str, then: Stream | None = None) -> None:
+            self.name, self.then, self._writer = name, then, None
+
+        async def _write_queued(self) -> None:
+            written.append(self.name)
+            if self.then is not None:  # queued on the loop once this task ends, not before
+                asyncio.get_running_loop().call_soon(pool.ready, self.then)
+
+    async def run() -> None:
+        pool.ready(Stream("a", then=Stream("b")))
+        for _ in range(100):
+            if written == ["a", "b"]:
+                return
+            await asyncio.sleep(0)
+
+    asyncio.run(run())
+    assert written == ["a", "b"]

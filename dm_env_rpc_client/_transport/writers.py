@@ -42,43 +42,41 @@ class WritePool:
     """Writes the queued requests of many streams with at most ``size`` tasks (see the module).
 
     On the loop only. ``ready(stream)`` queues a stream whose requests wait
-    (the stream marks itself as queued, so it is queued once); ``stop()``
-    cancels the tasks and returns them to await.
+    (the stream marks itself as queued, so it is queued once). The tasks end
+    when no stream waits; a batch's close ends its streams, and the loop's
+    close any task still running.
     """
 
     def __init__(self, size: int = POOL_SIZE) -> None:
         self._ready: collections.deque[Writable] = collections.deque()
         self._size = size
-        self._tasks: set[asyncio.Future[None]] = set()
-        self._stopping = False
+        self._tasks: set[asyncio.Future[None]] = set()  # held: the loop keeps only weak ones
+        # Tasks running, counted down as a task's last stream is written (in the task, not in
+        # a done callback a loop turn later: a stream queued in between would find no task).
+        self._running = 0
 
     def ready(self, stream: Writable) -> None:
         """Queues ``stream`` for writing; starts a task if fewer than ``size`` run."""
         self._ready.append(stream)
-        if len(self._tasks) < self._size and not self._stopping:
+        if self._running < self._size:
+            self._running += 1
             task = asyncio.ensure_future(self._work())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def _work(self) -> None:
         ready = self._ready
-        while ready:
-            stream = ready.popleft()
-            try:
-                await stream._write_queued()
-            except asyncio.CancelledError:
-                # A stream closed under its write ends it with CancelledError (gRPC's word for a
-                # call cancelled here); this task's own cancellation (stop()) ends the task.
-                if self._stopping or not stream._close_called:
-                    raise
-            finally:
-                stream._writer = None
-
-    def stop(self) -> list[asyncio.Future[None]]:
-        """Cancels the pool's tasks (streams still queued are not written); on the loop."""
-        self._stopping = True
-        self._ready.clear()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        return tasks
+        try:
+            while ready:
+                stream = ready.popleft()
+                try:
+                    await stream._write_queued()
+                except asyncio.CancelledError:
+                    # A stream closed under its write ends it with CancelledError (gRPC's word for
+                    # a call cancelled here); this task's own cancellation ends the task.
+                    if not stream._close_called:
+                        raise
+                finally:
+                    stream._writer = None
+        finally:
+            self._running -= 1
