@@ -111,8 +111,9 @@ class _Pending:
 
 
 def _signature(flat: Mapping[str, Mapping[str, Any]]) -> Any:
+    """The tensors' names and dtypes: a chunk's episodes share them (ragged or not)."""
     return tuple(
-        (group, name, np.asarray(value).dtype.str if isinstance(value, np.ndarray) else "ragged")
+        (group, name, (value if isinstance(value, np.ndarray) else np.asarray(value[0])).dtype.str)
         for group in _GROUPS
         for name, value in flat[group].items()
     )
