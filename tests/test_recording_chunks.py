@@ -164,3 +164,19 @@ def test_an_episode_whose_tensors_differ_starts_a_new_chunk(tmp_path: pathlib.Pa
     assert names == ["episodes_000_000001-000002.npz", "episodes_000_000003-000004.npz"]
     dtypes = [e.observation["x"].dtype for e in iter_episodes(tmp_path / "run")]
     assert dtypes == [np.float32, np.float32, np.float64, np.float64]
+
+
+def test_a_held_episode_is_a_copy_not_a_view_of_what_it_came_from(tmp_path: pathlib.Path) -> None:
+    """A chunk in the making keeps its own copy: not the whole flush a view would hold, and
+    not values changed after ``write`` (the buffer reused)."""
+    buffer = np.arange(40, dtype=np.float32).reshape(20, 2)
+    writer = NpzWriter(tmp_path, episodes_per_file=2)
+    steps = np.array([0, 1, 2], np.uint8)
+    reward = np.array([np.nan, 0.0, 1.0])
+    episode = Episode(steps, reward, reward, {"x": buffer[:3]}, {"a": buffer[3:5, 0]}, 0, 1)
+    assert writer.write(episode) is None and list(tmp_path.iterdir()) == []
+    buffer[:] = -1
+    writer.close()
+    (read,) = iter_episodes(tmp_path)
+    assert read.observation["x"].tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert read.action["a"].tolist() == [6, 8]

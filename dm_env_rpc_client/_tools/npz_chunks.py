@@ -28,7 +28,10 @@ key                             shape             meaning
 Ragged tensors are stored as in an episode file, over all the file's steps. The
 rule that ends a chunk depends on the episodes only (``N`` episodes, ``CHUNK_BYTES``,
 or an episode whose tensors differ in name or dtype from the chunk's), so the same
-episodes always give the same files. ``read`` reads both layouts.
+episodes always give the same files. An episode held for a later chunk is copied (a few
+KB for Catch), so a world holds at most ``CHUNK_BYTES`` of its own, never a view that
+keeps a whole flush's columns alive; one written at once (large) is not copied.
+``read`` reads both layouts.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ CHUNK_BYTES = 1 << 20
 world's large episodes are not held back (nor kept in memory) for long."""
 NO_SEED = -1
 _GROUPS = ("observation", "action")
+_BASE = ("step_type", "reward", "discount")
 _NAME = re.compile(r"episodes?_(\d+)_(\d+)")
 Arrays = dict[str, np.ndarray]
 
@@ -104,8 +108,8 @@ class _Pending:
     """One world's episodes waiting for their chunk, flattened once."""
 
     def __init__(self) -> None:
-        self.episodes: list[Any] = []
-        self.flat: list[dict[str, dict[str, Any]]] = []
+        self.episodes: list[Any] = []  # for their metadata
+        self.flat: list[dict[str, dict[str, Any]]] = []  # their arrays, in _BASE and _GROUPS
         self.signature: Any = None
         self.nbytes = 0
 
@@ -142,16 +146,23 @@ class Chunks:
         """Takes one episode; returns the chunks it completes (file name, arrays)."""
         flat = {group: specs.flatten(getattr(episode, group)) for group in _GROUPS}
         signature = _signature(flat)
+        flat["base"] = {name: getattr(episode, name) for name in _BASE}
         world = _meta(episode)[0]
         pending = self._pending.setdefault(world, _Pending())
         done = []
         if pending.episodes and pending.signature != signature:
             done.append(self._take(world))
             pending = self._pending.setdefault(world, _Pending())
+        size = _nbytes(flat)
+        if (
+            len(pending.episodes) + 1 < self.episodes_per_file
+            and pending.nbytes + size < CHUNK_BYTES
+        ):  # held for a while: its own copy, not a view holding a whole flush's columns
+            flat = {group: {k: _owned(v) for k, v in flat[group].items()} for group in flat}
         pending.episodes.append(episode)
         pending.flat.append(flat)
         pending.signature = signature
-        pending.nbytes += _nbytes(flat) + episode.step_type.nbytes * 17
+        pending.nbytes += size
         if len(pending.episodes) >= self.episodes_per_file or pending.nbytes >= CHUNK_BYTES:
             done.append(self._take(world))
         return done
@@ -170,8 +181,7 @@ class Chunks:
 def _pack(pending: _Pending) -> Arrays:
     episodes = pending.episodes
     arrays: Arrays = {
-        name: np.concatenate([getattr(e, name) for e in episodes])
-        for name in ("step_type", "reward", "discount")
+        name: _joined([flat["base"][name] for flat in pending.flat]) for name in _BASE
     }
     world, seed = _meta(episodes[0])
     arrays["meta/world"] = np.array(world, np.int64)
@@ -187,11 +197,21 @@ def _pack(pending: _Pending) -> Arrays:
                 all(isinstance(v, np.ndarray) for v in values)
                 and len({v.shape[1:] for v in values}) == 1
             ):
-                arrays[f"{group}/{name}"] = np.concatenate(values)
+                arrays[f"{group}/{name}"] = _joined(values)
             else:  # ragged, or shapes that differ from episode to episode
                 rows = [np.asarray(row) for value in values for row in value]
                 _ragged_arrays(f"{group}/{name}", rows, arrays)
     return arrays
+
+
+def _owned(value: Any) -> Any:
+    """An array copied out of the buffer it is a view of; a ragged list as it is."""
+    return value.copy() if isinstance(value, np.ndarray) and value.base is not None else value
+
+
+def _joined(values: list[np.ndarray]) -> np.ndarray:
+    """The arrays joined along the steps; one alone as it is (a large episode is not copied)."""
+    return values[0] if len(values) == 1 else np.concatenate(values)
 
 
 def _per_step(values: np.ndarray, shapes: np.ndarray) -> list[np.ndarray]:
@@ -244,7 +264,7 @@ def read(data: Any, make: Callable[..., Any]) -> list[Any]:
         "observation": {k: _split(v, steps) for k, v in columns["observation"].items()},
         "action": {k: _split(v, actions) for k, v in columns["action"].items()},
     }
-    base = {name: np.split(data[name], steps) for name in ("step_type", "reward", "discount")}
+    base = {name: np.split(data[name], steps) for name in _BASE}
     return [
         make(
             step_type=base["step_type"][i],
