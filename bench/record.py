@@ -52,7 +52,8 @@ WINDOW = 8
 # Deleted when the benchmark ends, not after each run: on ext4 without a journal (this
 # machine's) the kernel skips every inode deleted in the last minutes when it allocates one
 # (ext4's recently_deleted), so deleting one run's thousands of files would make the next
-# run's file creation the costlier (Minari's most: three inodes an episode).
+# run's file creation the costlier (Minari's most: three inodes an episode). Others' deletions
+# count too: set TMPDIR to a folder where nothing was deleted lately (docs/datasets.md).
 _FOLDERS: list[pathlib.Path] = []
 
 
