@@ -50,6 +50,12 @@ from dm_env_rpc_client.server.catch import Catch
 FORMATS = ("none", "npz", "minari", "rlds")
 BACKGROUND = "process"  # --background
 WINDOW = 8
+# Deleted when the benchmark ends, not after each run: on ext4 without a journal (this
+# machine's) the kernel skips every inode deleted in the last minutes when it allocates one
+# (ext4's recently_deleted), so deleting one run's thousands of files would make the next
+# run's file creation the costlier (Minari's most: three inodes an episode). Others' deletions
+# count too: set TMPDIR to a folder where nothing was deleted lately (docs/datasets.md).
+_FOLDERS: list[pathlib.Path] = []
 
 
 class Frames(dm_env.Environment):
@@ -135,7 +141,7 @@ def _variants(addresses: list[str], worlds: int, sizes: dict[str, list[float]]) 
                     recording.close()
                     sizes[fmt].append(_folder_mb(folder) / done[0] * 1000)
                 batch.close()
-                shutil.rmtree(root, ignore_errors=True)
+                _FOLDERS.append(root)
 
             return run, close
 
@@ -255,6 +261,14 @@ def main() -> None:
     args = parser.parse_args()
     FORMATS = tuple(args.formats.split(","))
     BACKGROUND = args.background
+    try:
+        _main(args)
+    finally:
+        for root in _FOLDERS:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _main(args: argparse.Namespace) -> None:
     sizes: dict[str, list[float]] = _sizes()
     if args.only_writers:
         with dmr.serve(lambda settings: Catch(**settings)) as server:

@@ -6,6 +6,7 @@ installs both and runs this file).
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 
 import numpy as np
@@ -179,6 +180,74 @@ def test_minari_refuses_a_string_observation_by_name(tmp_path) -> None:
     with pytest.raises(errors.RecordingError, match=r"'camera.caption'.*--format npz"):
         MinariWriter(tmp_path / "text", observations, spaces.Dict({}))
     assert not (tmp_path / "text").exists()
+
+
+def _episode_rows(lengths: list[int]):  # type: ignore[no-untyped-def]
+    """A record batch of episodes of ``lengths`` rows (an image, a vector, a Discrete action)."""
+    from gymnasium import spaces
+
+    from dm_env_rpc_client.integrations import _minari_arrow
+
+    rng = np.random.default_rng(0)
+    observations = spaces.Dict(
+        {"pixels": spaces.Box(0, 255, (6, 5, 3), np.uint8), "v": spaces.Box(-1, 1, (3,))}
+    )
+    actions = spaces.Dict({"move": spaces.Discrete(4)})
+    episodes = [
+        (
+            {
+                "pixels": rng.integers(0, 255, (n, 6, 5, 3)).astype(np.uint8),
+                "v": rng.random((n, 3)).astype(np.float32),
+            },
+            {"move": rng.integers(0, 4, n - 1)},
+            rng.random(n - 1),
+            bool(i % 2),
+        )
+        for i, n in enumerate(lengths)
+    ]
+    return _minari_arrow.episodes_batch(observations, actions, episodes)
+
+
+def test_minari_episode_files_are_pyarrows_own_bytes() -> None:
+    """``IpcFiles`` (files assembled from a template) writes what ``pa.ipc.new_file`` writes."""
+    import pyarrow as pa
+
+    from dm_env_rpc_client.integrations._minari_arrow import IpcFiles
+
+    batch, starts = _episode_rows([2, 11, 3, 40, 2, 7])
+    files = IpcFiles()
+    for start, stop in itertools.pairwise(starts):
+        piece = batch.slice(start, stop - start)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, piece.schema) as file:
+            file.write_batch(piece)
+        made = b"".join(bytes(part) for part in files.parts(piece))
+        assert made == sink.getvalue().to_pybytes(), (start, stop)
+        assert pa.ipc.open_file(pa.py_buffer(made)).read_all().to_batches()[0].equals(piece)
+    assert files._template is not None  # the template was used, not pyarrow's writer throughout
+
+
+def test_minari_episode_files_fall_back_to_pyarrow_when_the_template_does_not_match(
+    monkeypatch,
+) -> None:
+    import pyarrow as pa
+
+    from dm_env_rpc_client.integrations import _minari_arrow
+
+    real = _minari_arrow._template
+
+    def wrong(own, batch):  # type: ignore[no-untyped-def]
+        head, before, after = real(own, batch)  # type: ignore[misc]
+        return head, before, after + b"\0"  # as if this pyarrow wrote its footer otherwise
+
+    monkeypatch.setattr(_minari_arrow, "_template", wrong)
+    batch, starts = _episode_rows([3, 5, 4, 9])
+    files = _minari_arrow.IpcFiles()
+    for start, stop in itertools.pairwise(starts):
+        piece = batch.slice(start, stop - start)
+        made = b"".join(bytes(part) for part in files.parts(piece))
+        assert pa.ipc.open_file(pa.py_buffer(made)).read_all().to_batches()[0].equals(piece)
+    assert files._template is None  # the second file's check turned the template off
 
 
 def test_rlds_steps_are_envloggers_own_encoding_for_every_dtype() -> None:

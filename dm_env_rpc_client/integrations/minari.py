@@ -33,6 +33,7 @@ with its Arrow storage)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -42,7 +43,7 @@ from typing import Any
 
 try:
     import minari
-    import pyarrow as pa
+    import pyarrow  # noqa: F401  (the arrow storage: _minari_arrow needs it)
     from gymnasium import spaces
     from gymnasium.envs.registration import EnvSpec
     from minari.serialization import serialize_space
@@ -59,6 +60,7 @@ from ._gym_spaces import spaces_from_specs
 METADATA = "metadata.json"
 ENTRY_POINT = "dm_env_rpc_client.integrations.gymnasium:GymnasiumEnv"
 DEFAULT_ALGORITHM = "uniform random actions (dm-env-rpc-client run)"
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _VARIABLE = (
     "{error} A Minari dataset cannot hold it either: leave it out, or record with "
     "--format npz or --format rlds, which keep it."
@@ -70,6 +72,21 @@ def _write_json(path: pathlib.Path, data: Mapping[str, Any]) -> None:
     with open(temporary, "w", encoding="utf-8") as file:
         json.dump(data, file)
     os.replace(temporary, path)
+
+
+def _put(path: str, parts: Sequence[Any]) -> int:
+    """Writes ``parts`` (buffers) as the file ``path`` in one ``writev``; returns its size."""
+    size = sum(memoryview(part).nbytes for part in parts)
+    fd = os.open(path, _CREATE, 0o666)
+    try:
+        written = os.writev(fd, parts)
+        if written < size:  # short (a full disk raises on the next call): the rest
+            rest = memoryview(b"".join(parts))[written:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
+    finally:
+        os.close(fd)
+    return size
 
 
 def _space(tensor_specs: Any, names: Sequence[str], kind: str) -> spaces.Dict:
@@ -132,6 +149,7 @@ class MinariWriter:
         self.dataset_id = dataset_id or default_dataset_id(root)
         self._commit_every = commit_every
         self._pending: list[tuple[Any, dict[str, Any]]] = []
+        self._files = _minari_arrow.IpcFiles()
         self._last_commit = time.monotonic()
         self._closed = False
         self.episodes = 0  # committed
@@ -218,19 +236,16 @@ class MinariWriter:
         data = str(self.data)
         for (_, meta), start, stop in zip(self._pending, starts, starts[1:], strict=False):
             # Not atomic, and need not be: no reader looks at an episode's folder before the
-            # dataset's metadata.json counts it.
+            # dataset's metadata.json counts it. Three inodes an episode (a folder and two
+            # files) is what Minari's reader asks for; each is written in one call.
             folder = f"{data}/{meta['id']}"
-            os.makedirs(folder, exist_ok=True)
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_file(sink, batch.schema) as file:
-                file.write_batch(batch.slice(start, stop - start))
-            arrow = sink.getvalue()
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder)
+            arrow = self._files.parts(batch.slice(start, stop - start))
             text = json.dumps(meta).encode()
-            with open(f"{folder}/part-0.arrow", "wb") as out:
-                out.write(arrow)
-            with open(f"{folder}/{METADATA}", "wb") as out:
-                out.write(text)
-            self._bytes += arrow.size + len(text)
+            self._bytes += _put(f"{folder}/part-0.arrow", arrow) + _put(
+                f"{folder}/{METADATA}", [text]
+            )
             self.steps += meta["total_steps"]
         self.episodes += len(self._pending)
         self._pending = []
