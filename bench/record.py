@@ -41,6 +41,7 @@ import numpy as np
 from dm_env import specs
 
 import dm_env_rpc_client as dmr
+from dm_env_rpc_client._cli.record import NPZ_EPISODES_PER_FILE
 from dm_env_rpc_client._cli.run import step_worlds
 from dm_env_rpc_client.integrations.minari import MinariWriter
 from dm_env_rpc_client.integrations.rlds import RldsWriter
@@ -97,6 +98,9 @@ def _variants(addresses: list[str], worlds: int, sizes: dict[str, list[float]]) 
             if fmt.startswith("minari"):  # minari@0.1: commit_every=0.1
                 every = float(fmt.partition("@")[2] or 1.0)
                 writer = MinariWriter.for_environment(folder, batch, commit_every=every)
+            elif fmt.startswith("npz"):  # npz@1: a file per episode
+                per = int(fmt.partition("@")[2] or NPZ_EPISODES_PER_FILE)
+                writer = dmr.recording.NpzWriter(folder, episodes_per_file=per)
             elif fmt == "rlds":
                 writer = RldsWriter.for_environment(folder, batch)
             recording = (
@@ -188,7 +192,7 @@ def _writers_alone(episodes: list[Any], spaces_of: Any) -> None:
         root = pathlib.Path(tempfile.mkdtemp(prefix="bench_record-"))
         writer: Any
         if fmt == "npz":
-            writer = dmr.recording.NpzWriter(root / "npz")
+            writer = dmr.recording.NpzWriter(root / "npz", episodes_per_file=NPZ_EPISODES_PER_FILE)
         elif fmt == "minari":
             writer = MinariWriter(root / "m-v0", *spaces_of)
         else:
@@ -243,7 +247,9 @@ def main() -> None:
         "--background", choices=("process", "thread"), default="process", help="Recording's"
     )
     parser.add_argument(
-        "--formats", default=",".join(FORMATS), help="e.g. none,minari,minari@0.1 (commit_every)"
+        "--formats",
+        default=",".join(FORMATS),
+        help="e.g. none,minari,minari@0.1 (commit_every),npz@1 (episodes per file)",
     )
     parser.add_argument("--catch-only", action="store_true", help="part 1 alone")
     args = parser.parse_args()

@@ -22,6 +22,10 @@ stored as ``ragged/<group>/<name>`` (every step's values, flattened and
 concatenated) with ``ragged_shape/<group>/<name>`` (``[steps, ndim]`` int64);
 ``load_episode`` gives it back as a list of arrays, one per step.
 
+``NpzWriter(episodes_per_file=N)`` (``run --record`` writes 16) puts up to ``N`` of
+a world's episodes in one ``episodes_<world>_<first>-<last>.npz``, their arrays
+joined along the steps (``_tools.npz_chunks``); ``iter_episodes`` reads both.
+
 Guarantees:
 
 - A file is written under a temporary name and renamed into place, so a
@@ -58,6 +62,7 @@ import numpy as np
 
 from . import errors, specs
 from ._base import checks as _checks
+from ._tools import npz_chunks as _chunks
 from ._tools.background_writer import BackgroundWriter
 from ._tools.episode_stream import Block, EpisodeStream
 from ._tools.npz_file import save_npz
@@ -70,7 +75,6 @@ _NOT_EMPTY = (
 _NOT_A_FOLDER = "The recording folder {path} is not a folder; give a folder path."
 _CANNOT_CREATE = "Cannot create the recording folder {path}: {error}. Give a writable folder path."
 _NO_FOLDER = "There is no recording folder {path}; give the folder a run recorded into."
-_NO_SEED = -1
 _INTERRUPTED = 3  # EnvironmentStateType.INTERRUPTED
 _UNKNOWN = 255  # no state: the discount tells
 
@@ -124,18 +128,6 @@ def _save_atomically(path: pathlib.Path, arrays: dict[str, np.ndarray], compress
         raise
 
 
-def _stack(group: str, values: Mapping[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    for name, value in values.items():
-        if isinstance(value, np.ndarray):
-            arrays[f"{group}/{name}"] = value
-        else:  # a variable-length tensor: flattened values plus each step's shape
-            parts = [np.asarray(part) for part in value]
-            arrays[f"ragged/{group}/{name}"] = np.concatenate([part.ravel() for part in parts])
-            arrays[f"ragged_shape/{group}/{name}"] = np.array(
-                [part.shape for part in parts], np.int64
-            ).reshape(len(parts), -1)
-
-
 class EpisodeWriter(Protocol):
     """Where finished episodes go: ``.npz`` files, a Minari or an RLDS dataset."""
 
@@ -153,33 +145,35 @@ class NpzWriter:
       directory: the folder.
       compress: deflate the files (``np.savez_compressed``'s format): smaller, and
         several times slower to write; off by default (``np.savez``'s format).
+      episodes_per_file: more than 1: each world's episodes are kept until that many
+        (or 1 MiB of them) can go into one ``episodes_<world>_<first>-<last>.npz``
+        (``_tools.npz_chunks``: creating a file is most of what one costs; ``run
+        --record`` writes 16 per file); the rest are written at ``close``.
     """
 
-    def __init__(self, directory: str | pathlib.Path, compress: bool = False) -> None:
+    def __init__(
+        self, directory: str | pathlib.Path, compress: bool = False, episodes_per_file: int = 1
+    ) -> None:
+        _checks.check_count(episodes_per_file, "episodes_per_file")
         self.directory = pathlib.Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.compress = compress
+        self._chunks = _chunks.Chunks(episodes_per_file) if episodes_per_file > 1 else None
 
-    def write(self, episode: Episode) -> pathlib.Path:
-        """Writes ``episode`` atomically; returns its path."""
-        arrays: dict[str, np.ndarray] = {
-            "step_type": episode.step_type,
-            "reward": episode.reward,
-            "discount": episode.discount,
-            "meta/world": np.array(episode.world or 0, np.int64),
-            "meta/episode": np.array(episode.episode or 0, np.int64),
-            "meta/seed": np.array(_NO_SEED if episode.seed is None else episode.seed, np.int64),
-            "meta/truncated": np.array(episode.truncated),
-            "meta/interrupted": np.array(episode.interrupted),
-        }
-        _stack("observation", specs.flatten(episode.observation), arrays)
-        _stack("action", specs.flatten(episode.action), arrays)
-        path = self.directory / f"episode_{episode.world or 0:03d}_{episode.episode or 0:06d}.npz"
-        _save_atomically(path, arrays, self.compress)
+    def write(self, episode: Episode) -> pathlib.Path | None:
+        """Writes ``episode`` atomically; returns its path (None: kept for a chunk)."""
+        if self._chunks is not None:
+            for name, arrays in self._chunks.add(episode):
+                _save_atomically(self.directory / name, arrays, self.compress)
+            return None
+        path = self.directory / _chunks.episode_name(episode.world or 0, episode.episode or 0)
+        _save_atomically(path, _chunks.episode_arrays(episode), self.compress)
         return path
 
     def close(self) -> None:
-        """Nothing to finish: every file is complete when written."""
+        """Writes the chunks in the making (every file is complete when written)."""
+        for name, arrays in self._chunks.drain() if self._chunks is not None else ():
+            _save_atomically(self.directory / name, arrays, self.compress)
 
 
 class EpisodeRecorder:
@@ -484,15 +478,10 @@ def _as_dict(observation: Any) -> dict[str, Any]:
     return dict(observation) if isinstance(observation, Mapping) else {"observation": observation}
 
 
-def _ragged(values: np.ndarray, shapes: np.ndarray) -> list[np.ndarray]:
-    parts, start = [], 0
-    for shape in shapes:
-        size = int(np.prod(shape))
-        parts.append(values[start : start + size].reshape(tuple(int(n) for n in shape)))
-        start += size
-    return parts
-
-
+_SEVERAL = (
+    "{path} holds {count} episodes (NpzWriter's episodes_per_file): read them with "
+    "dmr.iter_episodes(its folder)."
+)
 _A_FOLDER = (
     "path {path} is a folder: pass one of its episode files (.npz), or read them all with "
     "dmr.iter_episodes(folder)."
@@ -504,38 +493,20 @@ def load_episode(path: str | pathlib.Path) -> Episode:
 
     Raises:
       FileNotFoundError: there is no such file.
-      RecordingError: ``path`` is a folder (``iter_episodes`` reads a folder).
+      RecordingError: ``path`` is a folder, or a file of several episodes
+        (``iter_episodes`` reads a folder).
     """
     _checks.check_type(path, (str, os.PathLike), "path", "an episode file's path (.npz)")
     if pathlib.Path(path).is_dir():
         raise errors.RecordingError(_A_FOLDER.format(path=path))
-    with np.load(path, allow_pickle=False) as data:
-        groups: dict[str, dict[str, Any]] = {"observation": {}, "action": {}}
-        for key in data.files:
-            kind, _, rest = key.partition("/")
-            if kind in groups:
-                groups[kind][rest] = data[key]
-            elif kind == "ragged":
-                group, _, name = rest.partition("/")
-                groups[group][name] = _ragged(data[key], data[f"ragged_shape/{rest}"])
-        meta = {key[len("meta/") :]: data[key] for key in data.files if key.startswith("meta/")}
-        seed = int(meta["seed"]) if "seed" in meta else _NO_SEED
-        return Episode(
-            step_type=data["step_type"],
-            reward=data["reward"],
-            discount=data["discount"],
-            observation=specs.unflatten(groups["observation"]),
-            action=specs.unflatten(groups["action"]),
-            world=int(meta["world"]) if "world" in meta else None,
-            episode=int(meta["episode"]) if "episode" in meta else None,
-            seed=None if seed == _NO_SEED else seed,
-            truncated=bool(meta.get("truncated", False)),
-            interrupted=bool(meta.get("interrupted", False)),
-        )
+    episodes = _read(pathlib.Path(path))
+    if len(episodes) != 1:
+        raise errors.RecordingError(_SEVERAL.format(path=path, count=len(episodes)))
+    return episodes[0]
 
 
 def iter_episodes(directory: str | pathlib.Path) -> Iterator[Episode]:
-    """Reads every recorded episode in a folder, in file-name order (world, then episode).
+    """Reads every recorded episode in a folder (episode and chunk files), by world, then episode.
 
     Raises:
       RecordingError: the folder does not exist (raised by this call, not at
@@ -544,4 +515,10 @@ def iter_episodes(directory: str | pathlib.Path) -> Iterator[Episode]:
     path = pathlib.Path(directory)
     if not path.is_dir():
         raise errors.RecordingError(_NO_FOLDER.format(path=path))
-    return (load_episode(file) for file in sorted(path.glob("episode_*.npz")))
+    files = sorted(path.glob("episode*_*.npz"), key=lambda file: _chunks.order(file.name))
+    return (episode for file in files for episode in _read(file))
+
+
+def _read(path: pathlib.Path) -> list[Episode]:
+    with np.load(path, allow_pickle=False) as data:
+        return _chunks.read(data, Episode)

@@ -88,6 +88,8 @@ def test_the_same_command_twice_gives_the_same_run(tmp_path: pathlib.Path) -> No
         )
         np.testing.assert_array_equal(one.observation["board"], other.observation["board"])
         np.testing.assert_array_equal(one.action["paddle"], other.action["paddle"])
+    files = [{f.name: f.read_bytes() for f in (tmp_path / n).iterdir()} for n in ("a", "b")]
+    assert files[0] == files[1] and all(name.startswith("episodes_") for name in files[0])
     # Each world plays its own game: the worlds' first boards differ.
     boards = {e.world: e.observation["board"][0].tobytes() for e in first if e.episode == 1}
     assert len(set(boards.values())) > 1
@@ -319,7 +321,7 @@ def test_run_joins_existing_worlds() -> None:
 
 
 def _wait_for_file(folder: pathlib.Path) -> None:
-    assert wait_for(lambda: any(folder.glob("episode_*.npz")), timeout=60)
+    assert wait_for(lambda: any(folder.glob("episode*_*.npz")), timeout=60)
 
 
 @pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

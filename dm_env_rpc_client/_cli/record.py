@@ -27,12 +27,15 @@ from .. import errors
 from ..batched import BatchedEnvironment
 from ..connection import connect
 from ..environment import create_and_join_world
-from ..recording import Recording, iter_episodes
+from ..recording import NpzWriter, Recording, iter_episodes, prepare_folder
 from ..server import serve
 from ..server.catch import Catch
 from .run import RunStats
 
 FORMATS = ("npz", "minari", "rlds")
+NPZ_EPISODES_PER_FILE = 16
+"""``--format npz`` keeps 16 of a world's episodes per file: creating a file is most of
+what writing one costs (``_tools.npz_chunks``)."""
 _NO_EXTRA = "--format {format} needs the {format} extra: pip install 'dm_env_rpc_client[{format}]'."
 
 
@@ -43,8 +46,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default="npz",
-        help="npz: one file per episode (default, no extra); minari: a Minari dataset "
-        "(minari extra); rlds: an RLDS dataset written by envlogger (rlds extra)",
+        help="npz: .npz files, 16 episodes of a world each (default, no extra); minari: a "
+        "Minari dataset (minari extra); rlds: an RLDS dataset written by envlogger (rlds extra)",
     )
     group.add_argument(
         "--dataset-id",
@@ -93,6 +96,9 @@ def open_recording(
         return None
     addresses = [str(a) for a in dict.fromkeys(batch.addresses)]
     writer = open_writer(args, batch, settings(args, addresses), create_settings)
+    if writer is None:  # npz
+        folder = prepare_folder(args.record)
+        writer = NpzWriter(folder, episodes_per_file=NPZ_EPISODES_PER_FILE)
     return Recording(
         args.record, len(batch), batch.world_seeds, writer=writer, background="process"
     )
