@@ -6,6 +6,7 @@ installs both and runs this file).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import pathlib
 
@@ -250,11 +251,18 @@ def test_minari_episode_files_fall_back_to_pyarrow_when_the_template_does_not_ma
     assert files._template is None  # the second file's check turned the template off
 
 
+def _as_proto(data):  # type: ignore[no-untyped-def]
+    """A step from ``StepEncoder``: a proto, or its bytes (``SerializedData``) parsed."""
+    from envlogger.proto import storage_pb2
+
+    return storage_pb2.Data.FromString(data.SerializeToString())
+
+
 def test_rlds_steps_are_envloggers_own_encoding_for_every_dtype() -> None:
     """The reused templates of ``_rlds_steps`` give the protos ``codec.encode`` gives."""
     from envlogger.converters import codec
 
-    from dm_env_rpc_client.integrations._rlds_steps import StepEncoder, step
+    from dm_env_rpc_client.integrations._rlds_steps import SerializedData, StepEncoder, step
 
     rng = np.random.default_rng(0)
     rows = 5
@@ -286,10 +294,18 @@ def test_rlds_steps_are_envloggers_own_encoding_for_every_dtype() -> None:
         observation=observation,
         action=action,
     )
+    fixed = ("f32", "f32_scalar", "u8", "i8_scalar", "i16", "u16_scalar", "f64", "f64_scalar")
+    fixed += ("bools", "bool_scalar", "empty", "nested")  # a fixed width on the wire: as bytes
+    packable = dataclasses.replace(episode, observation={k: observation[k] for k in fixed})
     encoder = StepEncoder()
-    for _ in range(2):  # the second time through reuses the templates
-        for t, data in enumerate(encoder.steps(episode)):
-            assert data == codec.encode(step(episode, t)), t  # field for field
+    for each, as_bytes in ((episode, False), (packable, True), (episode, False)):
+        for t, data in enumerate(encoder.steps(each)):  # a second time: templates reused
+            assert isinstance(data, SerializedData) == as_bytes, t
+            assert _as_proto(data) == codec.encode(step(each, t)), t  # field for field
     for end in ("cut", "terminated", "cut"):
         meta = {"world": np.int64(3), "episode": np.int64(9), "seed": np.int64(-1), "end": end}
-        assert encoder.metadata(meta) == codec.encode(meta)
+        assert _as_proto(encoder.metadata(meta)) == codec.encode(meta)
+    for number in (-3, 7):  # other scalar types, each set again with a new value
+        more = {"i16": np.int16(number), "f32": np.float32(number / 2), "u8": np.uint8(number % 9)}
+        more |= {"flag": np.bool_(number > 0), "f": number / 4, "u64": np.uint64(abs(number))}
+        assert _as_proto(encoder.metadata(more)) == codec.encode(more)

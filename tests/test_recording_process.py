@@ -74,6 +74,56 @@ def test_a_writer_process_writes_the_same_files_as_the_stepping_process(
     assert not _alive(child._background.pid)  # type: ignore[union-attr]
 
 
+def _image_blocks() -> list[Block]:
+    """Two worlds' steps in 3 blocks, images of 1.6 kB (sent as the blocks' parts) and a
+    small column; episodes span blocks; the first block holds FIRST steps alone."""
+    rng = np.random.default_rng(7)
+    kinds = [[0, 0], [1, 1, 1, 2, 1], [0, 1, 2, 1, 1, 1]]
+    worlds = [[0, 1], [0, 1, 0, 0, 1], [0, 0, 0, 1, 1, 1]]
+    blocks = []
+    for step_type, env_ids in zip(kinds, worlds, strict=True):
+        rows = len(step_type)
+        blocks.append(
+            Block(
+                step_type=np.array(step_type, np.uint8),
+                reward=rng.random(rows),
+                discount=np.ones(rows),
+                state=None,
+                env_ids=np.array(env_ids),
+                observation={
+                    "pixels": rng.integers(0, 255, (rows, 40, 40), np.uint8),
+                    "x": rng.random(rows).astype(np.float32),
+                },
+                actions=[
+                    None if k == 0 else {"move": np.int64(k + w)}
+                    for k, w in zip(step_type, env_ids, strict=True)
+                ],
+            )
+        )
+    return blocks
+
+
+def test_images_sent_as_parts_give_the_same_files_as_the_stepping_process(tmp_path) -> None:
+    from dm_env_rpc_client._tools.episode_stream import EpisodeStream, joined
+
+    blocks = _image_blocks()
+    assert isinstance(joined(blocks)[1]["obs/pixels"], list)  # parts, joined by the child
+    here = dmr.recording.NpzWriter(tmp_path / "here")
+    stream = EpisodeStream(2, [3, 4], 0, lambda **fields: here.write(dmr.Episode(**fields)))
+    stream.cut(blocks, [0, 1])
+    child = dmr.recording.NpzWriter(tmp_path / "child")
+    process = WriterProcess(child, dmr.Episode, 2, [3, 4], 0, directory=tmp_path)
+    process.cut(blocks[:2])
+    process.close(blocks[2:], [0, 1])
+    names = sorted(path.name for path in (tmp_path / "here").iterdir())
+    assert len(names) == 3 and process.result[:2] == (3, 1)  # world 1 cut at the close
+    assert names == sorted(path.name for path in (tmp_path / "child").iterdir())
+    for name in names:
+        assert (tmp_path / "child" / name).read_bytes() == (tmp_path / "here" / name).read_bytes()
+    episode = dmr.load_episode(tmp_path / "here" / names[0])
+    assert episode.observation["pixels"].shape == (len(episode) + 1, 40, 40)
+
+
 def test_a_failing_writer_process_raises_a_clear_error_in_the_parent(
     catch_server, tmp_path
 ) -> None:

@@ -2,12 +2,17 @@
 
 The stepping thread hands over each ``recv``'s ``BatchedTimeStep`` with its actions as
 they are: one reference per ``recv`` (``Block``), no per-world copy, no per-step
-object. ``EpisodeStream.cut`` (on the writer's thread under ``Recording(background=True)``)
-then takes a run of blocks at once: it concatenates their columns, groups the rows by
+object. A run of blocks is then joined into one set of columns (``joined``: one
+concatenation per column, the actions' dicts turned into columns); a writer process
+gets them joined (a few arrays to pickle and send, not a block's worth of small
+objects per ``recv``), except an observation column of large rows (images), whose
+blocks' parts travel as they are. ``EpisodeStream.cut_joined`` groups the rows by
 world with one stable sort and one gather per column, and walks each world's rows
 from boundary to boundary (FIRST and LAST steps; MID steps are never visited one by
-one). A finished episode goes to the writer as a ``recording.Episode``; the rows of an
-episode still running stay with its world (as views) until a later block ends it.
+one). A finished episode goes to the writer as a ``recording.Episode``, its columns
+sliced from the gathered ones (joined only when it spans several cuts); the rows of
+an episode still running stay with its world (as ranges of those columns) until a
+later cut ends it.
 
 Episodes are cut by the rules of ``EpisodeRecorder``, so both give the same episodes:
 a FIRST step ends a running episode as truncated (a restarted world, a reset), a LAST
@@ -75,14 +80,22 @@ def _objects(values: Sequence[Any]) -> np.ndarray:
     return column
 
 
-def _concatenate(blocks: Sequence[Block]) -> tuple[np.ndarray, Columns]:
-    """The blocks' rows as one set of columns (``obs/``, ``act/`` prefixes), and their worlds."""
+_BIG_ROW = 1024  # bytes: an observation column of larger rows is joined on the writer's side
+Joined = tuple[np.ndarray, Columns]  # rows' worlds, columns (a list: parts still to join)
+
+
+def joined(blocks: Sequence[Block]) -> Joined:
+    """The blocks' rows as one set of columns (``obs/``, ``act/`` prefixes), and their worlds.
+
+    An observation column of rows over ``_BIG_ROW`` bytes stays a list of the blocks'
+    arrays (``cut_joined`` joins it): a writer process gets them as they are.
+    """
     lengths = [len(b.step_type) for b in blocks]
     columns: Columns = {
-        "step_type": np.concatenate([b.step_type for b in blocks]),
-        "reward": np.concatenate([b.reward for b in blocks]),
-        "discount": np.concatenate([b.discount for b in blocks]),
-        "state": np.concatenate(
+        "step_type": _concatenated([b.step_type for b in blocks]),
+        "reward": _concatenated([b.reward for b in blocks]),
+        "discount": _concatenated([b.discount for b in blocks]),
+        "state": _concatenated(
             [
                 np.full(len(b.step_type), _UNKNOWN, np.uint8) if b.state is None else b.state
                 for b in blocks
@@ -90,25 +103,29 @@ def _concatenate(blocks: Sequence[Block]) -> tuple[np.ndarray, Columns]:
         ),
     }
     for name in dict.fromkeys(name for b in blocks for name in b.observation):
-        columns[f"obs/{name}"] = _filled([b.observation for b in blocks], name, lengths)
+        parts = _parts([b.observation for b in blocks], name, lengths)
+        row = parts[0].dtype.itemsize * int(np.prod(parts[0].shape[1:]))
+        big = len(parts) > 1 and parts[0].dtype != object and row > _BIG_ROW
+        columns[f"obs/{name}"] = parts if big else _concatenated(parts)
     for name, column in _action_columns([a for b in blocks for a in b.actions]).items():
         columns[f"act/{name}"] = column
-    return np.concatenate([b.env_ids for b in blocks]), columns
+    return _concatenated([b.env_ids for b in blocks]), columns
 
 
-def _filled(groups: Sequence[Mapping[str, Any]], name: str, lengths: Sequence[int]) -> np.ndarray:
-    """Column ``name`` of several groups of rows, joined; zeros for a group without it (a
-    piece of FIRST steps has no action columns; a step outside an episode may differ)."""
+def _parts(groups: Sequence[Mapping[str, Any]], name: str, lengths: Sequence[int]) -> list[Any]:
+    """Column ``name`` of several groups of rows; zeros for a group without it (a piece of
+    FIRST steps has no action columns; a step outside an episode may differ)."""
     example = next(group[name] for group in groups if name in group)
-    parts = [
+    return [
         group[name] if name in group else np.zeros((rows, *example.shape[1:]), example.dtype)
         for group, rows in zip(groups, lengths, strict=True)
     ]
-    return _concatenated(parts)
 
 
 def _concatenated(parts: Sequence[np.ndarray]) -> np.ndarray:
     """Columns joined; an object column of per-row arrays where their shapes differ."""
+    if len(parts) == 1:
+        return parts[0]
     if len({p.shape[1:] for p in parts}) > 1 or any(p.dtype == object for p in parts):
         parts = [p if p.dtype == object else _objects(list(p)) for p in parts]
     return np.concatenate(parts)
@@ -134,60 +151,82 @@ class EpisodeStream:
         self._seeds = list(seeds)
         self._first_world = first_world
         self._emit = emit
-        self._open: list[list[Columns] | None] = [None] * worlds  # running episodes' pieces
+        # Running episodes' pieces: (a cut's gathered columns, first row, end row).
+        self._open: list[list[tuple[Columns, int, int]] | None] = [None] * worlds
         self._numbers = [0] * worlds
 
     def cut(self, blocks: Sequence[Block], worlds: Sequence[int] = ()) -> None:
         """Cuts the episodes that ``blocks`` end; then ends ``worlds``' running ones as cut."""
-        if blocks:
-            env_ids, columns = _concatenate(blocks)
+        self.cut_joined(joined(blocks) if blocks else None, worlds)
+
+    def cut_joined(self, rows: Joined | None, worlds: Sequence[int] = ()) -> None:
+        """``cut`` of blocks already ``joined`` (None: no rows)."""
+        if rows is not None:
+            env_ids, columns = rows
             order = np.argsort(env_ids, kind="stable")
             ids = env_ids[order]
-            columns = {name: column[order] for name, column in columns.items()}
-            present = np.flatnonzero(np.diff(ids, prepend=-1, append=-1))
-            for lo, hi in itertools.pairwise(present.tolist()):
-                piece = {name: column[lo:hi] for name, column in columns.items()}
-                self._walk(int(ids[lo]), piece)
+            columns = {
+                name: (column if isinstance(column, np.ndarray) else _concatenated(column))[order]
+                for name, column in columns.items()
+            }
+            step_type = columns["step_type"]
+            marks = np.flatnonzero(step_type != 1).tolist()  # FIRST and LAST rows
+            present = np.flatnonzero(np.diff(ids, prepend=-1, append=-1)).tolist()
+            kinds = step_type[marks].tolist()
+            at = 0
+            for lo, hi in itertools.pairwise(present):
+                stop = at
+                while stop < len(marks) and marks[stop] < hi:
+                    stop += 1
+                self._walk(int(ids[lo]), columns, lo, hi, marks[at:stop], kinds[at:stop])
+                at = stop
         for world in worlds:
             self._end(world, truncated=True, interrupted=False)
 
-    def _walk(self, world: int, piece: Columns) -> None:
-        step_type = piece["step_type"]
-        start = 0
-        for row in np.flatnonzero(step_type != 1).tolist():
-            if step_type[row] == _FIRST:
-                self._extend(world, piece, start, row)
+    def _walk(
+        self, world: int, columns: Columns, lo: int, hi: int, marks: list[int], kinds: list[int]
+    ) -> None:
+        """World ``world``'s rows ``lo`` to ``hi``; ``marks`` are its FIRST and LAST rows."""
+        start = lo
+        for row, kind in zip(marks, kinds, strict=True):
+            if kind == _FIRST:
+                self._extend(world, columns, start, row)
                 self._end(world, truncated=True, interrupted=False)
                 self._open[world] = []
                 start = row
-            elif step_type[row] == _LAST:
+            elif kind == _LAST:
                 if self._open[world] is None:
                     start = row + 1  # not in an episode: dropped
                     continue
-                self._extend(world, piece, start, row + 1)
-                state = int(piece["state"][row])
+                self._extend(world, columns, start, row + 1)
+                state = int(columns["state"][row])
                 if state == _UNKNOWN:
-                    interrupted = bool(piece["discount"][row] != 0.0)
+                    interrupted = bool(columns["discount"][row] != 0.0)
                 else:
                     interrupted = state == _INTERRUPTED
                 self._end(world, truncated=False, interrupted=interrupted)
                 start = row + 1
-        self._extend(world, piece, start, len(step_type))
+        self._extend(world, columns, start, hi)
 
-    def _extend(self, world: int, piece: Columns, start: int, stop: int) -> None:
+    def _extend(self, world: int, columns: Columns, start: int, stop: int) -> None:
         pieces = self._open[world]
         if pieces is not None and stop > start:
-            pieces.append({name: column[start:stop] for name, column in piece.items()})
+            pieces.append((columns, start, stop))
 
     def _end(self, world: int, *, truncated: bool, interrupted: bool) -> None:
         pieces, self._open[world] = self._open[world], None
-        if pieces is None or sum(len(p["step_type"]) for p in pieces) < 2:
+        if pieces is None or sum(stop - start for _, start, stop in pieces) < 2:
             return  # no transition: nothing to keep
-        lengths = [len(p["step_type"]) for p in pieces]
-        whole = {
-            name: pieces[0][name] if len(pieces) == 1 else _filled(pieces, name, lengths)
-            for name in dict.fromkeys(name for piece in pieces for name in piece)
-        }
+        if len(pieces) == 1:
+            columns, start, stop = pieces[0]
+            whole = {name: column[start:stop] for name, column in columns.items()}
+        else:
+            groups = [{n: c[start:stop] for n, c in cols.items()} for cols, start, stop in pieces]
+            lengths = [stop - start for _, start, stop in pieces]
+            whole = {
+                name: _concatenated(_parts(groups, name, lengths))
+                for name in dict.fromkeys(name for group in groups for name in group)
+            }
         observation: Columns = {}
         action: Columns = {}
         for name, column in whole.items():
@@ -202,11 +241,16 @@ class EpisodeStream:
             step_type=whole["step_type"],
             reward=whole["reward"],
             discount=whole["discount"],
-            observation=specs.unflatten(observation),
-            action=specs.unflatten(action),
+            observation=_nested(observation),
+            action=_nested(action),
             world=self._first_world + world,
             episode=self._numbers[world],
             seed=self._seeds[world],
             truncated=truncated,
             interrupted=interrupted,
         )
+
+
+def _nested(flat: Columns) -> Columns:
+    """``specs.unflatten``, with no work for names without dots."""
+    return specs.unflatten(flat) if any("." in name for name in flat) else flat

@@ -1,7 +1,8 @@
 """``WriterProcess``: a recording's episodes cut and written in a child process.
 
 ``Recording(..., background="process")`` (as ``run --record`` makes it) hands
-each flush of stacked steps (``episode_stream.Block``) to one. The stepping
+each flush of stacked steps (``episode_stream.Block``, joined into one set of
+columns by ``episode_stream.joined`` before they are pickled) to one. The stepping
 process is bound by its GIL (the calling thread and the batch's event loop), so
 a writer *thread* costs the batch its steps/s one for one; a child process cuts
 and writes on another core, and the stepping side only pickles (protocol 5:
@@ -50,7 +51,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import errors
-from .episode_stream import Block, EpisodeStream
+from .episode_stream import Block, EpisodeStream, joined
 
 NICE = 10
 """The child's niceness: on a machine short of cores it writes in the gaps the stepping
@@ -269,7 +270,7 @@ class WriterProcess:
           RecordingError: the child failed, or did not answer within ``timeout`` s.
         """
         self._check()
-        self._put(_message(("sync", list(blocks), [])))
+        self._put(_message(("sync", _joined(blocks), [])))
         reply = self._read_reply(self._timeout)
         if reply is not None and reply[0] == "ready":
             reply = self._read_reply(self._timeout)
@@ -286,7 +287,7 @@ class WriterProcess:
     def cut(self, blocks: Sequence[Block], worlds: Sequence[int] = ()) -> None:
         """Sends ``blocks`` (and the worlds whose running episodes end as cut) to the child."""
         self._check()
-        self._put(_message(("cut", list(blocks), list(worlds))))
+        self._put(_message(("cut", _joined(blocks), list(worlds))))
 
     def close(self, blocks: Sequence[Block] = (), worlds: Sequence[int] = ()) -> None:
         """Sends the last blocks, cuts ``worlds``, waits for the child to finish (bounded).
@@ -304,7 +305,7 @@ class WriterProcess:
         try:
             if self._failed is None:
                 self._check()
-                self._put(_message(("close", list(blocks), list(worlds))))
+                self._put(_message(("close", _joined(blocks), list(worlds))))
         except BaseException:
             self._kill()
             raise
@@ -336,6 +337,11 @@ class WriterProcess:
             self._process.wait()
         self._sender.join(5.0)
         self._replies.close()
+
+
+def _joined(blocks: Sequence[Block]) -> Any:
+    """The blocks joined on this side (a few arrays to send: ``episode_stream.joined``)."""
+    return joined(blocks) if blocks else None
 
 
 # The child's side.
@@ -408,8 +414,8 @@ def _child(parent: int) -> int:
         _reply(replies, ("ready",))
         stream = EpisodeStream(worlds, seeds, first_world, emit)
         while (message := _receive(source, parent)) is not None:
-            kind, blocks, cut_worlds = message
-            stream.cut(blocks, cut_worlds)
+            kind, rows, cut_worlds = message
+            stream.cut_joined(rows, cut_worlds)
             if kind == "sync":
                 _reply(replies, ("synced", counts[0], counts[1]))
             elif kind == "close":

@@ -15,6 +15,18 @@ only puts that step's values into them, the way ``codec`` would:
 
 So the protos are equal, field for field, to ``codec``'s (the tests compare them
 for every dtype), and ``envlogger.Reader`` decodes the same steps.
+
+Where every leaf has a fixed width on the wire (bytes of fixed-shape arrays,
+packed floats, doubles and bools, the step type: Catch's steps, images), the
+template is serialized once and an episode's steps are built as bytes all at
+once: one ``[steps, size]`` uint8 array, each leaf's column (converted as
+``codec`` converts it) written into its byte range, found by setting the leaf
+to all-0x00 then all-0x01 bytes and comparing the serializations (and checked
+against the proto path on the first step it encodes). ``add_step`` gets them as
+``SerializedData``: its pybind11 proto caster asks a Python proto only for
+``DESCRIPTOR.full_name`` and ``SerializeToString()``, then parses the bytes
+into its C++ message, so no Python proto is filled or serialized per step.
+Other leaves (varint integers, ragged tensors, strings) keep the proto path.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import dm_env
 import numpy as np
 from envlogger import step_data
 from envlogger.converters import codec
+from envlogger.proto import storage_pb2
 
 from .. import recording, specs
 
@@ -50,6 +63,23 @@ _REPEATED = {
 }
 Prepare = Callable[[Any], Any]
 Put = Callable[[Any, int], None]
+Pack = Callable[[Any], np.ndarray]  # rows of a column -> their wire bytes, [rows, width] uint8
+_CHUNK_BYTES = 4 << 20  # steps built as bytes at once: at most this much
+
+
+class SerializedData:
+    """A ``Data`` proto already serialized, as envlogger's ``add_step`` takes it (module docs)."""
+
+    __slots__ = ("data",)
+    DESCRIPTOR = storage_pb2.Data.DESCRIPTOR
+
+    def __init__(self, data: bytes = b"") -> None:
+        self.data = data
+
+    def SerializeToString(self, **_: Any) -> bytes:
+        """The bytes (what a proto's ``SerializeToString`` gives)."""
+        return self.data
+
 
 if not hasattr(codec.np, "unicode_"):
     # envlogger 1.2's codec names np.unicode_, gone in NumPy 2 (np.str_ is the same type):
@@ -84,9 +114,16 @@ def _leaf(data: Any, name: str) -> Any:
     return data
 
 
-def _setter(slot: Any, column: Any) -> tuple[Prepare, Put]:
+def _wire(dtype: str, width: int) -> Pack:
+    """Rows of a column as ``dtype``'s bytes (``>``: codec's big-endian bytes; ``<``: a
+    packed repeated field's), ``[rows, width]`` uint8."""
+    return lambda whole: np.ascontiguousarray(whole, dtype).view(np.uint8).reshape(-1, width)
+
+
+def _setter(slot: Any, column: Any) -> tuple[Prepare, Put, Pack | None]:
     """How to put a value of a column like ``column`` into the leaf message ``slot``: a
-    function of the whole column, run once per episode, and one of its result and a row."""
+    function of the whole column, run once per episode, one of its result and a row, and
+    (for a leaf of fixed width on the wire) one giving rows' wire bytes, else None."""
     if isinstance(column, np.ndarray) and column.dtype.kind in "biuf":
         values = slot.datum.values
         if column.ndim > 1 and column.dtype == np.float32:
@@ -98,45 +135,55 @@ def _setter(slot: Any, column: Any) -> tuple[Prepare, Put]:
             def put_bytes(converted: Any, row: int) -> None:  # a slice: a scalar's is native
                 setattr(values, field, converted[row : row + 1].tobytes())
 
-            return (lambda whole: whole.astype(big_endian)), put_bytes
+            width = column[:1].nbytes
+            return (lambda whole: whole.astype(big_endian)), put_bytes, _wire(big_endian, width)
         if column.dtype in _REPEATED:
             repeated, kind = _REPEATED[column.dtype]
             target = getattr(values, repeated)
+            # Packed on the wire: floats, doubles and bools have a fixed width, varints do not.
+            little = {"f": f"<f{column.itemsize}", "b": "|u1"}.get(column.dtype.kind)
+            pack = _wire(little, column[:1].nbytes) if little else None
             if column.ndim == 1:  # a scalar a step
 
                 def put_scalar(whole: Any, row: int) -> None:
                     target[0] = kind(whole[row])
 
-                return _same, put_scalar
+                return _same, put_scalar, pack
 
             def put_array(whole: Any, row: int) -> None:
                 del target[:]
                 target.extend(whole[row].ravel().tolist())
 
-            return _same, put_array
+            return _same, put_array, pack
 
     def put_encoded(whole: Any, row: int) -> None:
         slot.CopyFrom(codec.encode(whole[row]))
 
-    return _same, put_encoded
+    return _same, put_encoded, None
 
 
 def _same(column: Any) -> Any:
     return column
 
 
+Leaf = tuple[str, int, Prepare, Put, "Pack | None"]  # column's name, row offset, ...
+Packed = tuple[np.ndarray, list[tuple[str, int, Pack, int, int]]]  # bytes; name, offset, pack,
+# position, width
+
+
 class StepEncoder:
     """Encodes episodes' steps as envlogger ``Data`` protos (see the module docs)."""
 
     def __init__(self) -> None:
-        # (first, layout) -> the template and its leaves: (column's name, offset, prepare, put)
-        self._templates: dict[Any, tuple[Any, list[tuple[str, int, Prepare, Put]]]] = {}
+        # (first, layout) -> the template, its leaves, and its bytes when every leaf is packable
+        self._templates: dict[Any, tuple[Any, list[Leaf], Packed | None]] = {}
         self._metadata: dict[Any, Any] = {}
 
     def steps(self, episode: recording.Episode) -> Iterator[Any]:
-        """Every step of ``episode``, as the ``Data`` proto ``codec.encode`` gives.
+        """Every step of ``episode``, as the ``Data`` proto ``codec.encode`` gives (or its
+        bytes, as ``SerializedData``).
 
-        The proto yielded is reused for a later step: hand it on (``add_step``)
+        What is yielded is reused for a later step: hand it on (``add_step``)
         before asking for the next.
         """
         columns: dict[str, Any] = {"step_type": episode.step_type}
@@ -144,44 +191,118 @@ class StepEncoder:
         columns.update(("act/" + k, v) for k, v in specs.flatten(episode.action).items())
         columns.update(reward=episode.reward, discount=episode.discount)
         layout = tuple((name, _layout(value)) for name, value in columns.items())
-        bound: dict[bool, tuple[Any, list[tuple[Put, Any, int]]]] = {}
-        for t in range(len(episode.step_type)):
-            first = t == 0
-            if first not in bound:
-                template = self._templates.get((first, layout))
-                if template is None:
-                    template = self._templates[first, layout] = _template(episode, t, columns)
-                data, leaves = template
-                puts = [
-                    (put, prepare(columns[name]), offset) for name, offset, prepare, put in leaves
-                ]
-                bound[first] = data, puts
-            data, puts = bound[first]
-            for put, column, offset in puts:
-                put(column, t - offset)
-            yield data
+        count = len(episode.step_type)
+        for first, start, stop in ((True, 0, min(1, count)), (False, 1, count)):
+            if stop <= start:
+                continue
+            template = self._templates.get((first, layout))
+            if template is None:
+                template = self._templates[first, layout] = _template(episode, start, columns)
+            data, leaves, packed = template
+            if packed is not None:
+                yield from _packed_steps(packed, columns, start, stop)
+                continue
+            puts = [
+                (put, prepare(columns[name]), offset) for name, offset, prepare, put, _ in leaves
+            ]
+            for t in range(start, stop):
+                for put, column, offset in puts:
+                    put(column, t - offset)
+                yield data
 
-    def metadata(self, values: dict[str, Any]) -> Any:
-        """``codec.encode(values)`` for a flat dict of NumPy scalars and strings, likewise."""
-        layout = tuple(
-            (name, _layout(np.asarray(value)[np.newaxis])) for name, value in values.items()
-        )
+    def metadata(self, values: dict[str, Any]) -> SerializedData:
+        """``codec.encode(values)`` for a flat dict of NumPy scalars and strings, as bytes."""
+        layout = tuple((name, type(value)) for name, value in values.items())
         template = self._metadata.get(layout)
         if template is None:
             data = codec.encode(values)
-            columns = {name: np.asarray(value)[np.newaxis] for name, value in values.items()}
-            leaves = [_setter(data.dict.values[name], column) for name, column in columns.items()]
-            template = self._metadata[layout] = data, leaves
-        data, leaves = template
-        for (prepare, put), value in zip(leaves, values.values(), strict=True):
-            put(prepare(np.asarray(value)[np.newaxis]), 0)
-        return data
+            setters = [_scalar_setter(data.dict.values[k], v) for k, v in values.items()]
+            template = self._metadata[layout] = data, setters
+        data, setters = template
+        for set_value, value in zip(setters, values.values(), strict=True):
+            set_value(value)
+        return SerializedData(data.SerializeToString())
+
+
+def _scalar_setter(slot: Any, value: Any) -> Callable[[Any], None]:
+    """How to put a value of ``value``'s type into the leaf message ``slot``, as ``codec``."""
+    values = slot.datum.values
+    dtype = value.dtype if isinstance(value, np.generic) else None
+    if type(value) is str:
+        strings = values.string_values
+        return lambda new: strings.__setitem__(0, new)
+    if dtype in _REPEATED:
+        repeated, kind = _REPEATED[dtype]
+        target = getattr(values, repeated)
+        return lambda new: target.__setitem__(0, kind(new))
+    if dtype in _BYTES:
+        field, big_endian = _BYTES[dtype]
+        return lambda new: setattr(values, field, np.asarray([new], big_endian).tobytes())
+    return lambda new: slot.CopyFrom(codec.encode(new))
+
+
+def _packed_steps(packed: Packed, columns: dict[str, Any], start: int, stop: int) -> Iterator[Any]:
+    """Steps ``start`` to ``stop`` as bytes: the template's, each leaf's columns written in."""
+    base, leaves = packed
+    size = len(base)
+    chunk = max(1, _CHUNK_BYTES // max(size, 1))
+    serialized = SerializedData()
+    for lo in range(start, stop, chunk):
+        hi = min(stop, lo + chunk)
+        rows = np.empty((hi - lo, size), np.uint8)
+        rows[:] = base
+        for name, offset, pack, position, width in leaves:
+            rows[:, position : position + width] = pack(columns[name][lo - offset : hi - offset])
+        blob = rows.tobytes()
+        for at in range(0, len(blob), size):
+            serialized.data = blob[at : at + size]
+            yield serialized
+
+
+def _pattern(sample: np.ndarray, byte: int) -> np.ndarray:
+    """An array like ``sample`` whose every byte is ``byte``."""
+    return np.frombuffer(bytes((byte,)) * sample.nbytes, sample.dtype).reshape(sample.shape)
+
+
+def _packable(data: Any, leaves: list[Leaf], columns: dict[str, Any], t: int) -> Packed | None:
+    """The template's bytes and each leaf's byte range, if every leaf has a fixed width on
+    the wire (found by setting it to all-0x00 and all-0x01 bytes), checked on step ``t``."""
+    fixed = []
+    for name, offset, prepare, put, pack in leaves:
+        if pack is None:
+            return None
+        fixed.append((name, offset, prepare, put, pack, columns[name][t - offset][np.newaxis]))
+
+    def serialized() -> np.ndarray:
+        return np.frombuffer(data.SerializeToString(deterministic=True), np.uint8)
+
+    for _, _, prepare, put, _, sample in fixed:
+        put(prepare(_pattern(sample, 0)), 0)
+    base = serialized()
+    ranges = []
+    for name, offset, prepare, put, pack, sample in fixed:
+        if not sample.nbytes:
+            continue  # an empty array: nothing on the wire
+        put(prepare(_pattern(sample, 1)), 0)
+        probe = serialized()
+        put(prepare(_pattern(sample, 0)), 0)
+        changed = (
+            np.flatnonzero(probe != base) if len(probe) == len(base) else np.array([], np.intp)
+        )
+        if len(changed) != sample.nbytes or changed[-1] - changed[0] != len(changed) - 1:
+            return None
+        ranges.append((name, offset, pack, int(changed[0]), len(changed)))
+    packed = base.copy(), ranges
+    for name, offset, prepare, put, _, _ in fixed:  # the proto path's step t ...
+        put(prepare(columns[name]), t - offset)
+    built = next(_packed_steps(packed, columns, t, t + 1))  # ... is the bytes' step t
+    return packed if storage_pb2.Data.FromString(built.data) == data else None
 
 
 def _template(
     episode: recording.Episode, t: int, columns: dict[str, Any]
-) -> tuple[Any, list[tuple[str, int, Prepare, Put]]]:
-    """Step ``t`` encoded by ``codec``, and its leaves (see ``StepEncoder``)."""
+) -> tuple[Any, list[Leaf], Packed | None]:
+    """Step ``t`` encoded by ``codec``, its leaves and its bytes (see ``StepEncoder``)."""
     data = codec.encode(step(episode, t))
     timestep = data.tuple.values[0].tuple
     bigint = timestep.values[0].datum.values.bigint_values
@@ -189,7 +310,7 @@ def _template(
     def put_step_type(step_types: Any, row: int) -> None:
         bigint[0] = bytes((int(step_types[row]),))  # codec's bytes of a small int
 
-    leaves: list[tuple[str, int, Prepare, Put]] = [("step_type", 0, _same, put_step_type)]
+    leaves: list[Leaf] = [("step_type", 0, _same, put_step_type, _wire("|u1", 1))]
     for name, column in columns.items():
         group, _, key = name.partition("/")
         if group == "obs":
@@ -199,7 +320,7 @@ def _template(
         elif t > 0 and name in ("reward", "discount"):
             slot = timestep.values[1 if name == "reward" else 2]
             leaves.append((name, 0, *_setter(slot, column)))
-    return data, leaves
+    return data, leaves, _packable(data, leaves, columns, t)
 
 
 def _layout(column: Any) -> Any:
