@@ -63,20 +63,46 @@ SERVERS = {"sdk": "SDK server", "foreign": "reference-package server"}
 
 
 @contextlib.contextmanager
-def foreign_server_process_info(env: str, *extra_args: str) -> Iterator[ServerInfo]:
-    """The foreign server (``_foreign_server.py``) serving ``env`` in a child process."""
-    command = [sys.executable, str(FOREIGN_SERVER), "--env", env, *extra_args]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+def command_server_process_info(
+    command: Sequence[str], what: str, cwd: str | None = None
+) -> Iterator[ServerInfo]:
+    """A server started by ``command`` (in ``cwd``) that prints ``Serving <env> on <address>``."""
+    process = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=cwd
+    )
     try:
         line = _subprocess._first_line(process.stdout, 30.0)
         match = _subprocess._ADDRESS.match(line.strip()) if line else None
         if match is None:
-            raise OSError(f"The foreign {env} server did not start (it printed {line!r}).")
+            raise OSError(f"The {what} server did not start (it printed {line!r}).")
         yield ServerInfo(match.group(1), process.pid)
     finally:
         _subprocess._stop(process)
         if process.stdout is not None:
             process.stdout.close()
+
+
+def foreign_server_process_info(env: str, *extra_args: str) -> Any:
+    """The foreign server (``_foreign_server.py``) serving ``env`` in a child process."""
+    command = [sys.executable, str(FOREIGN_SERVER), "--env", env, *extra_args]
+    return command_server_process_info(command, f"foreign {env}")
+
+
+SERVER_FLOOR = pathlib.Path(__file__).resolve().parent / "_server_floor.py"
+
+
+def floor_server_process_info(*extra_args: str) -> Any:
+    """The raw gRPC floor server (``_server_floor.py``: bare ``grpc.aio``, pre-serialized
+    answers, no environment) in a child process that ends with this one."""
+    command = [sys.executable, str(SERVER_FLOOR), "--exit-with-parent", *extra_args]
+    return command_server_process_info(command, "raw gRPC floor")
+
+
+def tree_server_process_info(root: str, env: str, *extra_args: str) -> Any:
+    """The embedded server of the SDK in ``root`` (another commit's tree) serving ``env``."""
+    command = [sys.executable, "-m", "dm_env_rpc_client.server", "--env", env, "--port", "0"]
+    command += ["--exit-with-parent", *extra_args]
+    return command_server_process_info(command, f"{root}'s {env}", cwd=root)
 
 
 def any_server_process_info(server: str, env: str, *extra_args: str) -> Any:

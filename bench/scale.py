@@ -28,10 +28,16 @@ The "vs" column divides each size's client CPU per step by the first size's
 A second table says where connect and close go: their wall time, the client's
 CPU and the 4 servers' CPU (summed, from /proc) in each. ``--floor`` adds the raw
 gRPC floor of the same opening and closing on bare ``grpc.aio`` (``_open_floor.py``),
+against each kind's servers (the client's floor), and against 4 bare ``grpc.aio``
+servers that answer with pre-serialized bytes (``_server_floor.py``: the row "raw
+gRPC floor, client and server", whose servers' CPU is the servers' floor);
 ``--connect-only`` skips the steps, ``--profile PREFIX`` records the client and
 every server with py-spy, ``--baseline DIR`` adds rows for the SDK found in DIR
 (another commit's tree: a before-and-after in one run, each size's "before" row
-in the stepping table and in this one, with ``--threads`` its collector's line).
+in the stepping table and in this one, with ``--threads`` its collector's line);
+with ``--baseline-servers`` the SDK server's "before" rows also run on 4 servers of
+DIR's SDK (started next to this checkout's, all pinned alike), so the servers' CPU
+columns compare the two servers.
 
 A third table puts each size's client CPU per step next to the raw gRPC stepping
 floor's: the same steps on bare ``grpc.aio`` (``_step_floor.py``), in a fresh
@@ -67,9 +73,11 @@ from _common import (
     add_pin_argument,
     any_server_process_info,
     apply_pin,
+    floor_server_process_info,
     pin,
     print_table,
     process_cpu_seconds,
+    tree_server_process_info,
 )
 
 # isort: split
@@ -367,20 +375,40 @@ def main() -> None:
         help="also measure the SDK in DIR (another commit's tree, e.g. from `git archive main "
         "dm_env_rpc_client | tar -x -C DIR`), each size right after this checkout's",
     )
+    parser.add_argument(
+        "--baseline-servers",
+        action="store_true",
+        help="with --baseline, the 'before' rows of the SDK server run against 4 servers of "
+        "DIR's SDK too (started beside this checkout's): the server's own before-and-after",
+    )
     add_pin_argument(parser)
     args = parser.parse_args()
     pinned = apply_pin(args.pin)
     per_server = -(-max(args.worlds) // SERVER_COUNT) + 16  # a stream per world, and some
+    room = ("--max-workers", str(per_server))
     rows, phases, verdicts, floors, cli_rows = [], [], [], [], []
+    if args.floor:  # both ends bare grpc.aio: the floor of the servers' CPU too
+        with contextlib.ExitStack() as stack:
+            servers = [
+                stack.enter_context(floor_server_process_info()) for _ in range(SERVER_COUNT)
+            ]
+            pin([server.pid for server in servers])
+            for worlds in args.worlds:
+                floor = run_child(servers, worlds, -1, False)
+                phases.append(phase_row(SERVER_FLOOR_ROW, worlds, floor))
     for kind in args.servers:
         with contextlib.ExitStack() as stack:
             servers = [
-                stack.enter_context(
-                    any_server_process_info(kind, "catch", "--max-workers", str(per_server))
-                )
+                stack.enter_context(any_server_process_info(kind, "catch", *room))
                 for _ in range(SERVER_COUNT)
             ]
-            pin([server.pid for server in servers])
+            old_servers = servers
+            if args.baseline and args.baseline_servers and kind == "sdk":
+                old_servers = [
+                    stack.enter_context(tree_server_process_info(args.baseline, "catch", *room))
+                    for _ in range(SERVER_COUNT)
+                ]
+            pin([server.pid for server in {*servers, *old_servers}])
             base = floor_base = cli_base = before_base = None
             for worlds in args.worlds:
                 steps = (
@@ -392,7 +420,9 @@ def main() -> None:
                     phases.append(phase_row(f"{SERVERS[kind]}, raw gRPC floor", worlds, floor))
                 before = None
                 if args.baseline:
-                    before = run_child(servers, worlds, steps, args.threads, sdk_root=args.baseline)
+                    before = run_child(
+                        old_servers, worlds, steps, args.threads, sdk_root=args.baseline
+                    )
                     phases.append(phase_row(f"{SERVERS[kind]}, before", worlds, before))
                 result = run_child(servers, worlds, steps, args.threads, profile)
                 phases.append(phase_row(SERVERS[kind], worlds, result))
@@ -495,10 +525,14 @@ def main() -> None:
         ],
         phases,
     )
+    if args.baseline and args.baseline_servers and "sdk" in args.servers:
+        print(f"\nThe SDK server's 'before' rows ran on servers of {args.baseline}'s SDK.")
     for verdict in verdicts:
         print(verdict)
     print(pinned)
 
+
+SERVER_FLOOR_ROW = "raw gRPC floor, client and server"
 
 GC_LINE = (
     "  garbage collections by generation {collections}, seconds in them {seconds}, objects the "

@@ -581,3 +581,38 @@ def test_the_server_accepts_the_fast_keepalive_pings() -> None:
     )
     for name in options:
         assert name.encode() in known, name
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.int64(-5),
+        np.int32(7),
+        np.uint64(2**64 - 1),
+        np.uint32(3),
+        np.float64(0.1),
+        np.float32(0.1),
+        np.bool_(True),
+        np.int8(-1),
+        "text",
+        np.arange(3, dtype=np.int64),
+        np.zeros((2, 1), np.float32),
+        np.ones((1,), np.int32),
+    ],
+    ids=repr,
+)
+def test_settings_read_directly_are_what_unpack_tensor_gives(value: Any) -> None:
+    """Scalar settings are read from the message without the general decoder; the value
+    (type, dtype, shape, bits) is the same as unpack_tensor's, as are all other settings."""
+    from dm_env_rpc_client.server._session import _settings
+
+    packed = tensors.pack_tensor(value)
+    read = _settings({"a.b": packed})["a"]["b"]
+    general = tensors.unpack_tensor(packed)
+    assert type(read) is type(general)
+    assert np.asarray(read).dtype == np.asarray(general).dtype
+    assert np.asarray(read).shape == np.asarray(general).shape
+    assert np.asarray(read).tobytes() == np.asarray(general).tobytes()
+    # A one-element Tensor with a shape stays an array.
+    shaped = dm_env_rpc_pb2.Tensor(int64s=dm_env_rpc_pb2.Tensor.Int64Array(array=[4]), shape=[1])
+    assert _settings({"n": shaped})["n"].shape == (1,)

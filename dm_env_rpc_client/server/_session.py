@@ -6,6 +6,7 @@ from typing import Any
 
 import dm_env
 import grpc
+import numpy as np
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 
@@ -21,8 +22,33 @@ DEFAULT_WORLD = ""
 _NOT_JOINED = "{what} needs a joined world: send JoinWorldRequest first."
 
 
+# A Tensor of shape [] holding one element of these payloads unpacks to this NumPy scalar
+# (what unpack_tensor gives), read straight from the message: most settings are such
+# scalars (a seed, a size), and the general decoder costs far more than the rest of a
+# CreateWorldRequest. Every other Tensor goes through unpack_tensor.
+_SCALARS: dict[str, type[np.generic]] = {
+    "int64s": np.int64,
+    "int32s": np.int32,
+    "uint64s": np.uint64,
+    "uint32s": np.uint32,
+    "doubles": np.float64,
+    "floats": np.float32,
+    "bools": np.bool_,
+}
+
+
+def _setting(tensor: dm_env_rpc_pb2.Tensor) -> Any:
+    field = tensor.WhichOneof("payload")
+    scalar = _SCALARS.get(field)  # type: ignore[arg-type]
+    if scalar is not None and not tensor.shape:
+        values = getattr(tensor, field).array  # type: ignore[arg-type]
+        if len(values) == 1:
+            return scalar(values[0])
+    return tensors.unpack_tensor(tensor)
+
+
 def _settings(tensor_map: Any) -> dict[str, Any]:
-    return specs.unflatten({key: tensors.unpack_tensor(t) for key, t in tensor_map.items()})
+    return specs.unflatten({key: _setting(t) for key, t in tensor_map.items()})
 
 
 class Session:
@@ -37,8 +63,9 @@ class Session:
 
     def handle(
         self, request: dm_env_rpc_pb2.EnvironmentRequest
-    ) -> dm_env_rpc_pb2.EnvironmentResponse:
-        """Answers one request; errors become ``EnvironmentResponse.error``."""
+    ) -> dm_env_rpc_pb2.EnvironmentResponse | bytes:
+        """Answers one request (a message, or its wire bytes); errors become
+        ``EnvironmentResponse.error``."""
         which = request.WhichOneof("payload")
         try:
             if which is None:
@@ -54,14 +81,15 @@ class Session:
 
     # --- requests ---------------------------------------------------------------------
 
-    def _create_world(self, request: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
+    def _create_world(self, request: Any) -> bytes:
         world = self._registry.create(_settings(request.settings), creator=self)
         self._created.append(world)
-        return dm_env_rpc_pb2.EnvironmentResponse(
-            create_world=dm_env_rpc_pb2.CreateWorldResponse(world_name=world.name)
-        )
+        # EnvironmentResponse{create_world: CreateWorldResponse{world_name}} as wire bytes.
+        name = world.name.encode()
+        answer = b"\x0a" + _varint(len(name)) + name
+        return b"\x0a" + _varint(len(answer)) + answer
 
-    def _join_world(self, request: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
+    def _join_world(self, request: Any) -> bytes:
         if self._world is not None:
             raise ServerError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -92,9 +120,7 @@ class Session:
         self._world = world
         self._state = State.INTERRUPTED
         self._epoch = world.epoch
-        return dm_env_rpc_pb2.EnvironmentResponse(
-            join_world=dm_env_rpc_pb2.JoinWorldResponse(specs=world.specs)
-        )
+        return world.join_response
 
     def _joined(self, what: str) -> World:
         world = self._world

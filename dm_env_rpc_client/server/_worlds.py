@@ -91,6 +91,7 @@ class World:
     observations: dict[int, _WireSpec]
     observation_by_name: dict[str, _WireSpec]
     specs: dm_env_rpc_pb2.ActionObservationSpecs
+    join_response: bytes  # EnvironmentResponse{join_world: {specs}}, serialized once
 
     def __init__(
         self, name: str, env: dm_env.Environment, creator: object, like: World | None = None
@@ -112,6 +113,7 @@ class World:
             self._single_observation = like._single_observation
             self.actions, self.observations = like.actions, like.observations
             self.observation_by_name, self.specs = like.observation_by_name, like.specs
+            self.join_response = like.join_response
             return
         self._single_action = isinstance(action_spec, dm_specs.Array)
         self.actions = _number(_flatten_specs(action_spec, "action"))
@@ -126,6 +128,9 @@ class World:
             actions={uid: spec.tensor_spec for uid, spec in self.actions.items()},
             observations={uid: spec.tensor_spec for uid, spec in self.observations.items()},
         )
+        self.join_response = dm_env_rpc_pb2.EnvironmentResponse(
+            join_world=dm_env_rpc_pb2.JoinWorldResponse(specs=self.specs)
+        ).SerializeToString()
 
     def decode_actions(self, actions: Mapping[int, dm_env_rpc_pb2.Tensor]) -> Any:
         """Unpacks and validates the actions of a StepRequest into the env's structure.

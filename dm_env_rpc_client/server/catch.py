@@ -20,6 +20,7 @@ Properties (see ``dm_env_rpc_client.server.Property``): ``rows``, ``columns``,
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import dm_env
@@ -32,12 +33,33 @@ _BAD_SETTING = "Catch setting {name!r} must be {what}, got {value!r}."
 
 
 def _int_setting(name: str, value: Any, minimum: int) -> int:
-    array = np.asarray(value)
-    if array.shape != () or array.dtype.kind not in "iu" or int(array) < minimum:
+    number: int | None
+    if isinstance(value, np.integer) or (type(value) is int and -(2**63) <= value < 2**63):
+        number = int(value)  # what np.asarray(value) below would hold, without making it
+    else:
+        array = np.asarray(value)
+        number = int(array) if array.shape == () and array.dtype.kind in "iu" else None
+    if number is None or number < minimum:
         raise ValueError(
             _BAD_SETTING.format(name=name, what=f"an integer >= {minimum}", value=value)
         )
-    return int(array)
+    return number
+
+
+@functools.lru_cache(maxsize=64)
+def _specs(rows: int, columns: int) -> tuple[specs.Array, ...]:
+    """The board, paddle, reward and discount specs of one board size, made once.
+
+    dm_env's specs are immutable, and making them is most of making a Catch (a
+    server makes one per world), so every Catch of a size shares one set; two worlds
+    with the same objects are seen alike at a glance.
+    """
+    return (
+        specs.BoundedArray((rows, columns), np.float32, 0.0, 1.0, name="board"),
+        specs.BoundedArray((), np.int8, -1, 1, name="paddle"),
+        specs.Array((), np.float32, name="reward"),
+        specs.BoundedArray((), np.float32, 0.0, 1.0, name="discount"),
+    )
 
 
 class Catch(dm_env.Environment):
@@ -108,20 +130,16 @@ class Catch(dm_env.Environment):
             self._reset_next = True
 
     def observation_spec(self) -> dict[str, specs.Array]:
-        return {
-            "board": specs.BoundedArray(
-                (self._rows, self._columns), np.float32, 0.0, 1.0, name="board"
-            )
-        }
+        return {"board": _specs(self._rows, self._columns)[0]}
 
     def action_spec(self) -> dict[str, specs.Array]:
-        return {"paddle": specs.BoundedArray((), np.int8, -1, 1, name="paddle")}
+        return {"paddle": _specs(self._rows, self._columns)[1]}
 
     def reward_spec(self) -> specs.Array:
-        return specs.Array((), np.float32, name="reward")
+        return _specs(self._rows, self._columns)[2]
 
     def discount_spec(self) -> specs.BoundedArray:
-        return specs.BoundedArray((), np.float32, 0.0, 1.0, name="discount")
+        return _specs(self._rows, self._columns)[3]  # type: ignore[return-value]
 
     def _set_catch_reward(self, value: Any) -> None:
         self._catch_reward = np.float32(value)
