@@ -241,16 +241,11 @@ class EpisodeStream:
             step_type=whole["step_type"],
             reward=whole["reward"],
             discount=whole["discount"],
-            observation=_nested(observation),
-            action=_nested(action),
+            observation=specs.unflatten(observation),
+            action=specs.unflatten(action),
             world=self._first_world + world,
             episode=self._numbers[world],
             seed=self._seeds[world],
             truncated=truncated,
             interrupted=interrupted,
         )
-
-
-def _nested(flat: Columns) -> Columns:
-    """``specs.unflatten``, with no work for names without dots."""
-    return specs.unflatten(flat) if any("." in name for name in flat) else flat
