@@ -34,6 +34,7 @@ import grpc
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dm_env_rpc_client import dm_env_rpc_pb2
+from dm_env_rpc_client.server.__main__ import _watch_parent
 from dm_env_rpc_client.server._worlds import World
 from dm_env_rpc_client.server.catch import Catch
 
@@ -88,18 +89,6 @@ def _handlers(kind: str) -> list[grpc.GenericRpcHandler]:
     return [grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler})]
 
 
-def _watch_stdin(stop: threading.Event) -> None:
-    def watch() -> None:
-        try:
-            while sys.stdin.buffer.read(4096):
-                pass
-        except (OSError, ValueError):
-            pass
-        stop.set()
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def serve_sync(host: str, max_workers: int, stop: threading.Event) -> None:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
     server = grpc.server(pool, handlers=_handlers("sync"), options=OPTIONS)
@@ -134,7 +123,7 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     stop = threading.Event()
     if args.exit_with_parent:
-        _watch_stdin(stop)
+        _watch_parent(stop.set)  # the SDK server's own (it serves nothing)
     if args.kind == "sync":
         serve_sync(args.host, args.max_workers, stop)
     else:
