@@ -80,10 +80,11 @@ def _specs_of(address: str) -> Any:
 
 
 @contextlib.contextmanager
-def stalling_server(specs: Any, stalled: list[int]) -> Iterator[str]:
+def stalling_server(specs: Any, stalled: list[int], ended: list[int]) -> Iterator[str]:
     """A raw-gRPC server that answers create and join, then reads nothing more from the
     stream: its handler waits, at most 60 s, for the client to cancel the call. Appends 1 to
-    ``stalled`` for each stream that stopped reading. Yields the address."""
+    ``stalled`` for each stream that stopped reading, and to ``ended`` for each the client
+    then cancelled. Yields the address."""
 
     def process(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         cancelled = threading.Event()
@@ -92,7 +93,8 @@ def stalling_server(specs: Any, stalled: list[int]) -> Iterator[str]:
             yield lifecycle(request, specs)
             if request.WhichOneof("payload") == "join_world":
                 stalled.append(1)
-                cancelled.wait(60)
+                if cancelled.wait(60):
+                    ended.append(1)
                 return
 
     options = [("grpc.http2.bdp_probe", 0)]  # the stream's window stays 64 KB (see the module)
@@ -103,11 +105,13 @@ def stalling_server(specs: Any, stalled: list[int]) -> Iterator[str]:
 @contextlib.contextmanager
 def stalled_batch(step_timeout: float) -> Iterator[tuple[dmr.BatchedEnvironment, Server]]:
     """Worlds 0..STALLED-1 on the stalling server, then HEALTHY on the SDK's (Echo). Every
-    world has been sent one step: the stalled worlds' writes wait for flow control."""
+    world has been sent one step: the stalled worlds' writes wait for flow control. Once the
+    batch is closed, every stalled world's stream must have been cancelled."""
     stalled: list[int] = []
+    ended: list[int] = []
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(serve(Echo, max_workers=HEALTHY + 8))
-        address = stack.enter_context(stalling_server(_specs_of(server.address), stalled))
+        address = stack.enter_context(stalling_server(_specs_of(server.address), stalled, ended))
         addresses = [address] * STALLED + [server.address] * HEALTHY
         batch = dmr.BatchedEnvironment.connect(addresses, len(addresses), step_timeout=step_timeout)
         try:
@@ -118,6 +122,7 @@ def stalled_batch(step_timeout: float) -> Iterator[tuple[dmr.BatchedEnvironment,
             yield batch, server
         finally:
             batch.close(timeout=1)  # the stalled worlds never answer their leave
+        assert wait_for(lambda: len(ended) == STALLED)  # nothing of theirs is left hanging
 
 
 HEALTHY_IDS = list(range(STALLED, STALLED + HEALTHY))
