@@ -64,7 +64,7 @@ from . import errors, specs
 from ._base import checks as _checks
 from ._tools import npz_chunks as _chunks
 from ._tools.background_writer import BackgroundWriter
-from ._tools.episode_stream import Block, EpisodeStream
+from ._tools.episode_stream import _UNKNOWN, Block, EpisodeStream
 from ._tools.npz_file import save_npz
 from ._tools.writer_process import WriterProcess
 
@@ -75,8 +75,6 @@ _NOT_EMPTY = (
 _NOT_A_FOLDER = "The recording folder {path} is not a folder; give a folder path."
 _CANNOT_CREATE = "Cannot create the recording folder {path}: {error}. Give a writable folder path."
 _NO_FOLDER = "There is no recording folder {path}; give the folder a run recorded into."
-_INTERRUPTED = 3  # EnvironmentStateType.INTERRUPTED
-_UNKNOWN = 255  # no state: the discount tells
 
 
 @dataclasses.dataclass(frozen=True)

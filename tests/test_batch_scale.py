@@ -29,7 +29,6 @@ from faulty import faulty_server, float_specs, refusing_leave
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._base import collector
-from dm_env_rpc_client._batch.opening import _seed_tensor
 from dm_env_rpc_client._transport.writers import POOL_SIZE, WritePool
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server._subprocess import _ADDRESS, _first_line, _stop
@@ -230,11 +229,6 @@ def test_collector_pauses_nest_and_restore_what_they_found() -> None:
     with pytest.raises(KeyError), collector.paused():  # an error inside still ends the pause
         raise KeyError("x")
     assert gc.isenabled()
-
-
-@pytest.mark.parametrize("value", [0, 7, -3, 2**63 - 1, -(2**63), 2**63, np.int64(5)])
-def test_seed_tensors_are_what_pack_tensor_makes(value: int) -> None:
-    assert _seed_tensor(value) == dmr.pack_tensor(value)
 
 
 @pytest.mark.parametrize("how", ["killed", "stopped"])

@@ -385,3 +385,13 @@ def test_stack_tensors_declines_what_it_cannot_join() -> None:
     assert tensors.stack_tensors(ints, floats, (2,)) is None  # the wrong payload field
     scalars = [tensors.pack_tensor(np.float32(v)) for v in (1.5, -2.0)]
     np.testing.assert_array_equal(tensors.stack_tensors(scalars, floats, ()), [1.5, -2.0])
+
+
+@pytest.mark.parametrize("value", [0, 7, -3, 2**63 - 1, -(2**63), 2**63, np.int64(5)])
+def test_a_python_int_packs_as_the_array_path_packs_it(value: int) -> None:
+    """``pack_tensor``'s shortcut for a Python int (each world's seed) makes the message the
+    general path makes (an array's), and checks ``on_overflow`` as that path does."""
+    assert tensors.pack_tensor(value) == tensors.pack_tensor(np.asarray(value))
+    assert tensors.pack_tensor(value, try_compress=True) == tensors.pack_tensor(value)
+    with pytest.raises(errors.ArgumentValueError, match="on_overflow"):
+        tensors.pack_tensor(value, on_overflow="saturate")  # type: ignore[arg-type]

@@ -308,7 +308,7 @@ def open_worlds(
         if seed_setting is not None and seed is not None and not refused:
             settings[seed_setting] = seeds[index] = seed + index
             made[index] = settings
-            seeded = {**packed, seed_setting: _seed_tensor(seed + index)}
+            seeded = {**packed, seed_setting: tensors.pack_tensor(seed + index)}
             return dm_env_rpc_pb2.CreateWorldRequest(settings=seeded)
         made[index] = settings
         return dm_env_rpc_pb2.CreateWorldRequest(settings=packed)
@@ -387,14 +387,6 @@ def open_worlds(
         for index in range(count)
     ]
     return envs, where, recipes, seeds
-
-
-def _seed_tensor(value: int) -> dm_env_rpc_pb2.Tensor:
-    """``tensors.pack_tensor(value)``, made directly for a Python int in int64's range (the
-    same message; a twentieth of pack_tensor's 60 µs, which 4,096 worlds' seeds add up)."""
-    if type(value) is int and -(2**63) <= value < 2**63:
-        return dm_env_rpc_pb2.Tensor(int64s=dm_env_rpc_pb2.Tensor.Int64Array(array=[value]))
-    return tensors.pack_tensor(value)
 
 
 async def _ask(stream: AsyncConnection, request: Any, timeout: float | None) -> Any:

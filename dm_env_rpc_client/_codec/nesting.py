@@ -31,6 +31,8 @@ def unflatten(values: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
       SpecError: when one name is a prefix of another (``"a"`` and ``"a.b"``).
     """
+    if not any("." in name for name in values):
+        return dict(values)  # nothing to nest (and so no clash)
     nested: dict[str, Any] = {}
     for name, value in values.items():
         parts = name.split(".")

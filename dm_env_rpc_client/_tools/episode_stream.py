@@ -84,12 +84,15 @@ _BIG_ROW = 1024  # bytes: an observation column of larger rows is joined on the 
 Joined = tuple[np.ndarray, Columns]  # rows' worlds, columns (a list: parts still to join)
 
 
-def joined(blocks: Sequence[Block]) -> Joined:
-    """The blocks' rows as one set of columns (``obs/``, ``act/`` prefixes), and their worlds.
+def joined(blocks: Sequence[Block]) -> Joined | None:
+    """The blocks' rows as one set of columns (``obs/``, ``act/`` prefixes), and their worlds
+    (None for no blocks).
 
     An observation column of rows over ``_BIG_ROW`` bytes stays a list of the blocks'
     arrays (``cut_joined`` joins it): a writer process gets them as they are.
     """
+    if not blocks:
+        return None
     lengths = [len(b.step_type) for b in blocks]
     columns: Columns = {
         "step_type": _concatenated([b.step_type for b in blocks]),
@@ -157,7 +160,7 @@ class EpisodeStream:
 
     def cut(self, blocks: Sequence[Block], worlds: Sequence[int] = ()) -> None:
         """Cuts the episodes that ``blocks`` end; then ends ``worlds``' running ones as cut."""
-        self.cut_joined(joined(blocks) if blocks else None, worlds)
+        self.cut_joined(joined(blocks), worlds)
 
     def cut_joined(self, rows: Joined | None, worlds: Sequence[int] = ()) -> None:
         """``cut`` of blocks already ``joined`` (None: no rows)."""
@@ -241,16 +244,11 @@ class EpisodeStream:
             step_type=whole["step_type"],
             reward=whole["reward"],
             discount=whole["discount"],
-            observation=_nested(observation),
-            action=_nested(action),
+            observation=specs.unflatten(observation),
+            action=specs.unflatten(action),
             world=self._first_world + world,
             episode=self._numbers[world],
             seed=self._seeds[world],
             truncated=truncated,
             interrupted=interrupted,
         )
-
-
-def _nested(flat: Columns) -> Columns:
-    """``specs.unflatten``, with no work for names without dots."""
-    return specs.unflatten(flat) if any("." in name for name in flat) else flat

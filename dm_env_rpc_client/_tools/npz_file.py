@@ -17,7 +17,8 @@ import os
 import pathlib
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,7 @@ _DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01, the zip epoch
 _STORED, _DEFLATED = 0, 8
 _ZIP64 = 2**31
 _IOV_MAX = 1024
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 
 def _npy_header(array: np.ndarray) -> bytes:
@@ -80,22 +82,31 @@ def save_npz(path: pathlib.Path, arrays: Mapping[str, np.ndarray], compress: boo
         save = np.savez_compressed if compress else np.savez
         save(path, **arrays)  # type: ignore[arg-type]
         return
-    parts = npz_parts(arrays, compress)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    write_parts(path, npz_parts(arrays, compress))
+
+
+def write_parts(path: str | os.PathLike[str], parts: Sequence[Any], mode: int = 0o644) -> int:
+    """Writes ``parts`` (buffers), one after the other, as the file ``path`` with one
+    ``os.writev`` (a call per ``_IOV_MAX`` parts; a short write's rest piece by piece);
+    returns the file's size. Also how ``integrations.minari`` writes its episode files."""
+    size = 0
+    descriptor = os.open(path, _CREATE, mode)
     try:
         for start in range(0, len(parts), _IOV_MAX):
             chunk = parts[start : start + _IOV_MAX]
             written = os.writev(descriptor, chunk)
-            expected = sum(len(p) for p in chunk)
+            expected = sum(memoryview(p).nbytes for p in chunk)
             if written != expected:  # a short write: the rest, piece by piece
                 _write_rest(descriptor, chunk, written)
+            size += expected
     finally:
         os.close(descriptor)
+    return size
 
 
-def _write_rest(descriptor: int, parts: list[bytes | memoryview], skip: int) -> None:
+def _write_rest(descriptor: int, parts: Sequence[Any], skip: int) -> None:
     for part in parts:
-        view = memoryview(part)
+        view = memoryview(part).cast("B")
         if skip >= len(view):
             skip -= len(view)
             continue

@@ -270,7 +270,7 @@ class WriterProcess:
           RecordingError: the child failed, or did not answer within ``timeout`` s.
         """
         self._check()
-        self._put(_message(("sync", _joined(blocks), [])))
+        self._put(_message(("sync", joined(blocks), [])))
         reply = self._read_reply(self._timeout)
         if reply is not None and reply[0] == "ready":
             reply = self._read_reply(self._timeout)
@@ -287,7 +287,7 @@ class WriterProcess:
     def cut(self, blocks: Sequence[Block], worlds: Sequence[int] = ()) -> None:
         """Sends ``blocks`` (and the worlds whose running episodes end as cut) to the child."""
         self._check()
-        self._put(_message(("cut", _joined(blocks), list(worlds))))
+        self._put(_message(("cut", joined(blocks), list(worlds))))
 
     def close(self, blocks: Sequence[Block] = (), worlds: Sequence[int] = ()) -> None:
         """Sends the last blocks, cuts ``worlds``, waits for the child to finish (bounded).
@@ -305,7 +305,7 @@ class WriterProcess:
         try:
             if self._failed is None:
                 self._check()
-                self._put(_message(("close", _joined(blocks), list(worlds))))
+                self._put(_message(("close", joined(blocks), list(worlds))))
         except BaseException:
             self._kill()
             raise
@@ -337,11 +337,6 @@ class WriterProcess:
             self._process.wait()
         self._sender.join(5.0)
         self._replies.close()
-
-
-def _joined(blocks: Sequence[Block]) -> Any:
-    """The blocks joined on this side (a few arrays to send: ``episode_stream.joined``)."""
-    return joined(blocks) if blocks else None
 
 
 # The child's side.

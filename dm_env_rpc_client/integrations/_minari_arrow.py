@@ -136,8 +136,6 @@ class IpcFiles:
     pyarrow's own).
     """
 
-    _BLOCK = struct.Struct("<qi4xq")  # the footer's Block: offset, metaDataLength, bodyLength
-
     def __init__(self) -> None:
         self._template: tuple[bytes, bytes, bytes] | None = None
         self._files = 0
@@ -161,9 +159,7 @@ class IpcFiles:
         assert self._template is not None
         head, before, after = self._template
         message = batch.serialize()
-        metadata = 8 + int.from_bytes(message[4:8].to_pybytes(), "little")
-        block = self._BLOCK.pack(len(head), metadata, message.size - metadata)
-        return [head, message, before, block, after]
+        return [head, message, before, _block(len(head), message), after]
 
 
 def _template(own: bytes, batch: pa.RecordBatch) -> tuple[bytes, bytes, bytes] | None:
@@ -172,10 +168,20 @@ def _template(own: bytes, batch: pa.RecordBatch) -> tuple[bytes, bytes, bytes] |
     offset = own.find(message)
     if offset <= 0 or own.find(message, offset + 1) != -1:
         return None
-    metadata = 8 + int.from_bytes(message[4:8], "little")
-    block = IpcFiles._BLOCK.pack(offset, metadata, len(message) - metadata)
+    block = _block(offset, message)
     tail = own[offset + len(message) :]
     where = tail.find(block)
     if where == -1 or tail.find(block, where + 1) != -1:
         return None
     return own[:offset], tail[:where], tail[where + len(block) :]
+
+
+_BLOCK = struct.Struct("<qi4xq")  # the footer's Block: offset, metaDataLength, bodyLength
+
+
+def _block(offset: int, message: Any) -> bytes:
+    """The footer's Block of ``message`` (a serialized record batch) at ``offset`` in the file:
+    its metadata's length (the 8-byte prefix, then the length it gives) and its body's."""
+    view = memoryview(message)
+    metadata = 8 + int.from_bytes(view[4:8], "little")
+    return _BLOCK.pack(offset, metadata, view.nbytes - metadata)

@@ -54,13 +54,13 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without min
     ) from exc
 
 from .. import errors, recording, specs
+from .._tools.npz_file import write_parts
 from . import _minari_arrow
 from ._gym_spaces import spaces_from_specs
 
 METADATA = "metadata.json"
 ENTRY_POINT = "dm_env_rpc_client.integrations.gymnasium:GymnasiumEnv"
 DEFAULT_ALGORITHM = "uniform random actions (dm-env-rpc-client run)"
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _VARIABLE = (
     "{error} A Minari dataset cannot hold it either: leave it out, or record with "
     "--format npz or --format rlds, which keep it."
@@ -72,21 +72,6 @@ def _write_json(path: pathlib.Path, data: Mapping[str, Any]) -> None:
     with open(temporary, "w", encoding="utf-8") as file:
         json.dump(data, file)
     os.replace(temporary, path)
-
-
-def _put(path: str, parts: Sequence[Any]) -> int:
-    """Writes ``parts`` (buffers) as the file ``path`` in one ``writev``; returns its size."""
-    size = sum(memoryview(part).nbytes for part in parts)
-    fd = os.open(path, _CREATE, 0o666)
-    try:
-        written = os.writev(fd, parts)
-        if written < size:  # short (a full disk raises on the next call): the rest
-            rest = memoryview(b"".join(parts))[written:]
-            while rest:
-                rest = rest[os.write(fd, rest) :]
-    finally:
-        os.close(fd)
-    return size
 
 
 def _space(tensor_specs: Any, names: Sequence[str], kind: str) -> spaces.Dict:
@@ -243,8 +228,8 @@ class MinariWriter:
                 os.mkdir(folder)
             arrow = self._files.parts(batch.slice(start, stop - start))
             text = json.dumps(meta).encode()
-            self._bytes += _put(f"{folder}/part-0.arrow", arrow) + _put(
-                f"{folder}/{METADATA}", [text]
+            self._bytes += write_parts(f"{folder}/part-0.arrow", arrow, 0o666) + write_parts(
+                f"{folder}/{METADATA}", [text], 0o666
             )
             self.steps += meta["total_steps"]
         self.episodes += len(self._pending)
