@@ -9,7 +9,8 @@ flight: one task per stream reads each response as undecoded bytes and writes
 the same pre-serialized ``EnvironmentRequest`` (a Catch step) again at once.
 The timed part is from the ``warmup``-th step per world (counted over all) to
 ``steps`` steps later: the process's CPU (all threads, gRPC's included) over
-those steps. Whatever the SDK spends beyond it is the SDK's own cost; whatever
+those steps, and each world's steps among them (their spread: how evenly the
+servers answered worlds that nothing on the client holds back). Whatever the SDK spends beyond it is the SDK's own cost; whatever
 the floor's cost per step grows with the worlds is gRPC's.
 """
 
@@ -50,6 +51,22 @@ class GcTime:
             spent = time.perf_counter() - self._started
             self.seconds += spent
             self.by_generation[info["generation"]] += spent
+
+
+def spreads(counts: np.ndarray, servers: int) -> dict[str, float]:
+    """The most steps any world took over the fewest (``spread``), and the largest such
+    ratio among the worlds of one server (``server_spread``; world ``i`` is on server
+    ``i % servers``)."""
+
+    def spread(part: np.ndarray) -> float:
+        return float(part.max() / max(1, part.min()))
+
+    return {
+        "spread": spread(counts),
+        "server_spread": max(
+            spread(counts[first::servers]) for first in range(min(servers, len(counts)))
+        ),
+    }
 
 
 def _request(**payload: Any) -> bytes:
@@ -104,16 +121,19 @@ async def _step(
 
     start_at, stop_at = warmup * worlds, warmup * worlds + steps
     done = 0
+    counts = np.zeros(worlds, np.int64)  # each world's steps in the timed part
     marks: list[tuple[float, float, dict[str, float]]] = []
     stop = False
 
-    async def run(call: Any) -> None:
+    async def run(index: int, call: Any) -> None:
         nonlocal done, stop
         for _ in range(IN_FLIGHT):
             await call.write(data)
         while True:
             await call.read()
             done += 1
+            if start_at < done <= stop_at:
+                counts[index] += 1
             if done in (start_at, stop_at):
                 marks.append(
                     (time.perf_counter(), time.process_time(), threads() if threads else {})
@@ -126,7 +146,7 @@ async def _step(
             await call.read()
 
     with GcTime() as collecting:
-        await asyncio.gather(*(run(call) for call in calls))
+        await asyncio.gather(*(run(index, call) for index, call in enumerate(calls)))
     for call in calls:
         call.cancel()
     await asyncio.gather(*(channel.close() for channel in channels.values()))
@@ -140,6 +160,7 @@ async def _step(
         "cpu_us": (cpu1 - cpu0) / steps * 1e6,
         "steps_s": steps / (wall1 - wall0),
         "threads_us": {**per_thread, "(of which gc)": collecting.seconds / done * 1e6},
+        **spreads(counts, len(addresses)),
     }
 
 
@@ -151,6 +172,7 @@ def step_floor(
     threads: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Steps ``worlds`` worlds over ``addresses`` on bare ``grpc.aio`` (see the module docs);
-    returns this process's CPU µs per step (``cpu_us``), steps per second (``steps_s``) and,
+    returns this process's CPU µs per step (``cpu_us``), steps per second (``steps_s``), the
+    worlds' step counts' ``spread`` and ``server_spread`` (``spreads``) and,
     with ``threads`` (CPU seconds by thread name so far), CPU µs per step by thread."""
     return asyncio.run(_step(addresses, worlds, steps, warmup, threads))

@@ -42,7 +42,9 @@ columns compare the two servers.
 A third table puts each size's client CPU per step next to the raw gRPC stepping
 floor's: the same steps on bare ``grpc.aio`` (``_step_floor.py``), in a fresh
 process of its own; the floor's growth from the first size is gRPC's, the
-client/floor ratio is the SDK's (``--no-step-floor`` skips it). ``--cli`` adds a
+client/floor ratio is the SDK's (``--no-step-floor`` skips it); its spreads are the
+floor's worlds' (nothing on the floor's client holds a world back, so an uneven
+floor is the servers' doing). ``--cli`` adds a
 fourth: the CLI's ``run`` loop (``step_worlds``: random actions, ``IN_FLIGHT`` in
 flight per world, the same number of steps) over a batch connected the same way.
 
@@ -150,7 +152,7 @@ def thread_cpu() -> dict[str, float]:
 def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict[str, Any]:
     """One size, in this (child) process; returns the measurements."""
     import numpy as np
-    from _step_floor import GcTime
+    from _step_floor import GcTime, spreads
 
     import dm_env_rpc_client as dmr
 
@@ -229,14 +231,7 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
         "steps_s": taken / wall,
         "p50_ms": float(np.percentile(latencies, 50)),
         "p99_ms": float(np.percentile(latencies, 99)),
-        "spread": float(counts.max() / max(1, counts.min())),
-        "server_spread": max(
-            float(
-                counts[first :: len(addresses)].max()
-                / max(1, counts[first :: len(addresses)].min())
-            )
-            for first in range(min(len(addresses), worlds))
-        ),
+        **spreads(counts, len(addresses)),
         "threads_us": {**per_thread, "(of which gc)": collecting.seconds / taken * 1e6},
         "gc": {
             "collections": [
@@ -500,6 +495,8 @@ def main() -> None:
                 f"client vs {args.worlds[0]:,}",
                 f"floor vs {args.worlds[0]:,}",
                 "floor steps/s",
+                "floor spread",
+                "floor per server",
             ],
             floors,
         )
@@ -608,6 +605,8 @@ def floor_row(
         f"{result['cpu_us'] / base:.2f}x",
         f"{floor['cpu_us'] / floor_base:.2f}x",
         f"{floor['steps_s']:,.0f}",
+        f"{floor['spread']:.2f}",
+        f"{floor['server_spread']:.2f}",
     ]
 
 
