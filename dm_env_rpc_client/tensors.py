@@ -102,6 +102,16 @@ from ._proto import dm_env_rpc_pb2
 
 OnOverflow = Literal["error", "wrap", "clip"]
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# Payloads whose one-element, shape-[] Tensor unpacks to this NumPy scalar, read straight from
+# the message (a seed, a size, a flag): the general decoder costs far more for one element.
+_SCALARS: dict[str, type[np.generic]] = {
+    "int64s": np.int64,
+    "int32s": np.int32,
+    "uint64s": np.uint64,
+    "uint32s": np.uint32,
+    "doubles": np.float64,
+    "bools": np.bool_,
+}
 
 
 def _as_array(value: Any) -> np.ndarray:
@@ -334,6 +344,11 @@ def unpack_tensor(tensor: dm_env_rpc_pb2.Tensor) -> Any:
     elif field is None:
         raise errors.EmptyTensorError(_NO_PAYLOAD.format(shape=list(shape)))
     else:
+        scalar = _SCALARS.get(field)
+        if scalar is not None and not shape:
+            values = getattr(tensor, field).array
+            if len(values) == 1:  # what payload_to_array's one element would be, made directly
+                return scalar(values[0])
         flat = payload_to_array(tensor, field)
     if shape:
         try:  # the common case; NumPy also infers a single -1 dimension as we do

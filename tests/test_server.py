@@ -601,9 +601,9 @@ def test_the_server_accepts_the_fast_keepalive_pings() -> None:
     ],
     ids=repr,
 )
-def test_settings_read_directly_are_what_unpack_tensor_gives(value: Any) -> None:
-    """Scalar settings are read from the message without the general decoder; the value
-    (type, dtype, shape, bits) is the same as unpack_tensor's, as are all other settings."""
+def test_settings_are_what_unpack_tensor_gives(value: Any) -> None:
+    """A setting is unpack_tensor's value (type, dtype, shape, bits), nested by its dotted
+    name (unpack_tensor reads a one-element scalar straight from the message: test_tensors)."""
     from dm_env_rpc_client.server._session import _settings
 
     packed = tensors.pack_tensor(value)

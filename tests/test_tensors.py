@@ -395,3 +395,42 @@ def test_a_python_int_packs_as_the_array_path_packs_it(value: int) -> None:
     assert tensors.pack_tensor(value, try_compress=True) == tensors.pack_tensor(value)
     with pytest.raises(errors.ArgumentValueError, match="on_overflow"):
         tensors.pack_tensor(value, on_overflow="saturate")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.int64(-5),
+        np.int64(2**63 - 1),
+        np.int64(-(2**63)),
+        np.int32(7),
+        np.uint64(2**64 - 1),
+        np.uint32(3),
+        np.float64(0.1),
+        np.float32(0.1),
+        np.bool_(True),
+        np.bool_(False),
+        np.int8(-1),
+    ],
+    ids=repr,
+)
+def test_a_scalar_unpacks_to_what_the_general_decoder_gives(value: Any) -> None:
+    """``unpack_tensor`` reads a one-element shape-[] Tensor (a seed, a setting) straight from
+    the message; the value (type, dtype, bits) is the general decoder's: the same payload
+    with shape [1], its element."""
+    packed = tensors.pack_tensor(value)
+    assert not packed.shape
+    scalar = tensors.unpack_tensor(packed)
+    shaped = dm_env_rpc_pb2.Tensor()
+    shaped.CopyFrom(packed)
+    shaped.shape.append(1)
+    general = tensors.unpack_tensor(shaped)[0]
+    assert type(scalar) is type(general)
+    assert scalar.dtype == general.dtype
+    assert np.asarray(scalar).tobytes() == np.asarray(general).tobytes()
+
+
+def test_a_shapeless_tensor_of_two_elements_is_still_refused() -> None:
+    two = dm_env_rpc_pb2.Tensor(int64s=dm_env_rpc_pb2.Tensor.Int64Array(array=[1, 2]))
+    with pytest.raises(errors.ShapeError):
+        tensors.unpack_tensor(two)

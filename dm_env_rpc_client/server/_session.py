@@ -6,7 +6,6 @@ from typing import Any
 
 import dm_env
 import grpc
-import numpy as np
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 
@@ -22,33 +21,8 @@ DEFAULT_WORLD = ""
 _NOT_JOINED = "{what} needs a joined world: send JoinWorldRequest first."
 
 
-# A Tensor of shape [] holding one element of these payloads unpacks to this NumPy scalar
-# (what unpack_tensor gives), read straight from the message: most settings are such
-# scalars (a seed, a size), and the general decoder costs far more than the rest of a
-# CreateWorldRequest. Every other Tensor goes through unpack_tensor.
-_SCALARS: dict[str, type[np.generic]] = {
-    "int64s": np.int64,
-    "int32s": np.int32,
-    "uint64s": np.uint64,
-    "uint32s": np.uint32,
-    "doubles": np.float64,
-    "floats": np.float32,
-    "bools": np.bool_,
-}
-
-
-def _setting(tensor: dm_env_rpc_pb2.Tensor) -> Any:
-    field = tensor.WhichOneof("payload")
-    scalar = _SCALARS.get(field)  # type: ignore[arg-type]
-    if scalar is not None and not tensor.shape:
-        values = getattr(tensor, field).array  # type: ignore[arg-type]
-        if len(values) == 1:
-            return scalar(values[0])
-    return tensors.unpack_tensor(tensor)
-
-
 def _settings(tensor_map: Any) -> dict[str, Any]:
-    return specs.unflatten({key: _setting(t) for key, t in tensor_map.items()})
+    return specs.unflatten({key: tensors.unpack_tensor(t) for key, t in tensor_map.items()})
 
 
 class Session:
