@@ -184,6 +184,20 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int | str = "self") -> dict[str, float]:
+    """CPU seconds of each live thread of process ``pid`` (this one by default), by thread name
+    (threads of one name summed), from /proc/<pid>/task/*/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds: dict[str, float] = {}
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            stat = (task / "stat").read_text()
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
 class Sample(NamedTuple):
     """One timed run of one variant."""
 

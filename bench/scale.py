@@ -62,7 +62,6 @@ import argparse
 import gc
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -79,6 +78,7 @@ from _common import (
     pin,
     print_table,
     process_cpu_seconds,
+    thread_cpu,
     tree_server_process_info,
 )
 
@@ -97,7 +97,6 @@ SERVER_COUNT = 4
 IN_FLIGHT = 2
 WARMUP_PER_WORLD = 3
 PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int | str = "self") -> int:
@@ -135,18 +134,6 @@ class Spent:
 
     def seconds(self) -> dict[str, float]:
         return {"wall": self.wall, "cpu": self.cpu, "servers": self.servers}
-
-
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds per thread of this process, by thread name (same names summed)."""
-    seconds: dict[str, float] = {}
-    for task in pathlib.Path("/proc/self/task").iterdir():
-        with contextlib.suppress(OSError):
-            stat = (task / "stat").read_text()
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat.rsplit(")", 1)[1].split()
-            seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
-    return seconds
 
 
 def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict[str, Any]:

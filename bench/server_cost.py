@@ -26,9 +26,6 @@ in the same round.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import pathlib
 import random
 import statistics
 import sys
@@ -45,27 +42,22 @@ from _common import (
     print_table,
     process_cpu_seconds,
     server_process_info,
+    thread_cpu,
     tree_server_process_info,
 )
 from _open_floor import open_close_floor
 
-TICK = os.sysconf("SC_CLK_TCK")
 AIO_FLOOR = "raw grpc.aio floor"
 
 
 def c_seconds(pid: int) -> float:
     """CPU seconds of ``pid``'s live gRPC C threads (by name); the rest of the process's CPU
     is its Python threads' (and of threads that ended: /proc counts them in the process)."""
-    c = 0.0
-    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            stat = (task / "stat").read_text()
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat.rsplit(")", 1)[1].split()
-            seconds = (int(fields[11]) + int(fields[12])) / TICK
-            if name.startswith(("event_engine", "grpc", "default-executo", "resolver")):
-                c += seconds
-    return c
+    return sum(
+        seconds
+        for name, seconds in thread_cpu(pid).items()
+        if name.startswith(("event_engine", "grpc", "default-executo", "resolver"))
+    )
 
 
 def kinds(baseline: str | None, room: str) -> dict[str, Callable[[], Any]]:
