@@ -56,7 +56,17 @@ class _Run:
         if self.error is None:
             self.error = exc
 
+    def each(self, step: Callable[[int], None]) -> None:
+        """``step(sent)`` for each of ``ACTIONS`` until one fails."""
+        for sent in ACTIONS:
+            try:
+                step(sent)
+            except dmr.DmEnvRpcClientError as exc:
+                self.failed(exc)
+                break
+
     def follow_up(self, step: Callable[[int], None]) -> None:
+        """After an error, ``step(FOLLOW_UP)``; its error goes into ``after``."""
         if self.error is not None:
             try:
                 step(FOLLOW_UP)
@@ -73,59 +83,60 @@ class _Run:
         return Outcome(self.error, self.after, self.closing, self.pairs, self.xs)
 
 
-def _adaptor(conn: dmr.Connection, mode: str) -> dmr.DmEnvAdaptor:
-    env, _ = dmr.create_and_join_world(conn, {"mode": mode}, {}, timeout=TIMEOUT)
-    env.reset()
-    return env
-
-
-def lockstep(address: str, mode: str) -> Outcome:
+def _adaptor_path(
+    address: str,
+    mode: str,
+    steps: Callable[[dmr.DmEnvAdaptor, _Run], None],
+    one_step: Callable[[dmr.DmEnvAdaptor, int], Any],
+) -> Outcome:
+    """A sync adaptor's path: ``steps(env, run)`` after the reset, then ``one_step`` as the
+    follow-up step."""
     run = _Run()
     with dmr.connect(address, timeout=5) as conn:
-        env = _adaptor(conn, mode)
-
-        def step(sent: int) -> None:
-            run.got(env.step({"a": np.int32(sent)}), sent)
-
-        for sent in ACTIONS:
-            try:
-                step(sent)
-            except dmr.DmEnvRpcClientError as exc:
-                run.failed(exc)
-                break
-        run.follow_up(step)
+        env, _ = dmr.create_and_join_world(conn, {"mode": mode}, {}, timeout=TIMEOUT)
+        env.reset()
+        steps(env, run)
+        run.follow_up(lambda sent: run.got(one_step(env, sent), sent))
         run.close(env.close)
     return run.outcome()
 
 
+def _step(env: dmr.DmEnvAdaptor, sent: int) -> Any:
+    return env.step({"a": np.int32(sent)})
+
+
+def lockstep(address: str, mode: str) -> Outcome:
+    def steps(env: dmr.DmEnvAdaptor, run: _Run) -> None:
+        run.each(lambda sent: run.got(_step(env, sent), sent))
+
+    return _adaptor_path(address, mode, steps, _step)
+
+
 def step_iter(address: str, mode: str) -> Outcome:
-    run = _Run()
-    with dmr.connect(address, timeout=5) as conn:
-        env = _adaptor(conn, mode)
+    def steps(env: dmr.DmEnvAdaptor, run: _Run) -> None:
         sent = iter(ACTIONS)
         try:
             for timestep in env.step_iter(({"a": np.int32(a)} for a in ACTIONS), in_flight=4):
                 run.got(timestep, next(sent))
         except dmr.DmEnvRpcClientError as exc:
             run.failed(exc)
-        run.follow_up(lambda a: run.got(env.step({"a": np.int32(a)}), a))
-        run.close(env.close)
-    return run.outcome()
+
+    return _adaptor_path(address, mode, steps, _step)
 
 
 def step_async(address: str, mode: str) -> Outcome:
-    run = _Run()
-    with dmr.connect(address, timeout=5) as conn:
-        env = _adaptor(conn, mode)
+    def steps(env: dmr.DmEnvAdaptor, run: _Run) -> None:
         futures = [(a, env.step_async({"a": np.int32(a)})) for a in ACTIONS]
         for sent, future in futures:  # every Future: the good ones after an error too
             try:
                 run.got(future.result(timeout=TIMEOUT), sent)
             except dmr.DmEnvRpcClientError as exc:
                 run.failed(exc)
-        run.follow_up(lambda a: run.got(env.step_async({"a": np.int32(a)}).result(TIMEOUT), a))
-        run.close(env.close)
-    return run.outcome()
+
+    def one_step(env: dmr.DmEnvAdaptor, sent: int) -> Any:
+        return env.step_async({"a": np.int32(sent)}).result(timeout=TIMEOUT)
+
+    return _adaptor_path(address, mode, steps, one_step)
 
 
 def batched(address: str, mode: str) -> Outcome:
@@ -146,12 +157,7 @@ def batched(address: str, mode: str) -> Outcome:
                 run.pairs.append((sent, int(batch.observation["echo"][index])))
                 run.xs.append(batch.observation["x"][index])
 
-        for sent in ACTIONS:
-            try:
-                step(sent)
-            except dmr.DmEnvRpcClientError as exc:
-                run.failed(exc)
-                break
+        run.each(step)
         run.follow_up(step)
         run.close(lambda: envs.close(timeout=TIMEOUT))
     return run.outcome()
@@ -217,7 +223,8 @@ class Expect(NamedTuple):
     ``shifted``: answers may come one request off (a server that drops or repeats an answer:
     dm_env_rpc matches answers to requests by order alone, so no client can tell);
     ``optional``: the error may not come at all (when it does, it is of ``error`` and has one
-    of the ``|``-separated phrases); ``defect``: a known defect of issue 37 makes it fail today.
+    of the ``|``-separated phrases); ``then``: the class of the follow-up step's error (None: it
+    gets its own, right answer); ``defect``: a known defect of issue 37 makes it fail today.
     """
 
     error: type[BaseException] | None
@@ -225,6 +232,7 @@ class Expect(NamedTuple):
     cause: type[BaseException] | None = None
     shifted: bool = False
     optional: bool = False
+    then: type[BaseException] | None = None
     defect: str | None = None
 
 
@@ -280,7 +288,22 @@ def _expected() -> dict[str, dict[str, Expect]]:
     # step_iter bounds each wait for its oldest step by the timeout, and a late answer comes
     # within the second wait: accepted, and right.
     table["late"] = dict.fromkeys(PATHS, _TIMED_OUT) | timed_out | {"step_iter": Expect(None)}
-    return {mode: table[mode] for mode in MODES}
+    return {mode: {path: _then(mode, path, table[mode][path]) for path in PATHS} for mode in MODES}
+
+
+def _then(mode: str, path: str, expect: Expect) -> Expect:
+    """``expect`` with what the step after its error gets: a failed world in a batch takes no
+    more steps; a closed stream and a stalled or one-behind one fail every later request; after
+    any other error the stream goes on, right."""
+    if expect.error is None or expect.optional:
+        return expect
+    if path == "batched":
+        return expect._replace(then=dmr.WorldError)
+    if mode in ("closed", "aborted"):
+        return expect._replace(then=dmr.ConnectionClosedError)
+    if mode in ("stalled", "missing"):
+        return expect._replace(then=dmr.RequestTimeoutError)
+    return expect
 
 
 EXPECTED = _expected()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from adversary import adversary_server
-from adversary_paths import ACTIONS, EXPECTED, PATHS, WORLDS, Expect, Outcome, table
+from adversary_paths import ACTIONS, EXPECTED, FOLLOW_UP, PATHS, WORLDS, Expect, Outcome, table
 from raw_stream import RawStream
 
 import dm_env_rpc_client as dmr
@@ -72,6 +72,10 @@ def _check(outcome: Outcome, expect: Expect, path: str) -> None:
     if expect.cause is not None:
         assert isinstance(outcome.error, expect.error)
         assert isinstance(outcome.error.__cause__, expect.cause), repr(outcome.error.__cause__)
+    if expect.then is None:  # the follow-up step got its own, right answer
+        assert outcome.after is None and outcome.pairs[-1] == (FOLLOW_UP, FOLLOW_UP), outcome
+    else:
+        assert isinstance(outcome.after, expect.then), repr(outcome.after)
 
 
 @pytest.mark.timeout(20)
