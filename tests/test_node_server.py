@@ -229,6 +229,21 @@ def test_the_gymnasium_bridge(node) -> None:
         assert terminated and reward in (-1.0, 1.0) and steps == 4
     finally:
         env.close()
+    from dm_env_rpc_client.integrations.gymnasium import GymnasiumVectorEnv
+
+    envs = GymnasiumVectorEnv(
+        addresses=[node.address], num_envs=4, create_world_settings={"rows": 3}
+    )
+    try:
+        observations, _ = envs.reset(seed=0)
+        assert observations["board"].shape == (4, 3, 5)
+        ended = np.zeros(4, bool)
+        for _ in range(2):  # 3 rows: every episode ends at the second step
+            _, rewards, terminated, truncated, _ = envs.step({"paddle": np.zeros(4, np.int8)})
+            ended |= terminated
+        assert ended.all() and not truncated.any() and set(rewards.tolist()) <= {-1.0, 1.0}
+    finally:
+        envs.close()
 
 
 _ORPHAN = """
