@@ -293,8 +293,9 @@ def raw_server(fault: str | None = None) -> Iterator[str]:
                 return  # ends the stream after any error answer
 
     # multi-client.concurrent fault: one worker thread serves one stream at a time, and a
-    # second client waits, unanswered, until the first leaves.
-    workers = 1 if fault == "multi-client.concurrent" else 8
+    # second client waits, unanswered, until the first leaves. Otherwise room for the
+    # multi-agent group's three streams while a loaded machine still closes earlier ones.
+    workers = 1 if fault == "multi-client.concurrent" else 16
     with process_server(process, max_workers=workers) as address:
         yield address
 
