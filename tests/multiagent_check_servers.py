@@ -13,6 +13,9 @@ after:
 - ``multi-agent.reset-world``: ResetWorld interrupts no one;
 - ``multi-agent.leave``: a leave does not take the agent out of the round;
 - ``multi-agent.destroy-joined``: DestroyWorld from a joined stream destroys the world.
+
+``"reset-world-waits"`` is no fault: its ResetWorld answers only once every other joined
+agent has stepped and been told INTERRUPTED, as the protocol suggests.
 """
 
 from __future__ import annotations
@@ -99,7 +102,9 @@ class _Agent(_Stream):
                 while found.rounds == started and not self.ended.is_set():
                     found.condition.wait(0.05)
             if self.interrupt:
-                self.interrupt, self.first = False, True
+                with found.condition:
+                    self.interrupt, self.first = False, True
+                    found.condition.notify_all()
                 return pb.EnvironmentResponse(step=pb.StepResponse(state=pb.INTERRUPTED))
         return super()._step(request)
 
@@ -114,6 +119,10 @@ class _Agent(_Stream):
                 for agent in found.agents:
                     if agent is not self and not agent.first:
                         agent.interrupt = True
+                while self.fault == "reset-world-waits" and not self.ended.is_set():
+                    if not any(agent.interrupt for agent in found.agents):
+                        break
+                    found.condition.wait(0.05)
         return answer
 
     def _destroy_world(self, request: Any) -> pb.EnvironmentResponse:

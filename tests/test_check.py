@@ -79,6 +79,12 @@ def test_multi_agent_servers_keep_every_rule_of_the_group_too(mode: str) -> None
         assert _not_passed(_check(address)) == {}
 
 
+def test_a_reset_world_held_until_the_agents_have_stepped_passes_too() -> None:
+    with multiagent_server("reset-world-waits") as address:
+        report = _check(address)
+    assert _not_passed(report) == {}
+
+
 def test_every_rule_but_connect_has_a_server_that_breaks_it() -> None:
     assert sorted(FAULTS + MULTIAGENT_FAULTS) == sorted(set(RULES) - {"connect"})
 
