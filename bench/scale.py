@@ -31,7 +31,7 @@ gRPC floor of the same opening and closing on bare ``grpc.aio`` (``_lib/open_flo
 against each kind's servers (the client's floor), and against 4 bare ``grpc.aio``
 servers that answer with pre-serialized bytes (``_lib/server_floor.py``: the row "raw
 gRPC floor, client and server", whose servers' CPU is the servers' floor);
-``--connect-only`` skips the steps, ``--profile PREFIX`` records the client and
+``--connect-only`` skips the steps, ``--profile PREFIX`` records the client (and the stepping floor's, PREFIX-<kind>-floor-<n>-client.txt) and
 every server with py-spy, ``--baseline DIR`` adds rows for the SDK found in DIR
 (another commit's tree: a before-and-after in one run, each size's "before" row
 in the stepping table and in this one, with ``--threads`` its collector's line);
@@ -411,7 +411,10 @@ def main() -> None:
                     continue
                 base = base or result["cpu_us"]
                 if args.step_floor:
-                    stepped = run_child(servers, worlds, steps, args.threads, step_floor=True)
+                    floor_profile = profile and f"{profile}-floor"
+                    stepped = run_child(
+                        servers, worlds, steps, args.threads, floor_profile, step_floor=True
+                    )
                     floor_base = floor_base or stepped["cpu_us"]
                     if args.threads:
                         print_threads(f"{SERVERS[kind]}, {worlds} worlds, floor", stepped)

@@ -10,6 +10,18 @@ the collector off for the duration (reference counting still frees everything
 at once; only reference cycles wait) and back on after, if it was on. It nests
 (two batches opening or closing at once on two threads), and every pause it
 covers is bounded by the operation's own timeout.
+
+While a batch is open and steps, ``raise_young_threshold()`` raises the
+young generation's threshold to ``STEPPING_THRESHOLD`` (if it is lower), and
+``restore_young_threshold()`` (the batch's close) puts it back. A batch keeps
+thousands of steps in flight, each holding a few tracked objects (gRPC's
+write and read operations, the step's receiver) until it is answered: every
+young collection scans all of them, and with a threshold of 700 one ran every
+few hundred steps, measured at 1,024 worlds 6 µs of CPU per step against 0.3 µs
+on bare ``grpc.aio``. A higher threshold runs proportionally fewer of them,
+each scanning about as much. Reference counting still frees everything at once;
+only reference cycles wait a little longer. Nested and counted like
+``paused()``; the threshold is restored only if nobody changed it meanwhile.
 """
 
 from __future__ import annotations
@@ -22,6 +34,10 @@ from collections.abc import Iterator
 _lock = threading.Lock()
 _holders = 0  # pauses under way
 _resume = False  # whether the first of them found the collector on
+# The young generation's threshold while a batch is open (Python's default is 700).
+STEPPING_THRESHOLD = 50_000
+_raisers = 0  # open batches holding the threshold raised
+_saved: tuple[int, ...] | None = None  # the thresholds found by the first, if it raised them
 
 
 @contextlib.contextmanager
@@ -40,3 +56,31 @@ def paused() -> Iterator[None]:
             _holders -= 1
             if _holders == 0 and _resume:
                 gc.enable()
+
+
+def raise_young_threshold() -> None:
+    """Raises the young generation's threshold to ``STEPPING_THRESHOLD`` (see the module);
+    each call is undone by one ``restore_young_threshold()``."""
+    global _raisers, _saved
+    with _lock:
+        if _raisers == 0:
+            thresholds = gc.get_threshold()
+            _saved = None
+            if 0 < thresholds[0] < STEPPING_THRESHOLD:  # 0: collections are off, leave it
+                _saved = thresholds
+                gc.set_threshold(STEPPING_THRESHOLD, *thresholds[1:])
+        _raisers += 1
+
+
+def restore_young_threshold() -> None:
+    """Undoes one ``raise_young_threshold()``; the last puts the threshold back as it was
+    found, unless it was changed meanwhile."""
+    global _raisers, _saved
+    with _lock:
+        if _raisers == 0:
+            return
+        _raisers -= 1
+        if _raisers == 0 and _saved is not None:
+            if gc.get_threshold()[0] == STEPPING_THRESHOLD:
+                gc.set_threshold(*_saved)
+            _saved = None

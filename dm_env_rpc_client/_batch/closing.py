@@ -32,6 +32,9 @@ def close_batch(batch: BatchCore, timeout: float) -> None:
     closing 4,096 worlds started about 240 collections, half the close's CPU, freeing nothing."""
     batch._closed = True
     deadline = time.monotonic() + timeout
+    if batch._raised_threshold:  # connect raised the young generation's threshold
+        batch._raised_threshold = False
+        collector.restore_young_threshold()
     with collector.paused():
         if batch._runner is not None and not batch._runner.closed:
             with contextlib.suppress(errors.DmEnvRpcClientError):

@@ -130,6 +130,7 @@ class BatchCore:
         self._encoder: StepEncoder | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._closed = False
+        self._raised_threshold = False  # connect raised the GC's threshold (_base.collector)
         # Finished steps, per world in request order: (outcome, latency). The outcome is the
         # exception of a failed step, a _Failure, else (TimeStep, state) (adaptors over their
         # own connections) or (step type, StepResponse[, steps it answers]) (on the batch's loop;

@@ -211,6 +211,8 @@ def open_batch(
         batch.moves = batch._balancer.moves
     if step_timeout is not None:
         runner.call(batch._watch)
+    collector.raise_young_threshold()  # until close (_base.collector says why)
+    batch._raised_threshold = True
     return batch
 
 
