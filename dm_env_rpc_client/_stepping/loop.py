@@ -51,6 +51,10 @@ from .tally import EpisodeTally, RunStats
 
 ACTION_STREAM = 1  # world i's actions: numpy.random.default_rng((seed + i, ACTION_STREAM))
 _SLICE = 0.25  # seconds between checks for a stop signal while waiting for steps
+# Each pass waits for this share of the steps in flight (at most one _SLICE, then takes what
+# came): taking steps one or a few at a time cost a recv, a decode and a send per handful of
+# steps, and measured about 25 µs per step more than taking a quarter at 1,024 worlds.
+RECV_SHARE = 4
 _STALLED = (
     "No step finished within {timeout} s. Waiting on: {waiting}. The server may be stopped, "
     "overloaded or unreachable; pass a longer --timeout if it is only slow."
@@ -246,7 +250,13 @@ class _Loop:
     def _recv(self) -> object:
         batch = self.batch
         try:
-            return recv_until_stopped(batch, self.timeout, self.stop, self.watch.first_world)
+            return recv_until_stopped(
+                batch,
+                self.timeout,
+                self.stop,
+                self.watch.first_world,
+                wanted=batch.pending() // RECV_SHARE,
+            )
         except errors.WorldError as error:
             if error.index in batch.live_ids:
                 raise
@@ -337,7 +347,12 @@ def _stalled(
 
 
 def recv_until_stopped(
-    batch: BatchedEnvironment, timeout: float, stop: threading.Event, first_world: int = 0
+    batch: BatchedEnvironment,
+    timeout: float,
+    stop: threading.Event,
+    first_world: int = 0,
+    *,
+    wanted: int = 1,
 ) -> BatchedTimeStep | None:
     """The next finished steps, or None once ``stop`` is set.
 
@@ -346,6 +361,8 @@ def recv_until_stopped(
       timeout: seconds to wait for a step.
       stop: ends the wait when set.
       first_world: the index of world 0 in the whole run, for the stall's message.
+      wanted: waits up to one ``_SLICE`` for this many steps (at most those in flight), then
+        takes whatever finished (at least one).
 
     Returns:
       The steps, or None once ``stop`` is set.
@@ -357,6 +374,13 @@ def recv_until_stopped(
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
+        count = min(wanted, batch.pending())
+        if count > 1:
+            wanted = 1  # once: after this wait, any step will do
+            try:
+                return batch.recv(count, timeout=max(0.0, min(_SLICE, left)))
+            except (errors.RequestTimeoutError, ValueError):  # (ValueError: fewer in flight now)
+                continue
         try:
             return batch.recv(1, timeout=max(0.0, min(_SLICE, left)))
         except errors.RequestTimeoutError:
