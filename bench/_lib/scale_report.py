@@ -119,17 +119,9 @@ def write_plot(path: str, points: Sequence[PlotPoint]) -> None:
         mine = sorted((p for p in points if p.server == server), key=lambda p: p.worlds)
         worlds = [p.worlds for p in mine]
         colour = colours[number % len(colours)]
-        low = [p.client_us - p.client_range[0] for p in mine]
-        high = [p.client_range[1] - p.client_us for p in mine]
-        axes.errorbar(
-            worlds,
-            [p.client_us for p in mine],
-            yerr=[low, high],
-            color=colour,
-            marker="o",
-            capsize=3,
-            label=f"BatchedEnvironment send/recv, {server}",
-        )
+        values = [(p.client_us, p.client_range) for p in mine]
+        style = {"color": colour, "marker": "o", "linestyle": "-"}
+        _with_ranges(axes, worlds, values, f"BatchedEnvironment send/recv, {server}", style)
         if any(p.run_us == p.run_us for p in mine):  # not all NaN
             axes.plot(
                 worlds,
@@ -140,18 +132,9 @@ def write_plot(path: str, points: Sequence[PlotPoint]) -> None:
                 label=f"run loop (dmr.collect), {server}",
             )
         if any(p.floor_us == p.floor_us for p in mine):
-            low = [p.floor_us - p.floor_range[0] for p in mine]
-            high = [p.floor_range[1] - p.floor_us for p in mine]
-            axes.errorbar(
-                worlds,
-                [p.floor_us for p in mine],
-                yerr=[low, high],
-                color=colour,
-                marker="s",
-                linestyle="--",
-                capsize=3,
-                label=f"bare grpc.aio floor, {server}",
-            )
+            values = [(p.floor_us, p.floor_range) for p in mine]
+            style = {"color": colour, "marker": "s", "linestyle": "--"}
+            _with_ranges(axes, worlds, values, f"bare grpc.aio floor, {server}", style)
     axes.set_xscale("log", base=2)
     axes.set_xticks(sorted({p.worlds for p in points}))
     axes.set_xticklabels([f"{w:,}" for w in sorted({p.worlds for p in points})])
@@ -164,3 +147,17 @@ def write_plot(path: str, points: Sequence[PlotPoint]) -> None:
     figure.tight_layout()
     figure.savefig(path, format="svg", metadata={"Date": None})
     plt.close(figure)
+
+
+def _with_ranges(
+    axes: Any,
+    worlds: list[int],
+    values: list[tuple[float, tuple[float, float]]],
+    label: str,
+    style: dict[str, str],
+) -> None:
+    """One line of medians, with bars from each point's least to its most round."""
+    low = [median - least for median, (least, _) in values]
+    high = [most - median for median, (_, most) in values]
+    medians = [median for median, _ in values]
+    axes.errorbar(worlds, medians, yerr=[low, high], capsize=3, label=label, **style)
