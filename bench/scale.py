@@ -472,7 +472,10 @@ def main() -> None:
                     if args.threads:
                         print_threads(f"{SERVERS[kind]}, {worlds} worlds, floor", stepped)
                     floors.append(
-                        [*floor_row(SERVERS[kind], worlds, result, stepped, base, floor_base), ratio_text(ratios)]
+                        [
+                            *floor_row(SERVERS[kind], worlds, result, stepped, base, floor_base),
+                            ratio_text(ratios),
+                        ]
                     )
                     verdicts.append(ratio_target(SERVERS[kind], worlds, "send/recv", ratios))
                     point = point._replace(

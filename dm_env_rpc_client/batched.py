@@ -398,12 +398,20 @@ class BatchedEnvironment(BatchCore):
         return self._in_flight[index] + self._auto_sent[index]
 
     def _wait(self, ready: Callable[[], bool], wanted: int, timeout: float | None) -> bool:
+        # The loop notifies once as _ready reaches _want, and clears _want (not once per step
+        # filed while this thread waits for the GIL); each wait here sets it again.
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            self._want = wanted
-            try:
-                return self._cond.wait_for(ready, timeout)
-            finally:
-                self._want = _NO_WAITER
+            while not ready():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._want = wanted
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._want = _NO_WAITER
+            return True
 
     def recv(
         self,

@@ -399,6 +399,7 @@ class BatchCore:
             queue.append((outcome, latency))
             self._ready += 1
             if self._ready >= self._want:
+                self._want = _NO_WAITER  # notified once; recv sets it again if it waits on
                 self._cond.notify()
 
     def _count(self, index: int, steps: int) -> None:
