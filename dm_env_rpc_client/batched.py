@@ -71,6 +71,7 @@ import numpy as np
 from . import errors
 from ._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
 from ._base import checks as _checks
+from ._batch.channels import DEFAULT_STREAMS_PER_CONNECTION
 from ._batch.closing import close_batch
 from ._batch.core import (
     _FAILED,
@@ -140,11 +141,17 @@ class BatchedEnvironment(BatchCore):
         step_timeout: float | None = 30.0,
         restart: RestartPolicy | None = None,
         wait_for_ready: bool = False,
+        max_streams_per_connection: int = DEFAULT_STREAMS_PER_CONNECTION,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
-        Every world gets its own stream; streams to the same address share one
-        channel, and all of them run on one background event loop.
+        Every world gets its own stream; streams to the same address share a
+        channel (one HTTP/2 connection) up to ``max_streams_per_connection``
+        of them, then the next channel, and all run on one background event loop.
+
+        All or nothing: if any world cannot be opened, every world made so far is
+        left and destroyed (named worlds only left) before the error is raised, so
+        a server that keeps worlds until destroyed is left as it was.
 
         Seeds follow gymnasium's ``reset(seed=s)`` convention for vector envs:
         world ``i`` gets ``seed + i``, in its create settings under
@@ -177,6 +184,12 @@ class BatchedEnvironment(BatchCore):
             found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
           wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
+          max_streams_per_connection: the most streams (worlds) on one HTTP/2
+            connection; an address with more worlds gets more connections. The
+            default, 100, fits the lowest stream limit common in the wild (a
+            server's or proxy's SETTINGS_MAX_CONCURRENT_STREAMS: 100 behind Google
+            front ends, 128 with nginx or AWS ALB); raise it for fewer connections
+            to servers without such a limit.
 
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``
@@ -206,6 +219,7 @@ class BatchedEnvironment(BatchCore):
             step_timeout=step_timeout,
             restart=restart,
             wait_for_ready=wait_for_ready,
+            max_streams_per_connection=max_streams_per_connection,
         )
 
     def __len__(self) -> int:

@@ -52,7 +52,7 @@ from ._cli.args import (
 )
 from ._cli.check import add_check_command
 from ._cli.run import RunStats, launched, print_summary, step_worlds
-from .batched import BatchedEnvironment
+from .batched import DEFAULT_STREAMS_PER_CONNECTION, BatchedEnvironment
 from .connection import connect, is_local
 from .environment import create_and_join_world, join_world, specs_table
 from .recording import prepare_folder
@@ -258,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
                 world_names=args.world,
                 on_world_failure=args.on_failure,
                 step_timeout=args.timeout,
+                max_streams_per_connection=args.max_streams_per_connection,
                 **kwargs,
             )
         for warning in caught:  # e.g. a server that takes no seed setting
@@ -440,6 +441,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("restart", "raise"),
         default="restart",
         help="a world whose server dies or stalls: make it again (restart) or stop the run (raise)",
+    )
+    run_parser.add_argument(
+        "--max-streams-per-connection",
+        type=positive_int,
+        default=DEFAULT_STREAMS_PER_CONNECTION,
+        metavar="N",
+        help="worlds on one HTTP/2 connection; more get more connections (default: "
+        f"{DEFAULT_STREAMS_PER_CONNECTION}, the stream limit of many proxies)",
     )
     run_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
