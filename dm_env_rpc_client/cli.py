@@ -52,7 +52,7 @@ from ._cli.args import (
 )
 from ._cli.check import add_check_command
 from ._cli.run import RunStats, launched, print_summary, step_worlds
-from .batched import DEFAULT_STREAMS_PER_CONNECTION, BatchedEnvironment
+from .batched import BatchedEnvironment
 from .connection import connect, is_local
 from .environment import create_and_join_world, join_world, specs_table
 from .recording import prepare_folder
@@ -127,9 +127,8 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
     check_no_url_scheme(address)
-    if "://" in address or address.startswith(
-        ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
-    ):
+    schemes = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
+    if "://" in address or address.startswith(schemes):
         return None
     host, sep, port_text = address.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
@@ -441,14 +440,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("restart", "raise"),
         default="restart",
         help="a world whose server dies or stalls: make it again (restart) or stop the run (raise)",
-    )
-    run_parser.add_argument(
-        "--max-streams-per-connection",
-        type=positive_int,
-        default=DEFAULT_STREAMS_PER_CONNECTION,
-        metavar="N",
-        help="worlds on one HTTP/2 connection; more get more connections (default: "
-        f"{DEFAULT_STREAMS_PER_CONNECTION}, the stream limit of many proxies)",
     )
     run_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")

@@ -15,6 +15,8 @@ from typing import Any
 
 import grpc
 
+from .._batch.channels import DEFAULT_STREAMS_PER_CONNECTION
+
 _BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
 _SCHEME = (
     "--address {address!r} has a URL scheme: gRPC addresses have none. Give {bare!r}; for "
@@ -129,7 +131,16 @@ def tls_credentials(args: argparse.Namespace) -> Callable[[], grpc.ChannelCreden
 
 
 def launch_flags(parser: argparse.ArgumentParser) -> None:
-    """``--launch COMMAND`` and ``--num-servers K`` (the ``run`` command's launched servers)."""
+    """The ``run`` command's server flags: ``--launch COMMAND`` and ``--num-servers K`` (its
+    launched servers), ``--max-streams-per-connection N`` (``BatchedEnvironment.connect``'s)."""
+    parser.add_argument(
+        "--max-streams-per-connection",
+        type=positive_int,
+        default=DEFAULT_STREAMS_PER_CONNECTION,
+        metavar="N",
+        help="worlds on one HTTP/2 connection; more get more connections (default: "
+        f"{DEFAULT_STREAMS_PER_CONNECTION}, the stream limit of many proxies)",
+    )
     parser.add_argument(
         "--launch",
         metavar="COMMAND",
