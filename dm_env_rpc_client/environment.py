@@ -52,6 +52,7 @@ from ._base.futures import TimedFuture
 from ._fastpath.wire_step import read_step
 from ._proto import dm_env_rpc_pb2
 from ._transport.foreign import ForeignConnection, as_connection, compatible, note_destroyed
+from ._transport.loop import LoopConnection
 from .connection import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -191,7 +192,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         ``decode(response bytes)`` over a ``Connection``, else with the StepResponse. A
         replaced ``send`` gets the request (``_transport.foreign.compatible``)."""
         connection = compatible(self._connection)
-        if isinstance(connection, Connection):
+        if isinstance(connection, (Connection, LoopConnection)):  # a batch's world: the latter
             data, expected, name = self._step_data(action)
             return name, connection._submit_bytes(data, expected, decode, future)
         request = self.step_request(action)
