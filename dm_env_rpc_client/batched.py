@@ -142,6 +142,7 @@ class BatchedEnvironment(BatchCore):
         restart: RestartPolicy | None = None,
         wait_for_ready: bool = False,
         max_streams_per_connection: int = DEFAULT_STREAMS_PER_CONNECTION,
+        max_response_bytes: int | None = None,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
@@ -184,12 +185,13 @@ class BatchedEnvironment(BatchCore):
             found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
           wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
-          max_streams_per_connection: the most streams (worlds) on one HTTP/2
-            connection; an address with more worlds gets more connections. The
-            default, 100, fits the lowest stream limit common in the wild (a
-            server's or proxy's SETTINGS_MAX_CONCURRENT_STREAMS: 100 behind Google
-            front ends, 128 with nginx or AWS ALB); raise it for fewer connections
-            to servers without such a limit.
+          max_streams_per_connection: the most worlds on one HTTP/2 connection; more
+            get more connections. 100 fits the lowest stream limit common in the wild
+            (SETTINGS_MAX_CONCURRENT_STREAMS: 100 behind Google front ends, 128 with
+            nginx or AWS ALB); raise it for fewer connections to servers without one.
+          max_response_bytes: the largest answer a world takes, in bytes (None:
+            any size). A larger one ends its world's stream with
+            ``ResponseTooLargeError`` (the batch's failure policy applies).
 
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``
@@ -220,6 +222,7 @@ class BatchedEnvironment(BatchCore):
             restart=restart,
             wait_for_ready=wait_for_ready,
             max_streams_per_connection=max_streams_per_connection,
+            max_response_bytes=max_response_bytes,
         )
 
     def __len__(self) -> int:

@@ -25,6 +25,7 @@ so ``except ValueError`` keeps working::
     |   +-- InvalidArgumentError (ValueError)
     +-- DmEnvRpcConnectionError (ConnectionError)
     |   +-- ConnectionClosedError (grpc.RpcError)  the stream ended or broke; its gRPC status
+    |   |   +-- ResponseTooLargeError    an answer over max_response_bytes ended the stream
     |   +-- ConnectTimeoutError (TimeoutError)
     |   +-- ConnectRefusedError (ConnectionRefusedError)   nothing listens at the address
     +-- RequestTimeoutError (TimeoutError, and concurrent.futures' and asyncio's where they differ)
@@ -388,6 +389,14 @@ class ConnectionClosedError(DmEnvRpcConnectionError, grpc.RpcError):
     def __reduce__(self) -> tuple[Any, ...]:
         details = None if self.details is None else str(self.details)
         return (type(self), (self.args[0], self.code, details))
+
+
+class ResponseTooLargeError(ConnectionClosedError):
+    """An answer was larger than the connection's ``max_response_bytes``; gRPC ended the stream.
+
+    Its ``code`` is RESOURCE_EXHAUSTED and its ``details`` gRPC's ("Received
+    message larger than max (N vs. M)"); the message says what to change.
+    """
 
 
 class ConnectTimeoutError(DmEnvRpcConnectionError, TimeoutError):

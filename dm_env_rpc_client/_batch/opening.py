@@ -119,6 +119,7 @@ def open_batch(
     restart: RestartPolicy | None,
     wait_for_ready: bool = False,
     max_streams_per_connection: int = DEFAULT_STREAMS_PER_CONNECTION,
+    max_response_bytes: int | None = None,
 ) -> Batch:
     """``BatchedEnvironment.connect`` (its arguments and errors are documented there)."""
     _restart.check_policy(on_world_failure)
@@ -135,6 +136,8 @@ def open_batch(
     if num_envs is not None:
         _checks.check_count(num_envs, "num_envs")
     _checks.check_seconds(timeout)
+    if max_response_bytes is not None:
+        _checks.check_count(max_response_bytes, "max_response_bytes")
     per_connection = _checks.check_count(max_streams_per_connection, "max_streams_per_connection")
     _checks.check_settings(create_world_settings, "create_world_settings")
     _checks.check_settings(join_world_settings, "join_world_settings")
@@ -165,7 +168,12 @@ def open_batch(
     def make_channel(address: str, extra: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
         opts = [*batch_options, *extra]
         return create_channel(
-            address, credentials=credentials, options=opts, insecure=insecure, aio=True
+            address,
+            credentials=credentials,
+            options=opts,
+            insecure=insecure,
+            aio=True,
+            max_response_bytes=max_response_bytes,
         )
 
     pool = ChannelPool(make_channel, per_connection, channels)
