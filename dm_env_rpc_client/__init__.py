@@ -104,6 +104,7 @@ from .specs import (
     set_bounds,
     tensor_spec_to_dm_env_spec,
 )
+from .stepping import RunEvent, RunObserver, RunStats, collect
 from .tensors import (
     DATA_TYPE_TO_NUMPY,
     NUMPY_TO_DATA_TYPE,
@@ -173,6 +174,9 @@ __all__ = [
     "RequestTimeoutError",
     "ResponseTooLargeError",
     "RestartPolicy",
+    "RunEvent",
+    "RunObserver",
+    "RunStats",
     "Server",
     "ServerLaunchError",
     "ShapeError",
@@ -191,6 +195,7 @@ __all__ = [
     "bounds",
     "check_server",
     "cli_main",
+    "collect",
     "connect",
     "connect_async",
     "create_and_join_world",
