@@ -37,9 +37,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import errors, specs
-from ._base.quiet import quiet_grpc_logs
-from ._cli import record as _record_cli
-from ._cli.args import (
+from ._base.cli_args import (
     SETTING_HELP,
     UsageError,
     check_no_url_scheme,
@@ -49,6 +47,8 @@ from ._cli.args import (
     positive_int,
     tls_credentials,
 )
+from ._base.quiet import quiet_grpc_logs
+from ._cli import record as _record_cli
 from ._cli.check import add_check_command
 from ._cli.run import launched, print_summary
 from .batched import BatchedEnvironment

@@ -118,7 +118,7 @@ def open_batch(
     step_timeout: float | None,
     restart: RestartPolicy | None,
     wait_for_ready: bool = False,
-    max_streams_per_connection: int = DEFAULT_STREAMS_PER_CONNECTION,
+    max_streams_per_connection: int | None = DEFAULT_STREAMS_PER_CONNECTION,
     max_response_bytes: int | None = None,
 ) -> Batch:
     """``BatchedEnvironment.connect`` (its arguments and errors are documented there)."""
@@ -138,9 +138,14 @@ def open_batch(
     _checks.check_seconds(timeout)
     if max_response_bytes is not None:
         _checks.check_count(max_response_bytes, "max_response_bytes")
+    if max_streams_per_connection is None:  # the default (the command line's, unless given)
+        max_streams_per_connection = DEFAULT_STREAMS_PER_CONNECTION
     per_connection = _checks.check_count(max_streams_per_connection, "max_streams_per_connection")
-    _checks.check_settings(create_world_settings, "create_world_settings")
-    _checks.check_settings(join_world_settings, "join_world_settings")
+    # Checked once, here, by packing them (before anything opens): open_worlds sends these.
+    packed = (
+        pack_settings(create_world_settings, "create_world_settings"),
+        pack_settings(join_world_settings, "join_world_settings"),
+    )
     if restart is not None:
         _checks.check_count(restart.attempts, "RestartPolicy.attempts")
         for field in ("total", "connect_timeout", "call_timeout"):
@@ -216,6 +221,7 @@ def open_batch(
                 addresses,
                 count,
                 (create_world_settings, join_world_settings, world_names, requested),
+                packed,
                 timeout,
                 seed,
                 seed_setting,
@@ -319,6 +325,7 @@ def open_worlds(
         Sequence[str] | None,
         tuple[str, ...] | None,
     ],
+    packed: tuple[dict[str, dm_env_rpc_pb2.Tensor], dict[str, dm_env_rpc_pb2.Tensor]],
     timeout: float | None,
     seed: int | None,
     seed_setting: str | None,
@@ -334,7 +341,8 @@ def open_worlds(
     has not gone out are cancelled; the others are let finish (each call is
     bounded by ``timeout``), so that no world is made whose name is not known.
 
-    ``settings_of`` is (create settings, join settings, world names, requested observations).
+    ``settings_of`` is (create settings, join settings, world names, requested observations);
+    ``packed`` the create and join settings as ``pack_settings`` gave them (checked there).
 
     Raises:
       WorldError: naming the world that could not be created or joined (the
@@ -349,9 +357,8 @@ def open_worlds(
     answered = dict.fromkeys(where, 0)  # streams per server whose world was made
     on_channel: dict[str, int] = {}  # the same, per channel (``Slot.key``)
     channel_of: list[str | None] = [None] * count
-    join_request = pack_settings(join_settings)
+    packed_create, join_request = packed  # the create settings: only the seed differs per world
     opened: list[LoopConnection | None] = [None] * count
-    packed = pack_settings(create_settings)  # once: only the seed differs per world
 
     def create_request(index: int) -> dm_env_rpc_pb2.CreateWorldRequest:
         settings = dict(create_settings or {})
@@ -359,10 +366,10 @@ def open_worlds(
         if seed_setting is not None and seed is not None and not refused:
             settings[seed_setting] = seeds[index] = seed + index
             made[index] = settings
-            seeded = {**packed, seed_setting: tensors.pack_tensor(seed + index)}
+            seeded = {**packed_create, seed_setting: tensors.pack_tensor(seed + index)}
             return dm_env_rpc_pb2.CreateWorldRequest(settings=seeded)
         made[index] = settings
-        return dm_env_rpc_pb2.CreateWorldRequest(settings=packed)
+        return dm_env_rpc_pb2.CreateWorldRequest(settings=packed_create)
 
     async def open_one(index: int, gate: asyncio.Semaphore) -> tuple[str, Any]:
         async with gate:

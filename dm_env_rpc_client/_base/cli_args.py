@@ -15,8 +15,6 @@ from typing import Any
 
 import grpc
 
-from .._batch.channels import DEFAULT_STREAMS_PER_CONNECTION
-
 _BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
 _SCHEME = (
     "--address {address!r} has a URL scheme: gRPC addresses have none. Give {bare!r}; for "
@@ -136,10 +134,9 @@ def launch_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-streams-per-connection",
         type=positive_int,
-        default=DEFAULT_STREAMS_PER_CONNECTION,
         metavar="N",
         help="worlds on one HTTP/2 connection; more get more connections (default: "
-        f"{DEFAULT_STREAMS_PER_CONNECTION}, the stream limit of many proxies)",
+        "BatchedEnvironment.connect's, 100, the stream limit of many proxies)",
     )
     parser.add_argument(
         "--launch",
