@@ -23,6 +23,9 @@ public face; the command line's ``run``, the Ray shards and ``bench/`` call it):
   received is counted and recorded, and ``interrupted`` is set.
 - A stall raises ``RequestTimeoutError`` after ``timeout`` seconds without a
   step, naming every world that has steps in flight and its address.
+- A world restarted (its server died, or was relaunched) has its steps that
+  were in flight answered by one FIRST step (truncating its episode); the
+  others are sent again, so the run still takes exactly ``steps`` steps.
 - A world removed from the batch (its restarts failed) stops taking steps: its
   cut episode is recorded truncated, its unanswered steps are not sent again,
   and the other worlds go on. ``restarts`` and ``worlds_lost`` list the
@@ -178,7 +181,12 @@ class _Loop:
             if result is None:
                 break  # stopped
             assert isinstance(result, BatchedTimeStep)
-            tally.take(result, self.progress)
+            # Steps a restart dropped (in flight to a dead server) are made up: sent again.
+            for world, lost in tally.take(result, self.progress).items():
+                if self.left is not None:
+                    self.left[world] += lost
+                else:
+                    self.requested -= lost
             if observed:
                 watch.steps(result)
             if self.left is not None:
