@@ -22,8 +22,9 @@ import grpc
 
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 from dm_env_rpc_client._transport.loop import LoopThread
+from dm_env_rpc_client.server._registry import AnyWorld, Registry
 from dm_env_rpc_client.server._session import Session
-from dm_env_rpc_client.server._worlds import Registry, ServerError, World
+from dm_env_rpc_client.server._worlds import ServerError
 
 FULL = "This server keeps at most {limit} worlds and has {limit}; destroy one first."
 
@@ -35,7 +36,9 @@ class LimitedRegistry(Registry):
         super().__init__(make_env)
         self.limit = limit
 
-    def create(self, settings: dict[str, Any], creator: object, name: str | None = None) -> World:
+    def create(
+        self, settings: dict[str, Any], creator: object, name: str | None = None
+    ) -> AnyWorld:
         if len(self) >= self.limit:
             raise ServerError(grpc.StatusCode.RESOURCE_EXHAUSTED, FULL.format(limit=self.limit))
         return super().create(settings, creator, name)
