@@ -31,7 +31,8 @@ from typing import Any
 import dm_env
 
 from . import errors
-from ._adaptor.core import AdaptorCore, check_adaptor_kwargs, pack_settings
+from ._adaptor.core import AdaptorCore, pack_settings
+from ._adaptor.keywords import check_adaptor_kwargs
 from ._adaptor.stacked import StackedDecoder
 from ._base import checks as _checks
 from ._fastpath.wire_step import read_step
@@ -187,6 +188,10 @@ class AsyncDmEnvAdaptor(AdaptorCore):
           UnknownNameError: for an action name not in the specs.
           SpecValidationError: for a wrong dtype, shape or bound.
           DmEnvRpcError: the server refused a step.
+          ProtocolError: a response of a state no step type describes (the
+            steps before it are yielded first).
+          ObservationError: a response contradicts the specs (the steps before
+            it are yielded first).
           RequestTimeoutError: a step took longer than the adaptor's ``timeout``.
         """
         _checks.check_count(in_flight, "in_flight")

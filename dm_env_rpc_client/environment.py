@@ -42,9 +42,9 @@ from ._adaptor.core import (
     AdaptorCore,
     State,
     StepFuture,
-    check_adaptor_kwargs,
     pack_settings,
 )
+from ._adaptor.keywords import check_adaptor_kwargs
 from ._adaptor.stacked import StackedDecoder
 from ._adaptor.world_requests import create_world, destroy_world, leave_world, reset_world
 from ._base import checks as _checks
@@ -259,6 +259,8 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
           UnknownNameError: for an action name not in the specs.
           SpecValidationError: for a wrong dtype, shape or bound.
           DmEnvRpcError: the server refused a step.
+          ProtocolError: a response of a state no step type describes (the
+            steps before it are yielded first).
           ObservationError: a response contradicts the specs (the steps before
             it are yielded first).
           RequestTimeoutError: a step took longer than the adaptor's ``timeout``.

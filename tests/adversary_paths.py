@@ -202,12 +202,7 @@ PATHS: dict[str, Callable[[str, str], Outcome]] = {
 
 # --- what each path must get ----------------------------------------------------------------
 
-STEP_ITER_STATE = (
-    "found by this matrix (not among issue 37's eight): step_iter drops the good steps decoded "
-    "in one run with an answer of an invalid state: it raises the ProtocolError before "
-    "yielding them"
-)
-MARKS = {STEP_ITER_STATE: "N1"}
+MARKS: dict[str, str] = {}  # a known defect's reason -> its note in docs/faults.md ("N1")
 
 
 class Expect(NamedTuple):
@@ -268,8 +263,6 @@ def _expected() -> dict[str, dict[str, Expect]]:
             one = _ONE_ANSWER[mode]
             world = one if one.error is None else Expect(dmr.WorldError, one.phrase, one.error)
             table[mode] = {path: one for path in PATHS} | {"batched": world}
-    step_iter_state = Expect(dmr.ProtocolError, "invalid state 0", defect=STEP_ITER_STATE)
-    table["undefined-state"] = table["undefined-state"] | {"step_iter": step_iter_state}
     table["duplicated"] = dict.fromkeys(PATHS, _SHIFTED)
     table["missing"] = {
         "lockstep": _TIMED_OUT,
