@@ -2,24 +2,21 @@
 
 Commands:
 
-- ``run``: random-action stepping over one or more worlds, pipelined; with no
-  ``--address`` it starts the embedded Catch server itself, in a child process
-  sized for the worlds (``--in-process``: in this one), or ``--launch "CMD {port}"
-  --num-servers K`` servers (``dmr.launch``, relaunched). Prints a summary (``--json``:
-  JSON): steps, episodes, returns, steps/s, latency, seeds, recording, relaunches.
-  ``--ray [auto|ADDRESS|local] --num-shards K``: K Ray actors step the worlds.
+- ``run``: random-action stepping over one or more worlds, pipelined; without ``--address`` it
+  starts the embedded Catch server, in a child process sized for the worlds (``--in-process``: in
+  this one), or ``--launch "CMD {port}" --num-servers K`` servers (``dmr.launch``, relaunched).
+  Prints a summary of the run (``--json``: as JSON; ``_cli.run``). ``--ray [auto|ADDRESS|local]
+  --num-shards K``: K Ray actors step the worlds. ``--watch``: a live page (``_cli.watch``).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
 - ``check ADDRESS``: checks a server against the protocol (``_cli.check``); 0 if it conforms.
-- ``serve``: serves Catch, or your own environment factory, until Ctrl-C
-  (the same program as ``python -m dm_env_rpc_client.server``).
+- ``serve``: serves Catch or your environment until Ctrl-C (``python -m dm_env_rpc_client.server``).
 
-Before connecting, ``run`` and ``specs`` check each address: a host that does not resolve, or
-a port that refuses connections, fails at once saying so; a remote host needs ``--insecure`` or TLS.
+Before connecting, ``run`` and ``specs`` check each address: a host that does not resolve, or a
+port that refuses connections, fails at once saying so; a remote host needs ``--insecure`` or TLS.
 
-Exit codes: 0 success; 1 an error, printed as one paragraph (``--debug`` for
-the traceback and gRPC's own log lines); 2 bad arguments; 3 ``run`` lost a world
-(it could not be restored); 130 Ctrl-C (``run`` prints its summary first; 143
-when SIGTERM stops ``run``, likewise).
+Exit codes: 0 success; 1 an error, printed as one paragraph (``--debug``: the traceback and
+gRPC's log lines); 2 bad arguments; 3 ``run`` lost a world for good (it could not be restored);
+130 Ctrl-C, 143 SIGTERM (``run`` prints its summary first).
 """
 
 from __future__ import annotations
@@ -40,6 +37,7 @@ from typing import Any
 from . import errors, specs
 from ._base.quiet import quiet_grpc_logs
 from ._cli import record as _record_cli
+from ._cli import watch as _watch_cli
 from ._cli.args import (
     SETTING_HELP,
     UsageError,
@@ -268,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
             with (
                 _stop_on_signals() as (stop, received),
                 tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
+                _watch_cli.watching(args, stop) as observers,
             ):
                 try:
                     stats = step_worlds(
@@ -279,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
                         recording=recording,
                         stop=stop,
                         progress=progress,
+                        observers=observers,
                     )
                 finally:
                     if recording is not None:
@@ -347,10 +347,9 @@ def _table(title: str, rows: list[tuple[Any, ...]]) -> str:
 
 
 def _version() -> str:
-    try:
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         return importlib.metadata.version("dm_env_rpc_client")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return "unknown"
 
 
 def _connection_flags(parser: argparse.ArgumentParser) -> None:
@@ -435,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="record the episodes into DIR, which must be empty or new (see --format)",
     )
     _record_cli.add_flags(run_parser)
+    _watch_cli.add_flags(run_parser)
     run_parser.add_argument(
         "--on-failure",
         choices=("restart", "raise"),

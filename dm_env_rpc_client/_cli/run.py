@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from .. import errors
+from .._watch.events import FailureEvents
 from ..batched import BatchedEnvironment, BatchedTimeStep
 from ..launch import LaunchedServers, launch
 from ..random_actions import random_action
@@ -205,6 +206,7 @@ def step_worlds(
     stop: threading.Event | None = None,
     progress: Any = None,
     first_world: int = 0,
+    observers: Sequence[Any] = (),
 ) -> RunStats:
     """Steps every world with random actions; see the module docs.
 
@@ -218,6 +220,8 @@ def step_worlds(
       stop: set it (from a signal handler) to end the run between steps.
       progress: a tqdm-like bar (``update(n)``), or None.
       first_world: the index of world 0 in the whole run (a shard's first world).
+      observers: run observers (``watch.Watcher``): ``on_steps`` with each batch received,
+        before its next actions; ``on_event`` with the batch's failures.
 
     Raises:
       RequestTimeoutError: no step finished within ``timeout``; names the worlds.
@@ -236,7 +240,11 @@ def step_worlds(
     live: set[int] = set()
     failures = -1  # len(batch.failures) when ``live`` was taken
     started = time.perf_counter()
+    events = FailureEvents(batch, first_world)
     while stats.steps < steps and not stop.is_set():
+        for event in events.new() if observers else ():
+            for observer in observers:
+                observer.on_event(event)
         if len(batch.failures) != failures or count - len(live) > len(tally.removed):
             # A world failed (or a removed one is not let go of yet): look at every world.
             failures, live = len(batch.failures), set(batch.live_ids)
@@ -266,6 +274,8 @@ def step_worlds(
             continue  # a world was removed: the loop above lets it go
         if result is None:
             break
+        for observer in observers:
+            observer.on_steps(result)
         tally.take(result, progress)
         wanting.update(result.env_ids.tolist())
     tally.finish(time.perf_counter() - started, interrupted=stop.is_set())

@@ -35,6 +35,7 @@ from .ray import init_ray
 LOCAL = "local"
 _MIN_WORKERS = 64  # streams each fleet server serves at least
 _NO_WORLDS = "--ray creates its worlds; it cannot join existing ones (--world). Drop one of them."
+_NO_WATCH = "--watch watches a run stepped in this process; it does not go with --ray."
 _TOO_MANY_SHARDS = "--num-shards {shards} is more than the {worlds} worlds; give at most {worlds}."
 
 
@@ -62,6 +63,8 @@ def run_on_ray(
     """
     if args.world:
         raise UsageError(_NO_WORLDS)
+    if getattr(args, "watch", False):
+        raise UsageError(_NO_WATCH)
     check_launch_flags(args)
     worlds = args.num_envs or 4
     if args.num_shards > worlds:
