@@ -36,7 +36,7 @@ the environment of the process.
 Threads: one daemon thread serves, one per open page streams, one counts and
 encodes; all end with ``close()`` (and die with the process, which they never
 keep alive). A closed tab is dropped at the stream's next write (at most
-``1 / fps`` s, or 1 s while paused): its thread ends and nothing stays queued.
+1 s): its thread ends and nothing stays queued.
 """
 
 from __future__ import annotations
@@ -81,6 +81,11 @@ class Watcher:
       page_size: worlds a page shows at a time (it can pick others).
       stop: the run's stop event: a paused ``on_steps`` returns once it is set.
 
+    Attributes:
+      page_size: worlds a page shows at a time.
+      frames_encoded: world frames encoded so far (none while no page is open).
+      closed: ``close`` was called.
+
     Raises:
       WatchPortError: ``port`` is taken (or ``host`` is not this machine's); from ``start``.
       ValueError: ``fps`` or ``page_size`` out of range.
@@ -91,7 +96,7 @@ class Watcher:
         *,
         host: str = "127.0.0.1",
         port: int | None = None,
-        fps: float = 20.0,
+        fps: float = 12.0,
         page_size: int = 16,
         stop: threading.Event | None = None,
     ) -> None:
@@ -119,6 +124,7 @@ class Watcher:
         self._rate: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
         self._server: WatchServer | None = None
         self._thread: threading.Thread | None = None
+        self.frames_encoded = 0  # world frames encoded so far (none while no page is open)
 
     # --- the run's side -------------------------------------------------------------------
 
@@ -319,8 +325,11 @@ class Watcher:
         return round((rate[-1][1] - rate[0][1]) / (rate[-1][0] - rate[0][0]), 1)
 
     def _count_and_encode(self) -> None:
+        due = time.monotonic()
         while not self.closed:
-            time.sleep(1.0 / self._fps if self._watched else _IDLE_TICK)
+            due += 1.0 / self._fps if self._watched else _IDLE_TICK
+            time.sleep(max(0.0, due - time.monotonic()))  # ticks on a schedule, not after work
+            due = max(due, time.monotonic() - 1.0 / self._fps)  # no burst after a stall
             with self._lock:
                 wanted = {w for s in self._subscribers.values() for w in s.shown}
                 keys: set[str | None] = {s.key for s in self._subscribers.values()}
@@ -349,5 +358,6 @@ class Watcher:
                 self._keys = _frames.image_keys(timestep.observation, position)
             chosen = {k for k in keys if k} | set(self._keys[:1])
             frame = _frames.frame(timestep.observation, position, chosen)
+            self.frames_encoded += 1
             encoded[world] = {**frame, "step": step, "version": next(self._versions)}
         return encoded

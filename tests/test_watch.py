@@ -91,6 +91,7 @@ def test_with_no_page_open_no_observation_is_kept(batch: Any) -> None:
         gc.collect()
         assert all(ref() is None for ref in kept[:-1])  # not one board held (the last is local)
         assert watcher._frames == {} and watcher._tally.latest == {}
+        assert watcher.frames_encoded == 0
 
 
 def test_a_page_gets_frames_steps_and_returns_and_a_closed_one_is_let_go(batch: Any) -> None:
