@@ -14,6 +14,13 @@ worlds on two server processes, stepped by the ``run`` command's loop (``step_wo
   Target: at least 0.95 of ``none``'s steps/s. "frames/s per world" is what the page
   received during the timed steps, per shown world (target: at least 10).
 
+Part 2 (``--part own``) measures the watcher alone, with no run to share the cores with:
+batches of 16 Catch-like steps fed to ``on_steps`` at ``--own-rate`` steps/s for 5 s, this
+process's CPU per step (the watcher's threads, the feeding loop's included: "no watcher" is
+that loop alone), with no page, the stream reader, and Chromium (whose CPU is its own
+processes'). Against the client's ~200 µs of CPU per step of part 1, it says what watching
+costs where part 1's steps/s are too noisy to tell.
+
 Ratios are medians of per-round ratios. The machine is shared (2 cores, other
 engineers' work on them): absolute steps/s drift, the ratios are what to read. The
 browser's own CPU is in its processes, not in "client CPU µs/step", but it competes
@@ -41,7 +48,10 @@ from _common import (
 )
 
 # isort: split
+import numpy as np
+
 import dm_env_rpc_client as dmr
+from dm_env_rpc_client._adaptor.stacked import BatchedTimeStep
 from dm_env_rpc_client._cli.run import step_worlds
 from dm_env_rpc_client.watch import Watcher
 
@@ -147,6 +157,57 @@ class _Page:
             self._process.wait()
 
 
+def _catch_batches(count: int) -> list[Any]:
+    """``count`` batches of 16 Catch-like steps (boards, rewards, a LAST every 10th step)."""
+    rng = np.random.default_rng(0)
+    ids = np.arange(WORLDS)
+    batches = []
+    for index in range(count):
+        step_type = np.full(WORLDS, (0, 1, 1, 1, 1, 1, 1, 1, 1, 2)[index % 10], np.uint8)
+        board = (rng.random((WORLDS, 10, 5)) > 0.9).astype(np.float32)
+        reward = np.where(step_type == 2, 1.0, 0.0)
+        batches.append(BatchedTimeStep(step_type, reward, np.ones(WORLDS), {"board": board}, ids))
+    return batches
+
+
+def own_cost(
+    page_kind: str | None, rate: float, seconds: float, *, watch: bool = True
+) -> tuple[float, float, float]:
+    """The watcher's own CPU, all its threads, per step: batches fed at ``rate`` steps/s.
+
+    Returns (this process's CPU µs per step, the feeding loop's included: ``watch=False``
+    feeds no watcher, which measures the loop alone; the page's CPU µs per step; frames per
+    second per shown world).
+    """
+    batches = _catch_batches(100)
+    with Watcher() as watcher:
+        observe = watcher.on_steps if watch else lambda timestep: None
+        page = _Page(page_kind, watcher.url) if page_kind else None
+        try:
+            deadline = time.monotonic() + 30
+            while page is not None and page.frames() == 0 and time.monotonic() < deadline:
+                watcher.on_steps(batches[0])
+                time.sleep(0.01)
+            frames0, page0 = (page.frames(), page.cpu()) if page else (0, 0.0)
+            cpu0 = time.process_time()
+            start = time.monotonic()
+            fed = 0
+            while time.monotonic() - start < seconds:
+                due = start + fed / rate
+                time.sleep(max(0.0, due - time.monotonic()))
+                observe(batches[(fed // WORLDS) % len(batches)])
+                fed += WORLDS
+            wall = time.monotonic() - start
+            cpu = time.process_time() - cpu0
+            frames = (page.frames() - frames0) / WORLDS / wall if page else 0.0
+            page_cpu = (page.cpu() - page0) / fed * 1e6 if page else 0.0
+        finally:
+            if page is not None:
+                page.close()
+    # The feeding loop costs next to nothing (it sleeps): what the process spent is the watcher's.
+    return cpu / fed * 1e6, page_cpu, frames
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000)
@@ -160,7 +221,17 @@ def main() -> None:
     parser.add_argument(
         "--page", choices=("chromium", "sse"), default="chromium" if have_chromium else "sse"
     )
+    parser.add_argument("--part", choices=("both", "run", "own"), default="both")
+    parser.add_argument("--own-rate", type=float, default=4000.0, help="steps/s fed in part 2")
     args = parser.parse_args()
+    if args.part != "own":
+        run_part(args)
+    if args.part != "run":
+        own_part(args)
+
+
+def run_part(args: Any) -> None:
+    """Part 1: a run's steps/s with no watcher, a watcher and no page, a page on 16 worlds."""
     rates: dict[str, list[float]] = {"page on 16 worlds": []}
     encoded: dict[str, int] = {}
     page_cpu: list[float] = []
@@ -246,6 +317,34 @@ def main() -> None:
             "frames encoded",
             "frames/s per world",
             "page CPU µs/step",
+        ],
+        rows,
+    )
+
+
+def own_part(args: Any) -> None:
+    """Part 2: the watcher's own CPU per step, with no page and with one."""
+    rows = []
+    floor, _, _ = own_cost(None, args.own_rate, 5.0, watch=False)
+    rows.append(["no watcher (the feeding loop alone)", f"{floor:.1f}", "-", "-"])
+    for kind in (None, "sse", *(["chromium"] if args.page == "chromium" else [])):
+        client, page_cpu, frames = own_cost(kind, args.own_rate, 5.0)
+        name = "no page" if kind is None else f"page on 16 worlds ({kind})"
+        rows.append(
+            [
+                name,
+                f"{client:.1f}",
+                f"{page_cpu:.1f}" if kind else "-",
+                f"{frames:.1f}" if kind else "-",
+            ]
+        )
+    print_table(
+        f"The watcher alone: batches of 16 Catch steps fed at {args.own_rate:,.0f} steps/s for 5 s",
+        [
+            "variant",
+            "watcher CPU µs/step (all its threads)",
+            "page CPU µs/step",
+            "frames/s per world",
         ],
         rows,
     )

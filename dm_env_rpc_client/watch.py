@@ -96,7 +96,7 @@ class Watcher:
         *,
         host: str = "127.0.0.1",
         port: int | None = None,
-        fps: float = 12.0,
+        fps: float = 15.0,
         page_size: int = 16,
         stop: threading.Event | None = None,
     ) -> None:
