@@ -1,8 +1,8 @@
 """What watching costs a run: no watcher, a watcher with no page open, a page open on 16 worlds.
 
 Run: ``python bench/watch.py [--steps N] [--rounds R] [--page chromium|sse]``. 16 Catch
-worlds on two server processes, stepped by the ``run`` command's loop (``step_worlds``,
-8 steps in flight per world), interleaved in rounds (``_common.measure_interleaved``):
+worlds on two server processes, stepped by ``dmr.collect`` (the ``run`` command's loop,
+8 steps in flight per world), interleaved in rounds (``_lib.common.measure_interleaved``):
 
 - ``none``: no observer;
 - ``watcher, no page``: a started ``Watcher`` that nobody looks at (targets: no
@@ -38,8 +38,8 @@ import threading
 import time
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     DEFAULT_ROUNDS,
     measure_interleaved,
     print_table,
@@ -52,7 +52,6 @@ import numpy as np
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client._adaptor.stacked import BatchedTimeStep
-from dm_env_rpc_client._cli.run import step_worlds
 from dm_env_rpc_client.watch import Watcher
 
 WORLDS = 16
@@ -248,14 +247,7 @@ def run_part(args: Any) -> None:
                 if page is not None:  # the page is showing frames before the timing starts
                     deadline = time.monotonic() + 30
                     while page.frames() == 0 and time.monotonic() < deadline:
-                        step_worlds(
-                            batch,
-                            steps=WORLDS * 10,
-                            pipeline=8,
-                            timeout=30,
-                            seed=0,
-                            observers=[watcher],
-                        )
+                        dmr.collect(batch, WORLDS * 10, pipeline=8, seed=0, observers=[watcher])
                     if page.frames() == 0:
                         raise RuntimeError("the page received no frame within 30 s")
                 observers = [] if watcher is None else [watcher]
@@ -267,9 +259,7 @@ def run_part(args: Any) -> None:
                         time.monotonic(),
                     )
                     timing["cpu"], timing["steps"] = page.cpu() if page else 0.0, steps
-                    step_worlds(
-                        batch, steps=steps, pipeline=8, timeout=30, seed=0, observers=observers
-                    )
+                    dmr.collect(batch, steps, pipeline=8, seed=0, observers=observers)
                     timing["end"] = time.monotonic()
                     timing["cpu"] = (page.cpu() if page else 0.0) - timing["cpu"]
 

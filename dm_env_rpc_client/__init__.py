@@ -14,6 +14,7 @@ the command line and the embedded server.
 
 # First: loads grpc with its INFO lines off, unless GRPC_VERBOSITY is set (see _base.quiet).
 from ._base import quiet as _quiet  # noqa: F401 (imported for what importing it does)
+from ._batch.options import ConnectionOptions, FailurePolicy
 from ._batch.restart import RestartPolicy, WorldFailure
 from ._proto import dm_env_rpc_pb2, dm_env_rpc_pb2_grpc, properties_pb2
 from ._transport.foreign import ForeignConnection
@@ -101,6 +102,7 @@ from .specs import (
     set_bounds,
     tensor_spec_to_dm_env_spec,
 )
+from .stepping import RunEvent, RunObserver, RunStats, collect
 from .tensors import (
     DATA_TYPE_TO_NUMPY,
     NUMPY_TO_DATA_TYPE,
@@ -130,6 +132,7 @@ __all__ = [
     "Connection",
     "ConnectionClosedError",
     "ConnectionLike",
+    "ConnectionOptions",
     "CreateAndJoinResult",
     "DATA_TYPE_TO_NUMPY",
     "DEFAULT_CONNECT_TIMEOUT",
@@ -146,6 +149,7 @@ __all__ = [
     "ErrorCode",
     "FAST_KEEPALIVE_DETECTION_S",
     "FAST_KEEPALIVE_OPTIONS",
+    "FailurePolicy",
     "ForeignConnection",
     "IntegerRangeError",
     "InvalidArgumentError",
@@ -167,6 +171,9 @@ __all__ = [
     "RelaunchPolicy",
     "RequestTimeoutError",
     "RestartPolicy",
+    "RunEvent",
+    "RunObserver",
+    "RunStats",
     "Server",
     "ServerLaunchError",
     "ShapeError",
@@ -185,6 +192,7 @@ __all__ = [
     "bounds",
     "check_server",
     "cli_main",
+    "collect",
     "connect",
     "connect_async",
     "create_and_join_world",

@@ -2,21 +2,22 @@
 
 Commands:
 
-- ``run``: random-action stepping over one or more worlds, pipelined; without ``--address`` it
-  starts the embedded Catch server, in a child process sized for the worlds (``--in-process``: in
-  this one), or ``--launch "CMD {port}" --num-servers K`` servers (``dmr.launch``, relaunched).
-  Prints a summary of the run (``--json``: as JSON; ``_cli.run``). ``--ray [auto|ADDRESS|local]
-  --num-shards K``: K Ray actors step the worlds. ``--watch``: a live page (``_cli.watch``).
+- ``run``: random actions over one or more worlds, pipelined (``dmr.collect``); no ``--address``:
+  it starts the embedded Catch server, in a child process sized for the worlds (``--in-process``:
+  in this one), or ``--launch "CMD {port}" --num-servers K`` servers (``dmr.launch``). Prints a
+  summary of the run (``--json``: as JSON; ``_cli.run``). ``--ray [auto|ADDRESS|local] --num-shards
+  K``: K Ray actors step the worlds. ``--watch``: a live page (``_cli.watch``).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
 - ``check ADDRESS``: checks a server against the protocol (``_cli.check``); 0 if it conforms.
 - ``serve``: serves Catch or your environment until Ctrl-C (``python -m dm_env_rpc_client.server``).
 
-Before connecting, ``run`` and ``specs`` check each address: a host that does not resolve, or a
-port that refuses connections, fails at once saying so; a remote host needs ``--insecure`` or TLS.
+Before connecting, ``run`` and ``specs`` check each address: a host that does not resolve, or
+a port that refuses connections, fails at once saying so; a remote host needs ``--insecure`` or TLS.
 
-Exit codes: 0 success; 1 an error, printed as one paragraph (``--debug``: the traceback and
-gRPC's log lines); 2 bad arguments; 3 ``run`` lost a world for good (it could not be restored);
-130 Ctrl-C, 143 SIGTERM (``run`` prints its summary first).
+Exit codes: 0 success; 1 an error, printed as one paragraph (``--debug`` for
+the traceback and gRPC's own log lines); 2 bad arguments; 3 ``run`` lost a world
+(it could not be restored); 130 Ctrl-C (``run`` prints its summary first; 143
+when SIGTERM stops ``run``, likewise).
 """
 
 from __future__ import annotations
@@ -35,10 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import errors, specs
-from ._base.quiet import quiet_grpc_logs
-from ._cli import record as _record_cli
-from ._cli import watch as _watch_cli
-from ._cli.args import (
+from ._base.cli_args import (
     SETTING_HELP,
     UsageError,
     check_no_url_scheme,
@@ -48,8 +46,11 @@ from ._cli.args import (
     positive_int,
     tls_credentials,
 )
+from ._base.quiet import quiet_grpc_logs
+from ._cli import record as _record_cli
+from ._cli import watch as _watch_cli
 from ._cli.check import add_check_command
-from ._cli.run import RunStats, launched, print_summary, step_worlds
+from ._cli.run import launched, print_summary
 from .batched import BatchedEnvironment
 from .connection import connect, is_local
 from .environment import create_and_join_world, join_world, specs_table
@@ -57,6 +58,7 @@ from .recording import prepare_folder
 from .server import serve
 from .server._subprocess import server_subprocess
 from .server.catch import Catch
+from .stepping import RunStats, collect
 
 INTERRUPTED = 130
 WORLD_LOST = 3  # run finished, but a world failed and could not be restored
@@ -198,10 +200,7 @@ def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[lis
 
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[tuple[threading.Event, list[int]]]:
-    """Ctrl-C and SIGTERM set the event instead of ending us: the loop ends between steps.
-
-    Yields the event and the list of the signals received.
-    """
+    """Yields an event Ctrl-C and SIGTERM set (instead of ending us) and the signals received."""
     stop, received = threading.Event(), list[int]()
     if threading.current_thread() is not threading.main_thread():
         yield stop, received  # signals reach the main thread only: they act as usual
@@ -269,15 +268,15 @@ def run(args: argparse.Namespace) -> int:
                 _watch_cli.watching(args, stop) as observers,
             ):
                 try:
-                    stats = step_worlds(
+                    stats = collect(
                         batch,
-                        steps=args.steps,
+                        args.steps,
                         pipeline=args.pipeline,
                         timeout=args.timeout,
                         seed=args.seed,
-                        recording=recording,
+                        record=recording,
                         stop=stop,
-                        progress=progress,
+                        progress=progress.update,
                         observers=observers,
                     )
                 finally:
@@ -347,9 +346,10 @@ def _table(title: str, rows: list[tuple[Any, ...]]) -> str:
 
 
 def _version() -> str:
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+    try:
         return importlib.metadata.version("dm_env_rpc_client")
-    return "unknown"
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _connection_flags(parser: argparse.ArgumentParser) -> None:

@@ -48,11 +48,11 @@ import time
 from typing import Any
 
 from ._watch import frames as _frames
-from ._watch.events import RunEvent
 from ._watch.server import WatchPortError, WatchServer, is_loopback
 from ._watch.tally import Log, Tally
+from .stepping import RunEvent
 
-__all__ = ["RunEvent", "WatchPortError", "Watcher"]
+__all__ = ["WatchPortError", "Watcher"]
 
 _IDLE_TICK = 0.25  # seconds between counts while no page is open
 _BAD_FPS = "fps must be a number from 1 to 60, not {value!r}."
@@ -134,6 +134,8 @@ class Watcher:
         Args:
           timestep: the steps just received, before actions are chosen for them.
         """
+        if self.closed:
+            return
         self._queue.append(
             (
                 timestep.env_ids,
@@ -336,6 +338,8 @@ class Watcher:
             queue, tally = self._queue, self._tally
             while queue:
                 tally.take(queue.popleft(), wanted)
+            if not self._watched:
+                tally.latest.clear()  # steps queued while the last page was open: let them go
             now = time.monotonic()
             if not self._rate or now - self._rate[-1][0] >= 0.1:
                 self._rate.append((now, tally.total))

@@ -23,12 +23,23 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import run_child, wait_for
-from watch_loop import FAST, watched_run
 
-from dm_env_rpc_client import BatchedEnvironment
+import dm_env_rpc_client as dmr
+from dm_env_rpc_client import BatchedEnvironment, RestartPolicy
 from dm_env_rpc_client._watch import frames
-from dm_env_rpc_client._watch.events import FailureEvents, RunEvent
 from dm_env_rpc_client.watch import Watcher, WatchPortError
+
+# Restarts that give up fast, as in test_faults.py.
+FAST = RestartPolicy(attempts=6, total=20.0, backoff=0.05, max_backoff=0.5, connect_timeout=1.0)
+
+
+def stepping(batch: Any, observers: list[Any], stop: threading.Event) -> threading.Thread:
+    """``dmr.collect`` on a thread of its own until ``stop`` is set, told to ``observers``."""
+    runner = threading.Thread(
+        target=dmr.collect, args=(batch, 10**9), kwargs={"stop": stop, "observers": observers}
+    )
+    runner.start()
+    return runner
 
 
 def test_pictures_are_chosen_as_show_chooses_them_and_the_rest_are_numbers() -> None:
@@ -86,7 +97,7 @@ def test_with_no_page_open_no_observation_is_kept(batch: Any) -> None:
             def on_event(self, event: Any) -> None:
                 pass
 
-        watched_run(batch, 400, [Spy(), watcher])
+        dmr.collect(batch, 400, observers=[Spy(), watcher])
         assert wait_for(lambda: watcher.steps == 400)
         gc.collect()
         assert all(ref() is None for ref in kept[:-1])  # not one board held (the last is local)
@@ -97,16 +108,7 @@ def test_with_no_page_open_no_observation_is_kept(batch: Any) -> None:
 def test_a_page_gets_frames_steps_and_returns_and_a_closed_one_is_let_go(batch: Any) -> None:
     stop = threading.Event()
     with Watcher(stop=stop) as watcher:
-        runner = threading.Thread(
-            target=watched_run,
-            args=(
-                batch,
-                10**9,
-                [watcher],
-            ),
-            kwargs={"stop": stop},
-        )
-        runner.start()
+        runner = stepping(batch, [watcher], stop)
         try:
             threads = threading.active_count()
             response = _stream(watcher.url)
@@ -136,7 +138,7 @@ def test_pause_holds_the_run_until_resume_close_or_stop(batch: Any) -> None:
     watcher = Watcher(stop=stop).start()
     counted = []
     runner = threading.Thread(
-        target=lambda: counted.append(watched_run(batch, 10**9, [watcher], stop=stop))
+        target=lambda: counted.append(dmr.collect(batch, 10**9, stop=stop, observers=[watcher]))
     )
     try:
         watcher.pause()
@@ -226,56 +228,62 @@ def test_a_taken_port_is_a_named_error_or_the_next_free_one() -> None:
         Watcher(fps=0)
 
 
-def test_restarts_and_lost_worlds_become_events(server_process: Any) -> None:
+class Events:
+    """A run observer that keeps the run's events."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def on_steps(self, timestep: Any) -> None:
+        pass
+
+    def on_event(self, event: Any) -> None:
+        self.events.append(event)
+
+
+def test_a_restart_reaches_the_page_as_an_event(server_process: Any) -> None:
     servers = [server_process() for _ in range(2)]
     envs = BatchedEnvironment.connect(
         [s.address for s in servers], 2, seed=0, on_world_failure="restart", restart=FAST
     )
-    events = FailureEvents(envs)
-    seen: list[RunEvent] = []
-    try:
-        envs.reset()
-        servers[1].kill()  # world 1's server
-        envs.send({"paddle": np.zeros(2, np.int8)}, [0, 1])
-
-        def restarted() -> bool:
-            seen.extend(events.new())
-            return any(e.kind == "restart" for e in seen)
-
-        assert wait_for(restarted, timeout=30)
-    finally:
-        envs.close(timeout=5)
-    (event,) = [e for e in seen if e.kind == "restart"]
-    assert event.world == 1 and "world 1 restarted" in event.message
-    assert servers[1].address in event.message and servers[0].address in event.message
+    stop, seen = threading.Event(), Events()
     with Watcher() as watcher:
-        watcher.on_event(event)
         subscriber = watcher.subscribe()
-        assert [e["kind"] for e in watcher.message(subscriber)["events"]] == ["restart"]
+        runner = stepping(envs, [seen, watcher], stop)
+        try:
+            assert wait_for(lambda: watcher.steps > 20)
+            servers[1].kill()  # world 1's server
+            assert wait_for(lambda: any(e.kind == "restart" for e in seen.events), timeout=30)
+        finally:
+            stop.set()
+            runner.join(timeout=30)
+            envs.close(timeout=5)
+        (event,) = [e for e in seen.events if e.kind == "restart"]
+        assert event.world == 1
+        assert servers[1].address in event.message and servers[0].address in event.message
+        sent = watcher.message(subscriber)["events"]
+        assert [(e["kind"], e["world"], e["message"]) for e in sent] == [
+            (event.kind, event.world, event.message)
+        ]
         assert watcher.message(subscriber)["events"] == []  # each sent once
 
 
 _CHILD = """
 import sys, threading
-sys.path.insert(0, {tests!r})
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client.server.catch import Catch
 from dm_env_rpc_client.watch import Watcher
-from watch_loop import FAST, watched_run
 server = dmr.serve(lambda settings: Catch(**settings))
 batch = dmr.BatchedEnvironment.connect([server.address], 2, seed=0)
 batch.reset()
 watcher = Watcher().start()
 print(watcher.url, flush=True)
-watched_run(batch, 10**9, [watcher])
+dmr.collect(batch, 10**9, observers=[watcher])
 """
 
 
 def test_a_sigkilled_parent_leaves_nothing_behind(tmp_path: Any) -> None:
-    tests = os.path.dirname(__file__)
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD.format(tests=tests)], stdout=subprocess.PIPE, text=True
-    )
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True)
     try:
         url = child.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")

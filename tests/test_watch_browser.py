@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import wait_for
-from watch_loop import FAST, watched_run
+from test_watch import FAST, stepping
 
 from dm_env_rpc_client import BatchedEnvironment
 from dm_env_rpc_client.watch import Watcher
@@ -99,11 +99,7 @@ def test_the_page_shows_the_run_live_and_controls_it(
     )
     stop, boards = threading.Event(), Boards()
     watcher = Watcher(stop=stop).start()
-    batch.reset()
-    runner = threading.Thread(
-        target=watched_run, args=(batch, 10**9, [boards, watcher]), kwargs={"stop": stop}
-    )
-    runner.start()
+    runner = stepping(batch, [boards, watcher], stop)
     page = browser.new_page(viewport={"width": 1100, "height": 640})
     try:
         page.goto(watcher.url)
@@ -142,7 +138,7 @@ def test_the_page_shows_the_run_live_and_controls_it(
         restarted = "watch.events.filter(e => e.kind === 'restart').map(e => e.world)"
         assert wait_for(lambda: sorted(page.evaluate(restarted)) == [1, 3], timeout=30)
         assert page.locator("#events li.restart").count() == 2
-        assert "restarted" in page.inner_text("#events")
+        assert "restart: world 1: " in page.inner_text("#events")
         assert wait_for(lambda: page.evaluate("watch.returns.length") > 20, timeout=10)
         picture = tmp_path / "watch.png"
         page.screenshot(path=str(picture))

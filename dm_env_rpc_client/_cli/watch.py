@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .args import port
+from .._base.cli_args import port
 
 _SHOWN = "watch the run at {url}"
 _EXPOSED = (

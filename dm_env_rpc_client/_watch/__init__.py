@@ -1,1 +1,1 @@
-"""Beneath watch: the watcher's tally and frames, its HTTP server, its events and its page."""
+"""Beneath watch: the watcher's tally and frames, its HTTP server, and its page."""

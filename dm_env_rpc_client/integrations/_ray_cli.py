@@ -24,10 +24,10 @@ from typing import Any
 
 import ray
 
-from .._cli.args import UsageError, check_launch_flags, tls_credentials
-from .._cli.run import RunStats
+from .._base.cli_args import UsageError, check_launch_flags, tls_credentials
 from ..server.catch import Catch
 from ..specs import unflatten
+from ..stepping import RunStats
 from ._ray_fleet import ServerFleet
 from ._ray_shards import run_sharded
 from .ray import init_ray
