@@ -53,19 +53,9 @@ import numpy as np
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client._adaptor.stacked import BatchedTimeStep
 from dm_env_rpc_client.watch import Watcher
+from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
 WORLDS = 16
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # A stand-in page: reads the stream, decodes each frame's pixels, counts frames.
 SSE_READER = r"""
 import base64, json, sys, urllib.request

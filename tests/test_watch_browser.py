@@ -20,23 +20,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
 from conftest import wait_for
 from test_watch import FAST, stepping
 
 from dm_env_rpc_client import BatchedEnvironment
 from dm_env_rpc_client.watch import Watcher
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOT = pathlib.Path(__file__).parent.parent / "docs" / "assets" / "watch.png"
 
 
