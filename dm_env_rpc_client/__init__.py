@@ -36,10 +36,12 @@ from .connection import (
     FAST_KEEPALIVE_DETECTION_S,
     FAST_KEEPALIVE_OPTIONS,
     KEEPALIVE_DETECTION_S,
+    TOKEN_ENV,
     Connection,
     ConnectionLike,
     connect,
     create_secure_channel_and_connect,
+    token_metadata,
 )
 from .display import show
 from .environment import (
@@ -56,6 +58,7 @@ from .errors import (
     ArgumentError,
     ArgumentTypeError,
     ArgumentValueError,
+    AuthenticationError,
     BoundsError,
     ConnectionClosedError,
     ConnectRefusedError,
@@ -120,6 +123,7 @@ __all__ = [
     "ArgumentValueError",
     "AsyncConnection",
     "AsyncDmEnvAdaptor",
+    "AuthenticationError",
     "BatchedEnvironment",
     "BatchedTimeStep",
     "Bounds",
@@ -173,6 +177,7 @@ __all__ = [
     "SpecError",
     "SpecManager",
     "SpecValidationError",
+    "TOKEN_ENV",
     "TensorError",
     "TensorTypeError",
     "TensorValueError",
@@ -217,5 +222,6 @@ __all__ = [
     "set_bounds",
     "show",
     "tensor_spec_to_dm_env_spec",
+    "token_metadata",
     "unpack_tensor",
 ]

@@ -15,6 +15,9 @@ in flight::
 A server error fails only its own request (``DmEnvRpcError``). When the stream
 ends or breaks, every pending and later request fails promptly with
 ``ConnectionClosedError`` carrying the gRPC status. ``close()`` is idempotent.
+A server that requires a token (``dmr.serve(..., token=)``) takes it as metadata,
+``dmr.connect(address, metadata=dmr.token_metadata(token))``; without it, or with a
+wrong one, the first request fails with ``AuthenticationError``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from ._proto import dm_env_rpc_pb2
 from ._transport import ready as _ready
 from ._transport.channel import DEFAULT_OPTIONS as DEFAULT_OPTIONS
 from ._transport.channel import FAST_KEEPALIVE_DETECTION_S as FAST_KEEPALIVE_DETECTION_S
+from ._base.tokens import TOKEN_ENV as TOKEN_ENV
+from ._base.tokens import token_metadata as token_metadata
 from ._transport.channel import FAST_KEEPALIVE_OPTIONS as FAST_KEEPALIVE_OPTIONS
 from ._transport.channel import KEEPALIVE_DETECTION_S as KEEPALIVE_DETECTION_S
 from ._transport.channel import create_channel as create_channel
@@ -51,6 +56,12 @@ DEFAULT_TIMEOUT = 60.0  # seconds a request waits for its response unless told o
 _CLOSED = "The connection is closed; open a new one with dmr.connect()."
 _STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
 _REOPEN = "; open a new connection."
+_UNAUTHENTICATED = "The server refused this client (UNAUTHENTICATED: {details}){advice}"
+# For servers whose message does not say it (the SDK's own does).
+_PASS_TOKEN = (
+    " Pass the server's token: metadata=dmr.token_metadata(token) in Python, or "
+    "--token-file FILE or the DMR_TOKEN environment variable on the command line."
+)
 _CHANNEL_NOT_ADDRESS = (
     "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
     "to connect to an address, use dmr.connect({address!r})."
@@ -87,6 +98,10 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "UNKNOWN"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        advice = "" if "token_metadata" in str(details) else _PASS_TOKEN
+        message = _UNAUTHENTICATED.format(details=details, advice=advice)
+        return errors.AuthenticationError(message, code, details)
     return errors.ConnectionClosedError(
         # RESOURCE_EXHAUSTED: a new connection would be refused too; the details say what to do.
         _STREAM_ENDED.format(
@@ -435,7 +450,8 @@ def connect(
         local credentials by default.
       timeout: seconds to wait for the server (default ``DEFAULT_CONNECT_TIMEOUT``,
         30 s); None waits indefinitely.
-      metadata: gRPC metadata for the stream.
+      metadata: gRPC metadata for the stream; ``dmr.token_metadata(token)`` carries
+        the token of a server that requires one.
       options: extra gRPC channel options (override the defaults).
       insecure: allow plaintext to a remote host.
       max_in_flight: bound on pending requests (see ``Connection``).
@@ -450,6 +466,9 @@ def connect(
         or a timeout that is not a number of seconds above 0.
       ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
+      AuthenticationError: the TLS handshake failed: the server's certificate is not
+        trusted, or the server wants a client certificate it trusts (mutual TLS). A
+        missing or wrong token shows on the first request instead (the same error).
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
     _checks.check_seconds(timeout)
@@ -457,7 +476,7 @@ def connect(
     if max_in_flight is not None:
         _checks.check_count(max_in_flight, "max_in_flight")
     channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)
-    verdict = _ready.wait_ready(channel, timeout, wait_for_ready)
+    verdict = _ready.wait_ready(channel, timeout, wait_for_ready, tls=credentials is not None)
     if verdict is not None:
         error = _ready.connect_error(verdict, address, timeout, channel)
         channel.close()

@@ -163,6 +163,7 @@ def open_batch(
             timeout=wait,
             metadata=metadata,
             wait_for_ready=wait_for_ready or not first,
+            tls=credentials is not None,
         )
 
     connections: list[LoopConnection] = []
