@@ -13,6 +13,10 @@ Commands:
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
 
+A server that requires a token gets it from ``--token-file FILE`` (or ``--token``, or
+the ``DMR_TOKEN`` environment variable); servers that ``--launch`` starts get it in
+``DMR_TOKEN``. Mutual TLS: ``--certificate`` and ``--private-key``.
+
 Before connecting, ``run`` and ``specs`` check each address: a host that does not resolve, or
 a port that refuses connections, fails at once saying so; a remote host needs ``--insecure`` or TLS.
 
@@ -49,11 +53,13 @@ from ._cli.args import (
     positive_float,
     positive_int,
     tls_credentials,
+    token,
+    token_flags,
 )
 from ._cli.check import add_check_command
 from ._cli.run import RunStats, launched, print_summary, step_worlds
 from .batched import BatchedEnvironment
-from .connection import connect, is_local
+from .connection import connect, is_local, token_metadata
 from .environment import create_and_join_world, join_world, specs_table
 from .recording import prepare_folder
 from .server import serve
@@ -112,7 +118,7 @@ def _record_folder(text: str) -> str:
 
 
 def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """credentials / insecure / options for the SDK, from the TLS flags."""
+    """credentials / insecure / options / metadata for the SDK, from the TLS and token flags."""
     tls = bool(args.tls or args.root_certificates or args.certificate or args.private_key)
     if tls and args.insecure:
         raise UsageError(_TLS_AND_INSECURE)
@@ -121,7 +127,13 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
     make_credentials = tls_credentials(args)
     credentials = None if make_credentials is None else make_credentials()
-    return {"credentials": credentials, "insecure": args.insecure, "options": options or None}
+    sent = token(args)
+    return {
+        "credentials": credentials,
+        "insecure": args.insecure,
+        "options": options or None,
+        "metadata": None if sent is None else token_metadata(sent),
+    }
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -371,6 +383,7 @@ def _connection_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--server-name", metavar="NAME", help="TLS: the name the server's certificate holds"
     )
+    token_flags(group, "send")
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:

@@ -36,12 +36,12 @@ from google.protobuf import message
 
 from . import errors, messages
 from ._base import checks as _checks
+from ._base.tokens import TOKEN_ENV as TOKEN_ENV
+from ._base.tokens import token_metadata as token_metadata
 from ._proto import dm_env_rpc_pb2
 from ._transport import ready as _ready
 from ._transport.channel import DEFAULT_OPTIONS as DEFAULT_OPTIONS
 from ._transport.channel import FAST_KEEPALIVE_DETECTION_S as FAST_KEEPALIVE_DETECTION_S
-from ._base.tokens import TOKEN_ENV as TOKEN_ENV
-from ._base.tokens import token_metadata as token_metadata
 from ._transport.channel import FAST_KEEPALIVE_OPTIONS as FAST_KEEPALIVE_OPTIONS
 from ._transport.channel import KEEPALIVE_DETECTION_S as KEEPALIVE_DETECTION_S
 from ._transport.channel import create_channel as create_channel

@@ -109,6 +109,9 @@ def open_batch(
     requested = None if requested_observations is None else tuple(requested_observations)
     servers = addresses if isinstance(addresses, LaunchedServers) else None
     if isinstance(addresses, LaunchedServers):
+        # Launched servers hand over what reaches them (dmr.launch's token and credentials).
+        metadata = addresses.metadata if metadata is None else metadata
+        credentials = addresses.credentials if credentials is None else credentials
         addresses = addresses.addresses
     elif isinstance(addresses, str):
         addresses = [addresses]

@@ -150,3 +150,33 @@ def check_launch_flags(args: argparse.Namespace) -> None:
         raise UsageError("give --launch or --address, not both")
     if args.num_servers is not None and not args.launch:
         raise UsageError("--num-servers goes with --launch")
+
+
+def token_flags(parser: Any, side: str) -> None:
+    """``--token`` and ``--token-file`` on ``parser`` (a parser or an argument group);
+    ``side``: what the token does there ("require" for a server, "send" for a client)."""
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help=f"{side} the shared token in FILE (default: the DMR_TOKEN environment variable)",
+    )
+    parser.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help=f"{side} this shared token (other users see it in ps: prefer --token-file)",
+    )
+
+
+def token(args: argparse.Namespace) -> str | None:
+    """The token of ``--token``, ``--token-file`` or ``DMR_TOKEN`` (None without any).
+
+    Raises:
+      UsageError: both flags, an unreadable or empty file, or a token that is not
+        printable ASCII without spaces (the token is not shown).
+    """
+    from .._base.tokens import resolve_token
+
+    try:
+        return resolve_token(args.token, args.token_file)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc

@@ -49,7 +49,7 @@ from ..batched import BatchedEnvironment, BatchedTimeStep
 from ..launch import LaunchedServers, launch
 from ..random_actions import random_action
 from ..recording import Recording
-from .args import check_launch_flags
+from .args import check_launch_flags, token
 
 ACTION_STREAM = 1  # world i's actions: numpy.random.default_rng((seed + i, ACTION_STREAM))
 _SLICE = 0.25  # seconds between checks for a stop signal while waiting for steps
@@ -383,7 +383,12 @@ def launched(args: Any) -> LaunchedServers | None:
     check_launch_flags(args)
     if not args.launch:
         return None
-    return launch(args.launch, args.num_servers or 1, ready_timeout=max(60.0, args.timeout))
+    return launch(
+        args.launch,
+        args.num_servers or 1,
+        ready_timeout=max(60.0, args.timeout),
+        token=token(args),
+    )
 
 
 def _steps_lost(batch: BatchedEnvironment, world: int) -> int:

@@ -316,9 +316,7 @@ def serve(
         a ``token`` that cannot travel as gRPC metadata (empty, spaces, non-ASCII).
       OSError: the address cannot be bound.
     """
-    return Server(
-        make_env, address, credentials=credentials, max_workers=max_workers, token=token
-    )
+    return Server(make_env, address, credentials=credentials, max_workers=max_workers, token=token)
 
 
 __all__ = ["Property", "Server", "serve"]
