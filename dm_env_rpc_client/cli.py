@@ -13,9 +13,7 @@ Commands:
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
 
-A server that requires a token gets it from ``--token-file FILE`` (or ``--token``, or
-the ``DMR_TOKEN`` environment variable); servers that ``--launch`` starts get it in
-``DMR_TOKEN``. Mutual TLS: ``--certificate`` and ``--private-key``.
+Tokens: ``--token-file FILE``, ``--token`` or ``DMR_TOKEN`` (``--launch``: in ``DMR_TOKEN``).
 
 Before connecting, ``run`` and ``specs`` check each address: a host that does not resolve, or
 a port that refuses connections, fails at once saying so; a remote host needs ``--insecure`` or TLS.
@@ -52,14 +50,13 @@ from ._cli.args import (
     parse_setting,
     positive_float,
     positive_int,
-    tls_credentials,
-    token,
     token_flags,
 )
+from ._cli.args import channel_kwargs as _channel_kwargs
 from ._cli.check import add_check_command
 from ._cli.run import RunStats, launched, print_summary, step_worlds
 from .batched import BatchedEnvironment
-from .connection import connect, is_local, token_metadata
+from .connection import connect, is_local
 from .environment import create_and_join_world, join_world, specs_table
 from .recording import prepare_folder
 from .server import serve
@@ -84,8 +81,6 @@ _PLAINTEXT = (
     "{address} is a remote host: pass --insecure to talk to it in plaintext, or --tls / "
     "--root-certificates PEM to use TLS."
 )
-_TLS_AND_INSECURE = "--insecure and the TLS flags contradict each other; give one or the other."
-_KEY_PAIR = "--certificate and --private-key go together (client certificate for mutual TLS)."
 _SEED_TWICE = (
     "--create-setting {name}=... and --seed both set the world's seed: use --seed "
     "(world i gets seed + i), or pass --seed-setting '' to keep your own."
@@ -115,25 +110,6 @@ def _record_folder(text: str) -> str:
 
 
 # --- connecting -------------------------------------------------------------------------
-
-
-def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """credentials / insecure / options / metadata for the SDK, from the TLS and token flags."""
-    tls = bool(args.tls or args.root_certificates or args.certificate or args.private_key)
-    if tls and args.insecure:
-        raise UsageError(_TLS_AND_INSECURE)
-    if (args.certificate is None) != (args.private_key is None):
-        raise UsageError(_KEY_PAIR)
-    options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
-    make_credentials = tls_credentials(args)
-    credentials = None if make_credentials is None else make_credentials()
-    sent = token(args)
-    return {
-        "credentials": credentials,
-        "insecure": args.insecure,
-        "options": options or None,
-        "metadata": None if sent is None else token_metadata(sent),
-    }
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

@@ -16,6 +16,8 @@ from typing import Any
 import grpc
 
 _BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
+_TLS_AND_INSECURE = "--insecure and the TLS flags contradict each other; give one or the other."
+_KEY_PAIR = "--certificate and --private-key go together (client certificate for mutual TLS)."
 _SCHEME = (
     "--address {address!r} has a URL scheme: gRPC addresses have none. Give {bare!r}; for "
     "TLS add --tls (or --root-certificates PEM), for plaintext to a remote host --insecure."
@@ -180,3 +182,38 @@ def token(args: argparse.Namespace) -> str | None:
         return resolve_token(args.token, args.token_file)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def token_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...] | None:
+    """The metadata that sends ``token(args)`` (None without a token).
+
+    Raises:
+      UsageError: as ``token``.
+    """
+    from .._base.tokens import token_metadata as metadata
+
+    sent = token(args)
+    return None if sent is None else metadata(sent)
+
+
+def channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``credentials`` / ``insecure`` / ``options`` / ``metadata`` for the SDK, from the TLS
+    flags and the token (``--token``, ``--token-file``, ``DMR_TOKEN``).
+
+    Raises:
+      UsageError: TLS flags with ``--insecure``, half a client key pair, an unreadable
+        PEM file, or a token that cannot be used.
+    """
+    tls = bool(args.tls or args.root_certificates or args.certificate or args.private_key)
+    if tls and args.insecure:
+        raise UsageError(_TLS_AND_INSECURE)
+    if (args.certificate is None) != (args.private_key is None):
+        raise UsageError(_KEY_PAIR)
+    options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
+    make_credentials = tls_credentials(args)
+    return {
+        "credentials": None if make_credentials is None else make_credentials(),
+        "insecure": args.insecure,
+        "options": options or None,
+        "metadata": token_metadata(args),
+    }
