@@ -104,6 +104,7 @@ from .specs import (
     set_bounds,
     tensor_spec_to_dm_env_spec,
 )
+from .stepping import RunEvent, RunObserver, RunStats, collect
 from .tensors import (
     DATA_TYPE_TO_NUMPY,
     NUMPY_TO_DATA_TYPE,
@@ -171,6 +172,9 @@ __all__ = [
     "RelaunchPolicy",
     "RequestTimeoutError",
     "RestartPolicy",
+    "RunEvent",
+    "RunObserver",
+    "RunStats",
     "Server",
     "ServerLaunchError",
     "ShapeError",
@@ -190,6 +194,7 @@ __all__ = [
     "bounds",
     "check_server",
     "cli_main",
+    "collect",
     "connect",
     "connect_async",
     "create_and_join_world",
