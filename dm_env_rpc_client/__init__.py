@@ -14,6 +14,7 @@ the command line and the embedded server.
 
 # First: loads grpc with its INFO lines off, unless GRPC_VERBOSITY is set (see _base.quiet).
 from ._base import quiet as _quiet  # noqa: F401 (imported for what importing it does)
+from ._batch.options import ConnectionOptions, FailurePolicy
 from ._batch.restart import RestartPolicy, WorldFailure
 from ._proto import dm_env_rpc_pb2, dm_env_rpc_pb2_grpc, properties_pb2
 from ._transport.foreign import ForeignConnection
@@ -135,6 +136,7 @@ __all__ = [
     "Connection",
     "ConnectionClosedError",
     "ConnectionLike",
+    "ConnectionOptions",
     "CreateAndJoinResult",
     "DATA_TYPE_TO_NUMPY",
     "DEFAULT_CONNECT_TIMEOUT",
@@ -151,6 +153,7 @@ __all__ = [
     "ErrorCode",
     "FAST_KEEPALIVE_DETECTION_S",
     "FAST_KEEPALIVE_OPTIONS",
+    "FailurePolicy",
     "ForeignConnection",
     "IntegerRangeError",
     "InvalidArgumentError",

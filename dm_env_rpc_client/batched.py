@@ -83,6 +83,7 @@ from ._batch.core import (
     _is_bad,
 )
 from ._batch.opening import open_batch
+from ._batch.options import ConnectionOptions, FailurePolicy, ungroup
 from ._batch.reset import reset_each
 from ._batch.restart import RAISE, RestartPolicy, WorldFailure
 from .random_actions import random_batch
@@ -140,6 +141,8 @@ class BatchedEnvironment(BatchCore):
         step_timeout: float | None = 30.0,
         restart: RestartPolicy | None = None,
         wait_for_ready: bool = False,
+        connection: ConnectionOptions | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
@@ -181,18 +184,34 @@ class BatchedEnvironment(BatchCore):
             found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
           wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
+          connection: ``credentials``, ``options``, ``insecure``, ``metadata`` and
+            ``wait_for_ready`` as one ``dmr.ConnectionOptions`` (instead of those keywords).
+          failure_policy: ``on_world_failure``, ``step_timeout`` and ``restart`` as one
+            ``dmr.FailurePolicy`` (instead of those keywords).
 
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``
             both set the seed setting, ``world_names`` does not match
-            ``num_envs``, an unknown ``on_world_failure``, or
-            ``requested_observations`` given as one string.
+            ``num_envs``, an unknown ``on_world_failure``, ``requested_observations``
+            given as one string, or a keyword given alone and in its group too.
           UnknownNameError: a requested observation the worlds do not have (it
             lists the known names).
           WorldError: naming the world that could not be created or joined; its
             ``__cause__`` is an ``AuthenticationError`` when the server refused the
             token or the TLS handshake failed (the message says what to pass).
         """
+        grouped = ungroup(
+            connection,
+            failure_policy,
+            credentials=credentials,
+            options=options,
+            insecure=insecure,
+            metadata=metadata,
+            wait_for_ready=wait_for_ready,
+            on_world_failure=on_world_failure,
+            step_timeout=step_timeout,
+            restart=restart,
+        )
         return open_batch(
             cls,
             addresses,
@@ -201,17 +220,10 @@ class BatchedEnvironment(BatchCore):
             join_world_settings=join_world_settings,
             requested_observations=requested_observations,
             timeout=timeout,
-            credentials=credentials,
-            options=options,
-            insecure=insecure,
-            metadata=metadata,
             seed=seed,
             seed_setting=seed_setting,
             world_names=world_names,
-            on_world_failure=on_world_failure,
-            step_timeout=step_timeout,
-            restart=restart,
-            wait_for_ready=wait_for_ready,
+            **grouped,
         )
 
     def __len__(self) -> int:

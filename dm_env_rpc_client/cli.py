@@ -39,9 +39,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import errors, specs
-from ._base.quiet import quiet_grpc_logs
-from ._cli import record as _record_cli
-from ._cli.args import (
+from ._base.cli_args import (
     SETTING_HELP,
     UsageError,
     check_no_url_scheme,
@@ -51,7 +49,9 @@ from ._cli.args import (
     positive_int,
     token_flags,
 )
-from ._cli.args import channel_kwargs as _channel_kwargs
+from ._base.cli_args import channel_kwargs as _channel_kwargs
+from ._base.quiet import quiet_grpc_logs
+from ._cli import record as _record_cli
 from ._cli.check import add_check_command
 from ._cli.run import launched, print_summary
 from .batched import BatchedEnvironment

@@ -120,8 +120,11 @@ def open_batch(
     if num_envs is not None:
         _checks.check_count(num_envs, "num_envs")
     _checks.check_seconds(timeout)
-    _checks.check_settings(create_world_settings, "create_world_settings")
-    _checks.check_settings(join_world_settings, "join_world_settings")
+    # Checked once, here, by packing them (before anything opens): open_worlds sends these.
+    packed = (
+        pack_settings(create_world_settings, "create_world_settings"),
+        pack_settings(join_world_settings, "join_world_settings"),
+    )
     if restart is not None:
         _checks.check_count(restart.attempts, "RestartPolicy.attempts")
         for field in ("total", "connect_timeout", "call_timeout"):
@@ -179,6 +182,7 @@ def open_batch(
                 addresses,
                 count,
                 (create_world_settings, join_world_settings, world_names, requested),
+                packed,
                 timeout,
                 seed,
                 seed_setting,
@@ -279,6 +283,7 @@ def open_worlds(
         Sequence[str] | None,
         tuple[str, ...] | None,
     ],
+    packed: tuple[dict[str, dm_env_rpc_pb2.Tensor], dict[str, dm_env_rpc_pb2.Tensor]],
     timeout: float | None,
     seed: int | None,
     seed_setting: str | None,
@@ -289,7 +294,8 @@ def open_worlds(
     put in ``connections`` (in world order once all are open; as opened if one
     fails), so the caller can close them all if a world fails.
 
-    ``settings_of`` is (create settings, join settings, world names, requested observations).
+    ``settings_of`` is (create settings, join settings, world names, requested observations);
+    ``packed`` the create and join settings as ``pack_settings`` gave them (checked there).
 
     Raises:
       WorldError: naming the world that could not be created or joined (the
@@ -302,9 +308,8 @@ def open_worlds(
     made: list[dict[str, Any] | None] = [None] * count
     refused: list[BaseException] = []  # the seed setting's refusal, once it came
     answered = dict.fromkeys(where, 0)  # streams per server whose world was made
-    join_request = pack_settings(join_settings)
+    packed_create, join_request = packed  # the create settings: only the seed differs per world
     opened: list[LoopConnection | None] = [None] * count
-    packed = pack_settings(create_settings)  # once: only the seed differs per world
 
     def create_request(index: int) -> dm_env_rpc_pb2.CreateWorldRequest:
         settings = dict(create_settings or {})
@@ -312,10 +317,10 @@ def open_worlds(
         if seed_setting is not None and seed is not None and not refused:
             settings[seed_setting] = seeds[index] = seed + index
             made[index] = settings
-            seeded = {**packed, seed_setting: tensors.pack_tensor(seed + index)}
+            seeded = {**packed_create, seed_setting: tensors.pack_tensor(seed + index)}
             return dm_env_rpc_pb2.CreateWorldRequest(settings=seeded)
         made[index] = settings
-        return dm_env_rpc_pb2.CreateWorldRequest(settings=packed)
+        return dm_env_rpc_pb2.CreateWorldRequest(settings=packed_create)
 
     async def open_one(index: int, gate: asyncio.Semaphore) -> tuple[str, Any]:
         async with gate:

@@ -17,9 +17,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from .._base.cli_args import UsageError, positive_float, positive_int
 from ..conformance import DEFAULT_CHECK_TIMEOUT, check_server
 from ..launch import launch
-from .args import UsageError, positive_float, positive_int
 
 CONFORMS, DOES_NOT_CONFORM = 0, 1
 _WORLD_CREATE = "--world joins an existing world: --create-setting does not apply to it."

@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from .._cli.args import UsageError, check_launch_flags, tls_credentials, token
+from .._base.cli_args import UsageError, check_launch_flags, tls_credentials, token
 from ..server.catch import Catch
 from ..specs import unflatten
 from ..stepping import RunStats

@@ -33,8 +33,8 @@ from typing import Any
 import dm_env
 import grpc
 
+from .._base.cli_args import UsageError, port, positive_int, read_pem, token, token_flags
 from .._base.quiet import quiet_grpc_logs
-from .._cli.args import UsageError, port, positive_int, read_pem, token, token_flags
 from . import _factory, serve
 from .catch import Catch
 from .envs import LargeObservation

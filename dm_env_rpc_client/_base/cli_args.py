@@ -176,7 +176,7 @@ def token(args: argparse.Namespace) -> str | None:
       UsageError: both flags, an unreadable or empty file, or a token that is not
         printable ASCII without spaces (the token is not shown).
     """
-    from .._base.tokens import resolve_token
+    from .tokens import resolve_token
 
     try:
         return resolve_token(args.token, args.token_file)
@@ -190,7 +190,7 @@ def token_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...] | No
     Raises:
       UsageError: as ``token``.
     """
-    from .._base.tokens import token_metadata as metadata
+    from .tokens import token_metadata as metadata
 
     sent = token(args)
     return None if sent is None else metadata(sent)
