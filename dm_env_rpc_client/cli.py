@@ -115,9 +115,8 @@ def _record_folder(text: str) -> str:
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
     check_no_url_scheme(address)
-    if "://" in address or address.startswith(
-        ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
-    ):
+    schemes = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
+    if "://" in address or address.startswith(schemes):
         return None
     host, sep, port_text = address.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
@@ -246,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
                 world_names=args.world,
                 on_world_failure=args.on_failure,
                 step_timeout=args.timeout,
+                max_streams_per_connection=args.max_streams_per_connection,
                 **kwargs,
             )
         for warning in caught:  # e.g. a server that takes no seed setting

@@ -62,6 +62,11 @@ _PASS_TOKEN = (
     " Pass the server's token: metadata=dmr.token_metadata(token) in Python, or "
     "--token-file FILE or the DMR_TOKEN environment variable on the command line."
 )
+_TOO_LARGE = (
+    "The server's answer is larger than this connection takes ({details}: max_response_bytes, "
+    "or the channel option grpc.max_receive_message_length), so gRPC ended the stream. Raise "
+    "max_response_bytes (None takes any size), or ask for less (requested_observations=)."
+)
 _CHANNEL_NOT_ADDRESS = (
     "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
     "to connect to an address, use dmr.connect({address!r})."
@@ -102,6 +107,8 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
         advice = "" if "token_metadata" in str(details) else _PASS_TOKEN
         message = _UNAUTHENTICATED.format(details=details, advice=advice)
         return errors.AuthenticationError(message, code, details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
+        return errors.ResponseTooLargeError(_TOO_LARGE.format(details=details), code, details)
     return errors.ConnectionClosedError(
         # RESOURCE_EXHAUSTED: a new connection would be refused too; the details say what to do.
         _STREAM_ENDED.format(
@@ -434,6 +441,7 @@ def connect(
     insecure: bool = False,
     max_in_flight: int | None = None,
     wait_for_ready: bool = False,
+    max_response_bytes: int | None = None,
 ) -> Connection:
     """Connects to a dm_env_rpc server.
 
@@ -457,6 +465,9 @@ def connect(
       max_in_flight: bound on pending requests (see ``Connection``).
       wait_for_ready: retry a refused port until ``timeout`` (gRPC's term):
         for a server that is still starting.
+      max_response_bytes: the largest answer taken, in bytes (None: any size,
+        the default). A larger one ends the stream: its request and every
+        pending one fail with ``ResponseTooLargeError``.
 
     Returns:
       A Connection that owns its channel.
@@ -475,7 +486,13 @@ def connect(
     _checks.check_metadata(metadata)
     if max_in_flight is not None:
         _checks.check_count(max_in_flight, "max_in_flight")
-    channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)
+    channel = create_channel(
+        address,
+        credentials=credentials,
+        options=options,
+        insecure=insecure,
+        max_response_bytes=max_response_bytes,
+    )
     verdict = _ready.wait_ready(channel, timeout, wait_for_ready, tls=credentials is not None)
     if verdict is not None:
         error = _ready.connect_error(verdict, address, timeout, channel)

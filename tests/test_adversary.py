@@ -23,7 +23,6 @@ import dm_env_rpc_client as dmr
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
 FAULTS_PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "faults.md"
-DEFECT_5 = "issue 37 defect 5: server error codes outside gRPC's range become UNKNOWN"
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +96,6 @@ def test_the_docs_table_is_the_tested_one() -> None:
     )
 
 
-@pytest.mark.xfail(strict=False, reason=DEFECT_5)
 def test_an_odd_error_code_keeps_its_number(adversary: str) -> None:
     with dmr.connect(adversary, timeout=5) as conn:
         env, _ = dmr.create_and_join_world(conn, {"mode": "odd-error-code"}, {}, timeout=5)
@@ -106,7 +104,8 @@ def test_an_odd_error_code_keeps_its_number(adversary: str) -> None:
         with pytest.raises(dmr.DmEnvRpcError) as info:
             env.step({"a": np.int32(2)})
         env.close()
-    assert int(info.value.code) == 99
+    assert info.value.raw_code == 99 and info.value.code == 2  # UNKNOWN, as gRPC has it
+    assert "the server's code 99" in str(info.value)
 
 
 def test_the_adversary_echoes_then_misbehaves(adversary: str) -> None:

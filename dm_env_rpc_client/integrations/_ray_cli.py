@@ -113,6 +113,7 @@ def run_on_ray(
                 # (or the run stops, with raise); a stall is --timeout without a step.
                 "on_world_failure": args.on_failure,
                 "step_timeout": args.timeout,
+                "max_streams_per_connection": args.max_streams_per_connection,
                 **({"launch": launched} if launched else {}),
             },
             progress=advance,
