@@ -164,12 +164,10 @@ class BatchedEnvironment(BatchCore):
             for ``DmEnvAdaptor``; a restarted world too); None returns all.
           timeout: seconds to wait for each server to answer, and for each response
             of the worlds' ``reset``, ``close`` and lifecycle calls.
-          credentials: channel credentials for TLS (as for ``dmr.connect``); for
-            ``dmr.launch``'s servers, by default the ones given to ``launch``.
+          credentials: channel credentials for TLS (as for ``dmr.connect``).
           options: extra gRPC channel options.
           insecure: allow plaintext to a remote host.
-          metadata: gRPC metadata for every stream (``dmr.token_metadata(token)``);
-            for ``dmr.launch``'s servers, by default that of ``launch``'s token.
+          metadata: gRPC metadata for every stream (``dmr.token_metadata(token)``).
           seed: world ``i`` is created with ``seed + i`` under ``seed_setting``;
             None leaves the settings as they are.
           seed_setting: the create setting that carries the seed; None never sets it.
@@ -197,8 +195,7 @@ class BatchedEnvironment(BatchCore):
             given as one string, or a keyword given alone and in its group too.
           UnknownNameError: a requested observation the worlds do not have (it
             lists the known names).
-          WorldError: naming the world that could not be created or joined (caused
-            by an ``AuthenticationError`` for a refused token or TLS handshake).
+          WorldError: naming the world that could not be created or joined.
         """
         grouped = ungroup(
             connection,
