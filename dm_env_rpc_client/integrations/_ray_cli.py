@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from .._base.cli_args import UsageError, check_launch_flags, tls_credentials
+from .._base.cli_args import UsageError, check_launch_flags, tls_credentials, token
 from ..server.catch import Catch
 from ..specs import unflatten
 from ..stepping import RunStats
@@ -77,7 +77,7 @@ def run_on_ray(
         launched = None
         if args.launch:  # each shard launches its own servers, on its node
             source: Any = ["(launched by the shard)"]
-            launched = (args.launch, args.num_servers or 1)
+            launched = (args.launch, args.num_servers or 1, token(args))
         elif args.address:
             source = list(args.address)
         else:
@@ -86,6 +86,7 @@ def run_on_ray(
                 servers,
                 max_workers=max(_MIN_WORKERS, worlds),
                 timeout=max(60.0, args.timeout),
+                token=token(args),
             )
             source = fleet
         seen = [0]
@@ -110,6 +111,7 @@ def run_on_ray(
             connect_options={
                 "seed_setting": args.seed_setting or None,
                 "options": channel_kwargs["options"],
+                "metadata": channel_kwargs["metadata"],
                 # As a local run: a world whose server dies or stalls is made again
                 # (or the run stops, with raise); a stall is --timeout without a step.
                 "on_world_failure": args.on_failure,
