@@ -5,11 +5,13 @@ Commands:
 - ``run``: random actions over one or more worlds, pipelined (``dmr.collect``); no ``--address``:
   it starts the embedded Catch server, in a child process sized for the worlds (``--in-process``:
   in this one), or ``--launch "CMD {port}" --num-servers K`` servers (``dmr.launch``). Prints a
-  summary of the run (``--json``: as JSON; ``_cli.run``). ``--ray [auto|ADDRESS|local] --num-shards
-  K``: K Ray actors step the worlds. ``--watch``: a live page (``_cli.watch``).
+  summary (``--json``: JSON): steps, episodes, returns, steps/s, latency, seeds, recording,
+  relaunches. ``--ray [auto|ADDRESS|local] --num-shards K``: K Ray actors step the worlds.
+  ``--watch``: a live page of the run (``_cli.watch``).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
 - ``check ADDRESS``: checks a server against the protocol (``_cli.check``); 0 if it conforms.
-- ``serve``: serves Catch or your environment until Ctrl-C (``python -m dm_env_rpc_client.server``).
+- ``serve``: serves Catch, or your own environment factory, until Ctrl-C
+  (the same program as ``python -m dm_env_rpc_client.server``).
 
 Tokens: ``--token-file FILE``, ``--token`` or ``DMR_TOKEN`` (``--launch``: in ``DMR_TOKEN``).
 
@@ -187,7 +189,10 @@ def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[lis
 
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[tuple[threading.Event, list[int]]]:
-    """Yields an event Ctrl-C and SIGTERM set (instead of ending us) and the signals received."""
+    """Ctrl-C and SIGTERM set the event instead of ending us: the loop ends between steps.
+
+    Yields the event and the list of the signals received.
+    """
     stop, received = threading.Event(), list[int]()
     if threading.current_thread() is not threading.main_thread():
         yield stop, received  # signals reach the main thread only: they act as usual
