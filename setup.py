@@ -41,6 +41,9 @@ TEST_REQUIRES = [
     "portpicker>=1.6",
     # A throwaway certificate authority for the TLS tests.
     "trustme>=1.1",
+    # Drives Debian's Chromium (apt-get install chromium; never a downloaded browser) through
+    # the watch page (tests/test_watch_browser.py).
+    "playwright>=1.40",
 ]
 
 # Jupyter use: a kernel and plots for docs/quickstart.ipynb.
@@ -102,7 +105,7 @@ setuptools.setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["dm_env_rpc_client", "dm_env_rpc_client.*"]),
-    package_data={"dm_env_rpc_client": ["py.typed", "_proto/*.pyi"]},
+    package_data={"dm_env_rpc_client": ["py.typed", "_proto/*.pyi", "_watch/*.html"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": TEST_REQUIRES,

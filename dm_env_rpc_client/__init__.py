@@ -37,12 +37,14 @@ from .connection import (
     FAST_KEEPALIVE_DETECTION_S,
     FAST_KEEPALIVE_OPTIONS,
     KEEPALIVE_DETECTION_S,
+    TOKEN_ENV,
     Connection,
     ConnectionLike,
     ConnectionType,
     Metadata,
     connect,
     create_secure_channel_and_connect,
+    token_metadata,
 )
 from .display import show
 from .environment import (
@@ -59,6 +61,7 @@ from .errors import (
     ArgumentError,
     ArgumentTypeError,
     ArgumentValueError,
+    AuthenticationError,
     BoundsError,
     ConnectionClosedError,
     ConnectRefusedError,
@@ -125,6 +128,7 @@ __all__ = [
     "ArgumentValueError",
     "AsyncConnection",
     "AsyncDmEnvAdaptor",
+    "AuthenticationError",
     "BatchedEnvironment",
     "BatchedTimeStep",
     "Bounds",
@@ -186,6 +190,7 @@ __all__ = [
     "SpecError",
     "SpecManager",
     "SpecValidationError",
+    "TOKEN_ENV",
     "TensorError",
     "TensorTypeError",
     "TensorValueError",
@@ -231,5 +236,6 @@ __all__ = [
     "set_bounds",
     "show",
     "tensor_spec_to_dm_env_spec",
+    "token_metadata",
     "unpack_tensor",
 ]

@@ -454,6 +454,7 @@ async def connect_async(
       ArgumentError: an address of the wrong shape, or a bad timeout.
       ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
+      AuthenticationError: the TLS handshake failed (see ``connect``).
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
     check_seconds(timeout)
@@ -468,6 +469,7 @@ async def connect_async(
         metadata=metadata,
         max_in_flight=max_in_flight,
         wait_for_ready=wait_for_ready,
+        tls=credentials is not None,
     )
 
 
@@ -480,8 +482,12 @@ async def open_when_ready(
     metadata: Sequence[tuple[str, str]] | None = None,
     max_in_flight: int | None = None,
     wait_for_ready: bool = True,
+    tls: bool = False,
 ) -> AsyncConnection:
     """Waits until ``channel`` is ready, then opens a stream on it.
+
+    ``tls``: the channel has TLS credentials (a server that hangs up in the handshake
+    then fails at once, ``AuthenticationError``).
 
     With ``owns_channel`` the connection closes the channel when it closes (and
     a timeout closes it at once). Without ``wait_for_ready``, a port that
@@ -492,7 +498,7 @@ async def open_when_ready(
       ConnectTimeoutError: the server did not answer within ``timeout``.
     """
     check_metadata(metadata)
-    verdict = await _ready.wait_ready_async(channel, timeout, wait_for_ready)
+    verdict = await _ready.wait_ready_async(channel, timeout, wait_for_ready, tls)
     if verdict is not None:
         error = await _ready.connect_error_async(verdict, address, timeout, channel)
         if owns_channel:

@@ -167,7 +167,7 @@ class BatchedEnvironment(BatchCore):
           credentials: channel credentials for TLS (as for ``dmr.connect``).
           options: extra gRPC channel options.
           insecure: allow plaintext to a remote host.
-          metadata: gRPC metadata for every stream.
+          metadata: gRPC metadata for every stream (``dmr.token_metadata(token)``).
           seed: world ``i`` is created with ``seed + i`` under ``seed_setting``;
             None leaves the settings as they are.
           seed_setting: the create setting that carries the seed; None never sets it.

@@ -15,6 +15,9 @@ in flight::
 A server error fails only its own request (``DmEnvRpcError``). When the stream
 ends or breaks, every pending and later request fails promptly with
 ``ConnectionClosedError`` carrying the gRPC status. ``close()`` is idempotent.
+A server that requires a token (``dmr.serve(..., token=)``) takes it as metadata,
+``dmr.connect(address, metadata=dmr.token_metadata(token))``; without it, or with a
+wrong one, the first request fails with ``AuthenticationError``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from google.protobuf import message
 
 from . import errors, messages
 from ._base import checks as _checks
+from ._base.tokens import TOKEN_ENV as TOKEN_ENV
+from ._base.tokens import token_metadata as token_metadata
 from ._proto import dm_env_rpc_pb2
 from ._transport import ready as _ready
 from ._transport.channel import DEFAULT_OPTIONS as DEFAULT_OPTIONS
@@ -51,6 +56,12 @@ DEFAULT_TIMEOUT = 60.0  # seconds a request waits for its response unless told o
 _CLOSED = "The connection is closed; open a new one with dmr.connect()."
 _STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
 _REOPEN = "; open a new connection."
+_UNAUTHENTICATED = "The server refused this client (UNAUTHENTICATED: {details}){advice}"
+# For servers whose message does not say it (the SDK's own does).
+_PASS_TOKEN = (
+    " Pass the server's token: metadata=dmr.token_metadata(token) in Python, or "
+    "--token-file FILE or the DMR_TOKEN environment variable on the command line."
+)
 _TOO_LARGE = (
     "The server's answer is larger than this connection takes ({details}: max_response_bytes, "
     "or the channel option grpc.max_receive_message_length), so gRPC ended the stream. Raise "
@@ -92,6 +103,10 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "UNKNOWN"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        advice = "" if "token_metadata" in str(details) else _PASS_TOKEN
+        message = _UNAUTHENTICATED.format(details=details, advice=advice)
+        return errors.AuthenticationError(message, code, details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
         return errors.ResponseTooLargeError(_TOO_LARGE.format(details=details), code, details)
     return errors.ConnectionClosedError(
@@ -443,7 +458,8 @@ def connect(
         local credentials by default.
       timeout: seconds to wait for the server (default ``DEFAULT_CONNECT_TIMEOUT``,
         30 s); None waits indefinitely.
-      metadata: gRPC metadata for the stream.
+      metadata: gRPC metadata for the stream; ``dmr.token_metadata(token)`` carries
+        the token of a server that requires one.
       options: extra gRPC channel options (override the defaults).
       insecure: allow plaintext to a remote host.
       max_in_flight: bound on pending requests (see ``Connection``).
@@ -461,6 +477,9 @@ def connect(
         or a timeout that is not a number of seconds above 0.
       ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
+      AuthenticationError: the TLS handshake failed: the server's certificate is not
+        trusted, or the server wants a client certificate it trusts (mutual TLS). A
+        missing or wrong token shows on the first request instead (the same error).
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
     _checks.check_seconds(timeout)
@@ -474,7 +493,7 @@ def connect(
         insecure=insecure,
         max_response_bytes=max_response_bytes,
     )
-    verdict = _ready.wait_ready(channel, timeout, wait_for_ready)
+    verdict = _ready.wait_ready(channel, timeout, wait_for_ready, tls=credentials is not None)
     if verdict is not None:
         error = _ready.connect_error(verdict, address, timeout, channel)
         channel.close()

@@ -25,6 +25,7 @@ so ``except ValueError`` keeps working::
     |   +-- InvalidArgumentError (ValueError)
     +-- DmEnvRpcConnectionError (ConnectionError)
     |   +-- ConnectionClosedError (grpc.RpcError)  the stream ended or broke; its gRPC status
+    |   |   +-- AuthenticationError    refused: a missing or wrong token, or a TLS handshake
     |   |   +-- ResponseTooLargeError    an answer over max_response_bytes ended the stream
     |   +-- ConnectTimeoutError (TimeoutError)
     |   +-- ConnectRefusedError (ConnectionRefusedError)   nothing listens at the address
@@ -389,6 +390,18 @@ class ConnectionClosedError(DmEnvRpcConnectionError, grpc.RpcError):
     def __reduce__(self) -> tuple[Any, ...]:
         details = None if self.details is None else str(self.details)
         return (type(self), (self.args[0], self.code, details))
+
+
+class AuthenticationError(ConnectionClosedError):
+    """The server would not let this client in, or the TLS handshake failed.
+
+    The server ended the stream with UNAUTHENTICATED (no token, or a wrong one:
+    its message says which; ``code`` is UNAUTHENTICATED), or the connection
+    ended in its TLS handshake (``code`` is UNAVAILABLE): the server wants a
+    client certificate it trusts (mutual TLS), the client does not trust the
+    server's certificate, or one side speaks TLS and the other does not. The
+    message says what to pass. Nothing is retried: the same call fails the same way.
+    """
 
 
 class ResponseTooLargeError(ConnectionClosedError):

@@ -128,6 +128,9 @@ def open_batch(
     requested = None if requested_observations is None else tuple(requested_observations)
     servers = addresses if isinstance(addresses, LaunchedServers) else None
     if isinstance(addresses, LaunchedServers):
+        # Launched servers hand over what reaches them (dmr.launch's token and credentials).
+        metadata = addresses.metadata if metadata is None else metadata
+        credentials = addresses.credentials if credentials is None else credentials
         addresses = addresses.addresses
     elif isinstance(addresses, str):
         addresses = [addresses]
@@ -202,6 +205,7 @@ def open_batch(
                     timeout=wait,
                     metadata=metadata,
                     wait_for_ready=wait_for_ready or not first,
+                    tls=credentials is not None,
                 )
         except BaseException:
             slot.released = True

@@ -233,6 +233,7 @@ class LoopConnection:
         insecure: bool = False,
         metadata: Any = None,
         wait_for_ready: bool = True,
+        tls: bool = False,
     ) -> LoopConnection:
         """Opens a stream (on ``channel`` if given, which the caller keeps owning).
 
@@ -252,6 +253,7 @@ class LoopConnection:
             timeout=timeout,
             metadata=metadata,
             wait_for_ready=wait_for_ready,
+            tls=tls or credentials is not None,
         )
         return cls(runner, connection)
 
