@@ -445,13 +445,33 @@ async def connect_async(
     insecure: bool = False,
     max_in_flight: int | None = None,
     wait_for_ready: bool = False,
+    max_response_bytes: int | None = None,
 ) -> AsyncConnection:
     """Connects to a dm_env_rpc server with asyncio (arguments as for ``connect``).
 
     A port that refuses fails at once unless ``wait_for_ready=True``, as for ``connect``.
 
+    Args:
+      address: ``host:port`` or ``unix:path``.
+      credentials: channel credentials for TLS (loopback and unix: local credentials).
+      timeout: seconds to wait for the server (default 30 s); None waits indefinitely.
+      metadata: gRPC metadata for the stream (``dmr.token_metadata(token)``).
+      options: extra gRPC channel options (override the defaults).
+      insecure: allow plaintext to a remote host.
+      max_in_flight: bound on pending requests.
+      wait_for_ready: retry a refused port until ``timeout``.
+      max_response_bytes: the largest answer taken, in bytes (None: any size,
+        the default). A larger one ends the stream: its request and every
+        pending one fail with ``ConnectionClosedError``, which is a
+        ``ResponseTooLargeError`` unless a request was being written as gRPC
+        cut the stream (``grpc.aio`` then reports INTERNAL).
+
+    Returns:
+      An AsyncConnection that owns its channel.
+
     Raises:
-      ArgumentError: an address of the wrong shape, or a bad timeout.
+      ArgumentError: an address of the wrong shape, a bad timeout, or a
+        ``max_response_bytes`` that is not a whole number of at least 1.
       ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
       AuthenticationError: the TLS handshake failed (see ``connect``).
@@ -459,7 +479,12 @@ async def connect_async(
     """
     check_seconds(timeout)
     channel = create_channel(
-        address, credentials=credentials, options=options, insecure=insecure, aio=True
+        address,
+        credentials=credentials,
+        options=options,
+        insecure=insecure,
+        aio=True,
+        max_response_bytes=max_response_bytes,
     )
     return await open_when_ready(
         channel,

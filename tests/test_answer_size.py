@@ -6,6 +6,7 @@ timing or memory targets in tests).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -106,9 +107,37 @@ def test_an_answer_over_max_response_bytes_is_named() -> None:
             assert isinstance(world_error.value.__cause__, errors.ResponseTooLargeError)
 
 
+def test_connect_async_takes_max_response_bytes_too() -> None:
+    """As ``dmr.connect``: a larger answer fails its request with ResponseTooLargeError, and
+    every pending one with a ConnectionClosedError; with room for it, it decodes. (With requests
+    being written as gRPC cuts the stream, ``grpc.aio`` may report INTERNAL instead: a race in
+    gRPC that the SDK cannot see past, so the pending ones are only ConnectionClosedError.)"""
+
+    async def reset(address: str, cap: int) -> Any:
+        async with await dmr.connect_async(address, timeout=10, max_response_bytes=cap) as conn:
+            env, _ = await dmr.create_and_join_world_async(conn, {}, {}, timeout=10)
+            return await env.reset()
+
+    async def pending(address: str) -> list[Any]:
+        async with await dmr.connect_async(address, timeout=10, max_response_bytes=100_000) as conn:
+            env, _ = await dmr.create_and_join_world_async(conn, {}, {}, timeout=10)
+            steps = (env.step({}) for _ in range(3))
+            return await asyncio.gather(env.reset(), *steps, return_exceptions=True)
+
+    with faulty_server(answering(N)) as address:
+        with pytest.raises(errors.ResponseTooLargeError, match="max_response_bytes") as raised:
+            asyncio.run(reset(address, 100_000))
+        assert raised.value.code == dmr.ErrorCode(8)  # RESOURCE_EXHAUSTED
+        assert asyncio.run(reset(address, 1_000_000)).observation["x"].shape == (N,)
+        failed = asyncio.run(pending(address))
+        assert all(isinstance(e, errors.ConnectionClosedError) for e in failed), failed
+
+
 @pytest.mark.parametrize("value", [0, -5, 1.5, "1MB"])
 def test_a_bad_max_response_bytes_is_refused_by_name(value: Any) -> None:
     with pytest.raises(errors.ArgumentError, match="max_response_bytes"):
         dmr.connect("127.0.0.1:1", max_response_bytes=value)
+    with pytest.raises(errors.ArgumentError, match="max_response_bytes"):
+        asyncio.run(dmr.connect_async("127.0.0.1:1", max_response_bytes=value))
     with pytest.raises(errors.ArgumentError, match="max_response_bytes"):
         dmr.BatchedEnvironment.connect("127.0.0.1:1", 1, max_response_bytes=value)
