@@ -135,36 +135,19 @@ def open_batch(
             raise ValueError(_SEED_TWICE.format(name=seed_setting))
     else:
         seed_setting = None
-    batch_options = list(options or ())
-    if not any(name == _NO_RETRIES[0] for name, _ in batch_options):
-        batch_options.insert(0, _NO_RETRIES)
     check_descriptors(addresses)  # before gRPC or the loop open any (gRPC aborts without them)
     runner = LoopThread(name="dm_env_rpc_client-batched")
     channels: dict[str, grpc.aio.Channel] = {}
-
-    async def open_stream(
-        address: str, wait: float | None = timeout, *, first: bool = False
-    ) -> LoopConnection:
-        """A stream to ``address``; a world's first (``first``) fails at once on a refusing port
-        unless ``wait_for_ready``; a restart's waits for its server to come back."""
-        channel = channels.get(address)
-        if channel is None:
-            channel = channels[address] = create_channel(
-                address, credentials=credentials, options=batch_options, insecure=insecure, aio=True
-            )
-        if channel.get_state() == grpc.ChannelConnectivity.READY:  # no wait for each stream
-            connection = await AsyncConnection.open(channel, metadata)
-            connection.address = address
-            return LoopConnection(runner, connection)
-        return await LoopConnection.open(
-            runner,
-            address,
-            channel=channel,
-            timeout=wait,
-            metadata=metadata,
-            wait_for_ready=wait_for_ready or not first,
-        )
-
+    open_stream = stream_opener(
+        runner,
+        channels,
+        timeout=timeout,
+        credentials=credentials,
+        options=options,
+        insecure=insecure,
+        metadata=metadata,
+        wait_for_ready=wait_for_ready,
+    )
     connections: list[LoopConnection] = []
     try:
         with collector.paused():  # its collections would scan every world's objects, in vain
@@ -187,19 +170,11 @@ def open_batch(
     batch.world_seeds = seeds
     if seed is not None:
         batch._actions_rng = np.random.default_rng(seed)
-    batch._runner, batch._channels = runner, channels
-    batch._streams = [conn.async_connection for conn in connections]
-    for stream in batch._streams:  # one pool of writer tasks for all (_transport.writers)
-        stream._pool = batch._writers
-    batch._joined_specs = [env._wire_specs for env in envs]
-    if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
-        batch._decoder = StackedDecoder(envs[0])
-        batch._encoder = StepEncoder(envs[0])
+    equip(batch, runner, channels, connections, open_stream)
     batch._policy = on_world_failure
     batch._restart_policy = restart or RestartPolicy()
     batch._step_timeout = step_timeout
     batch._recipes = recipes
-    batch._open_stream = open_stream
     if servers is not None:
         batch.servers, batch.relaunches = servers, servers.relaunches
     if on_world_failure == _restart.RESTART:
@@ -208,6 +183,70 @@ def open_batch(
     if step_timeout is not None:
         runner.call(batch._watch)
     return batch
+
+
+def stream_opener(
+    runner: LoopThread,
+    channels: dict[str, grpc.aio.Channel],
+    *,
+    timeout: float | None,
+    credentials: grpc.ChannelCredentials | None,
+    options: Sequence[tuple[str, Any]] | None,
+    insecure: bool,
+    metadata: Sequence[tuple[str, str]] | None,
+    wait_for_ready: bool,
+) -> Callable[..., Coroutine[Any, Any, LoopConnection]]:
+    """The batch's ``open_stream(address, wait=timeout, *, first=False)``: a stream on ``runner``'s
+    loop, over one channel per address (made on first use, kept in ``channels``); a world's first
+    (``first``) fails at once on a refusing port unless ``wait_for_ready``; a restart's waits for
+    its server to come back. gRPC never retries a batch's streams (``_NO_RETRIES``)."""
+    batch_options = list(options or ())
+    if not any(name == _NO_RETRIES[0] for name, _ in batch_options):
+        batch_options.insert(0, _NO_RETRIES)
+
+    async def open_stream(
+        address: str, wait: float | None = timeout, *, first: bool = False
+    ) -> LoopConnection:
+        channel = channels.get(address)
+        if channel is None:
+            channel = channels[address] = create_channel(
+                address, credentials=credentials, options=batch_options, insecure=insecure, aio=True
+            )
+        if channel.get_state() == grpc.ChannelConnectivity.READY:  # no wait for each stream
+            connection = await AsyncConnection.open(channel, metadata)
+            connection.address = address
+            return LoopConnection(runner, connection)
+        return await LoopConnection.open(
+            runner,
+            address,
+            channel=channel,
+            timeout=wait,
+            metadata=metadata,
+            wait_for_ready=wait_for_ready or not first,
+        )
+
+    return open_stream
+
+
+def equip(
+    batch: BatchCore,
+    runner: LoopThread,
+    channels: dict[str, grpc.aio.Channel],
+    connections: Sequence[LoopConnection],
+    open_stream: Callable[..., Any],
+) -> None:
+    """Puts a batch made of opened worlds on its loop: streams, the shared writer pool, and the
+    batch-at-once encoder and decoder when every world's specs are alike."""
+    envs = batch.envs
+    batch._runner, batch._channels = runner, channels
+    batch._streams = [conn.async_connection for conn in connections]
+    for stream in batch._streams:  # one pool of writer tasks for all (_transport.writers)
+        stream._pool = batch._writers
+    batch._joined_specs = [env._wire_specs for env in envs]
+    if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
+        batch._decoder = StackedDecoder(envs[0])
+        batch._encoder = StepEncoder(envs[0])
+    batch._open_stream = open_stream
 
 
 def check_descriptors(addresses: Sequence[str]) -> None:
