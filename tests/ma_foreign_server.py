@@ -169,6 +169,7 @@ class World:
             started = self.round
             self.submitted[agent] = action
             self._complete_if_all_acted()
+            self.cond.notify_all()  # in turns, the next agent's turn
             if not self.cond.wait_for(
                 lambda: self.destroyed or self.round != started, self.barrier_timeout
             ):
