@@ -80,7 +80,7 @@ def _setting(settings: Any, name: str, default: Any) -> Any:
     if name not in settings:
         return default
     value = tensor_utils.unpack_tensor(settings[name])
-    return value.item() if isinstance(value, np.ndarray) else value
+    return value.item() if isinstance(value, (np.ndarray, np.generic)) else value
 
 
 class World:
@@ -251,6 +251,7 @@ class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
         self.active_streams = 0
         self.abort_agent: int | None = None
         self.stall = False
+        self.steps_received = 0  # every StepRequest read, by any stream
         self._names = itertools.count()
 
     def Process(self, request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
@@ -279,6 +280,8 @@ class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
                         agent, world = found.join(wanted), found
                         world.specs(response.join_world.specs)
                     elif field == "step":
+                        with self.lock:
+                            self.steps_received += 1
                         if world is None or agent is None:
                             raise Refused(code_pb2.FAILED_PRECONDITION, "join a world first")
                         if self.abort_agent == agent:
