@@ -50,7 +50,7 @@ from ._adaptor.core import pack_settings
 from ._adaptor.stacked import BatchedTimeStep, split_actions
 from ._base import checks as _checks
 from ._batch.agent_opening import open_agent_batch
-from ._batch.agents import AgentBatch, close_agents
+from ._batch.agents import AgentBatch, SiblingFailure, close_agents
 from ._batch.restart import RAISE, RestartPolicy
 from ._proto import dm_env_rpc_pb2
 from .connection import wait_response
@@ -223,10 +223,14 @@ class MultiAgentBatch(AgentBatch):
         }
 
     def _agent_error(self, error: errors.WorldError) -> errors.WorldError:
+        """``error`` of an agent slot, as the error of its world naming the agent (the agent
+        whose failure failed the world, for the others' answers)."""
         world, agent = divmod(error.index, self.num_agents)
-        cause = error.__cause__ if error.__cause__ is not None else error
+        text = str(error).split(" failed: ", 1)[-1]
+        if isinstance(error.__cause__, SiblingFailure) and text == str(error.__cause__):
+            agent, text = error.__cause__.agent, str(error.__cause__.cause)
         text = _AGENT_FAILED.format(
-            world=world, agent=self.agents[agent], address=error.address, error=cause
+            world=world, agent=self.agents[agent], address=error.address, error=text
         )
         wrapped = type(error)(text, world, error.address)
         wrapped.reset_steps = error.reset_steps

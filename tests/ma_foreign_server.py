@@ -101,6 +101,7 @@ class World:
         self.cond = threading.Condition()
         self.joined: set[int] = set()
         self.submitted: dict[int, int] = {}
+        self.acted: set[int] = set()  # this round's, kept by an agent that gave up waiting
         self.round = 0
         self.results: dict[int, tuple[int, np.ndarray, float, float]] = {}
         self.fresh = True  # the next round starts an episode (every action ignored)
@@ -168,15 +169,17 @@ class World:
             self._check_alive()
             started = self.round
             self.submitted[agent] = action
+            self.acted.add(agent)
             self._complete_if_all_acted()
             self.cond.notify_all()  # in turns, the next agent's turn
             if not self.cond.wait_for(
-                lambda: self.destroyed or self.round != started, self.barrier_timeout
+                lambda: self.destroyed or self.round != started or agent not in self.joined,
+                self.barrier_timeout,
             ):
                 self.submitted.pop(agent, None)
-                missing = [k for k in sorted(self.joined) if k not in self.submitted and k != agent]
+                missing = [k for k in sorted(self.joined) if k not in self.acted]
                 raise self._timed_out(agent, missing)
-            self._check_alive()
+            self._check_alive(agent)
             return self.results[agent]
 
     def _timed_out(self, agent: int, missing: list[int]) -> Refused:
@@ -186,7 +189,9 @@ class World:
         )
         return Refused(code_pb2.DEADLINE_EXCEEDED, message)
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, agent: int | None = None) -> None:
+        if agent is not None and agent not in self.joined:
+            raise Refused(code_pb2.CANCELLED, f"{_name(agent)} left while it waited")
         if self.destroyed:
             raise Refused(code_pb2.FAILED_PRECONDITION, f"world {self.name} was destroyed")
 
@@ -196,6 +201,7 @@ class World:
             return
         acting = dict(self.submitted)
         self.submitted.clear()
+        self.acted.clear()
         rewards = dict.fromkeys(acting, 0.0)
         state = _RUNNING
         if self.fresh:
@@ -259,6 +265,16 @@ class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
             self.active_streams += 1
         world: World | None = None
         agent: int | None = None
+        # The (world, agent) this stream holds: a stream that ends (its client gone) leaves at
+        # once, waking its step if it waits in the barrier.
+        membership: list[tuple[World, int]] = []
+
+        def leave() -> None:
+            while membership:
+                held_world, held_agent = membership.pop()
+                held_world.leave(held_agent)
+
+        context.add_callback(leave)
         try:
             for request in request_iterator:
                 response = pb.EnvironmentResponse()
@@ -278,6 +294,7 @@ class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
                             raise Refused(code_pb2.NOT_FOUND, "no such world")
                         wanted = _setting(request.join_world.settings, "agent", None)
                         agent, world = found.join(wanted), found
+                        membership.append((world, agent))
                         world.specs(response.join_world.specs)
                     elif field == "step":
                         with self.lock:
@@ -312,8 +329,7 @@ class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
                         found.reset_world(_setting(request.reset_world.settings, "seed", None))
                         response.reset_world.SetInParent()
                     elif field == "leave_world":
-                        if world is not None and agent is not None:
-                            world.leave(agent)
+                        leave()
                         world = agent = None
                         response.leave_world.SetInParent()
                     elif field == "destroy_world":
@@ -338,8 +354,7 @@ class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
                     )
                 yield response
         finally:
-            if world is not None and agent is not None:
-                world.leave(agent)
+            leave()
             with self.lock:
                 self.active_streams -= 1
 

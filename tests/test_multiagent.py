@@ -105,7 +105,10 @@ def test_per_agent_join_settings_specs_and_observations(server):
         assert paddle.dtype == np.int8 and (paddle.minimum, paddle.maximum) == (-1, 1)
         assert world.observation_spec()["agent_0"]["board"].shape == (10, 8)
         steps = world.reset()
-        board_1, board_0 = steps["agent_1"].observation["board"], steps["agent_0"].observation["board"]
+        board_1, board_0 = (
+            steps["agent_1"].observation["board"],
+            steps["agent_0"].observation["board"],
+        )
         # Each agent sees its own paddle at 1.0 and the other's at 0.5.
         assert board_0[9, 0] == 1.0 and board_0[9, 4] == 0.5
         assert board_1[9, 4] == 1.0 and board_1[9, 0] == 0.5
@@ -159,9 +162,9 @@ def test_bad_actions_are_refused_by_name_before_anything_is_sent(server, actions
 
 
 def test_a_step_not_a_dict_by_agent_is_refused(server):
-    with dmr.MultiAgentWorld.connect(server.address, 2, create_world_settings=_settings()) as world:
-        with pytest.raises(dmr.ArgumentTypeError, match="dict {agent name: action}"):
-            world.step([{"paddle": 1}, {"paddle": 0}])
+    world = dmr.MultiAgentWorld.connect(server.address, 2, create_world_settings=_settings())
+    with world, pytest.raises(dmr.ArgumentTypeError, match="dict {agent name: action}"):
+        world.step([{"paddle": 1}, {"paddle": 0}])
 
 
 def test_an_open_that_fails_part_way_leaves_and_destroys_what_it_made(server):
@@ -222,13 +225,17 @@ def test_a_batch_of_worlds_steps_by_agent_and_as_a_flat_batch_of_agent_slots(ser
 
 
 def test_a_batch_over_several_servers_puts_each_worlds_agents_together():
-    with foreign_server() as one, foreign_server() as two:
-        with dmr.MultiAgentBatch.connect(
+    with (
+        foreign_server() as one,
+        foreign_server() as two,
+        dmr.MultiAgentBatch.connect(
             [one.address, two.address], 4, 2, create_world_settings={"num_agents": 2}
-        ) as batch:
-            assert len(one.servicer.worlds) == 2 and len(two.servicer.worlds) == 2
-            assert batch.addresses == [one.address] * 2 + [two.address] * 2 + [
-                one.address
-            ] * 2 + [two.address] * 2
-            steps = batch.step_agents({a: [{}] * 4 for a in batch.agents})
-            assert steps["agent_0"].env_ids.tolist() == [0, 1, 2, 3]
+        ) as batch,
+    ):
+        assert len(one.servicer.worlds) == 2 and len(two.servicer.worlds) == 2
+        assert (
+            batch.addresses
+            == [one.address] * 2 + [two.address] * 2 + [one.address] * 2 + [two.address] * 2
+        )
+        steps = batch.step_agents({a: [{}] * 4 for a in batch.agents})
+        assert steps["agent_0"].env_ids.tolist() == [0, 1, 2, 3]

@@ -43,6 +43,19 @@ from .opening import _ask
 from .restart import RAISE, GaveUp, RestartPolicy, WorldFailure
 
 _SIBLING = "agent {agent} of the same world failed: {cause}"
+
+
+class SiblingFailure(errors.DmEnvRpcClientError):
+    """What the other agents of a world whose agent ``agent`` failed answer with (``cause``)."""
+
+    def __init__(self, agent: int, cause: BaseException) -> None:
+        super().__init__(_SIBLING.format(agent=agent, cause=cause))
+        self.agent, self.cause = agent, cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.agent, self.cause))
+
+
 AGENT_SETTING = "agent"  # the join setting that picks an agent (CONTRACTS.md section 2)
 CLOSE_CALL_S = 5.0  # at most this long for each leave or destroy of a world being undone
 
@@ -79,11 +92,13 @@ async def make_world(
     if name is None:
         request = dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(plan.create_settings))
         name = (await _ask(streams[0], request, timeout)).world_name
-    # Agents that pick theirs join first: one left to "the next free agent" could take theirs.
+    # Agents that pick theirs join first, all at once; then the others one after another, so
+    # a server that gives the lowest free agent gives them in the order of their labels.
     picks = [AGENT_SETTING in (settings or {}) for settings in plan.join_settings]
+    phases = [[a for a, pick in enumerate(picks) if pick]]
+    phases += [[a] for a, pick in enumerate(picks) if not pick]
     answers: list[Any] = [None] * len(streams)
-    for phase in (True, False) if any(picks) and not all(picks) else (all(picks),):
-        phase_agents = [a for a, pick in enumerate(picks) if pick == phase]
+    for phase in phases:
         joins = [
             _ask(
                 streams[a],
@@ -92,10 +107,10 @@ async def make_world(
                 ),
                 timeout,
             )
-            for a in phase_agents
+            for a in phase
         ]
         for agent, answer in zip(
-            phase_agents, await asyncio.gather(*joins, return_exceptions=True), strict=True
+            phase, await asyncio.gather(*joins, return_exceptions=True), strict=True
         ):
             answers[agent] = answer
         failed = next((a for a in answers if isinstance(a, BaseException)), None)
@@ -230,9 +245,7 @@ class AgentBatch(BatchedEnvironment):
         slots = self.slots_of(world)
         if self._policy == RAISE:
             lost = BatchedEnvironment._fail(self, index, cause, reported)
-            sibling = errors.DmEnvRpcClientError(
-                _SIBLING.format(agent=index - slots[0], cause=cause)
-            )
+            sibling = SiblingFailure(index - slots[0], cause)
             sibling.__cause__ = cause
             for slot in slots:
                 if slot != index:
@@ -303,7 +316,9 @@ class AgentBatch(BatchedEnvironment):
                     failure = _Failure(cause, lost[slot] + held[slot], removed=True)
                     self._file(slot, self._gen[slot], time.perf_counter(), failure)
             return
-        self.world_names[world] = remade.made.name
+        old_name, self.world_names[world] = self.world_names[world], remade.made.name
+        if self._created[world]:  # the failed world's agents are gone: it goes too
+            self._spawn(self._destroy_apart(address, old_name, self._restart_policy.call_timeout))
         self.failures.append(
             WorldFailure(
                 index,
@@ -340,6 +355,19 @@ class AgentBatch(BatchedEnvironment):
             held_steps, self._held[slot] = self._held[slot], []
             for data, sent in held_steps:
                 self._write(slot, data, sent)
+
+    async def _destroy_apart(self, address: str, name: str, timeout: float) -> None:
+        """Destroys a failed world (its agents' streams are closed) over a stream of its own;
+        a dead server or a refusal ends it quietly, within ``timeout``."""
+        assert self._open_stream is not None
+        bound = min(timeout, CLOSE_CALL_S)
+        with contextlib.suppress(Exception):
+            conn = await self._open_stream(address, bound)
+            self._connections.append(conn)
+            request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=name)
+            with contextlib.suppress(Exception):
+                await _ask(conn.async_connection, request, bound)
+            await conn.async_connection.aclose()
 
 
 def _answers(outcome: Any) -> int:
@@ -382,16 +410,6 @@ async def _unmake_all(batch: AgentBatch, timeout: float) -> None:
             streams = [batch._streams[slot] for slot in slots]
             jobs.append(unmake_world(streams, streams[0], name, timeout))
         elif name is not None and states & {_FAILED} and batch._open_stream is not None:
-            jobs.append(_destroy_apart(batch, slots[0], name, timeout))
+            jobs.append(batch._destroy_apart(str(batch.addresses[slots[0]]), name, timeout))
     if jobs:
         await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), timeout)
-
-
-async def _destroy_apart(batch: AgentBatch, slot: int, name: str, timeout: float) -> None:
-    """Destroys a failed world (its agents' streams are closed) over a stream of its own."""
-    assert batch._open_stream is not None
-    conn = await batch._open_stream(str(batch.addresses[slot]), min(timeout, CLOSE_CALL_S))
-    batch._connections.append(conn)
-    request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=name)
-    with contextlib.suppress(Exception):
-        await _ask(conn.async_connection, request, min(timeout, CLOSE_CALL_S))
