@@ -249,6 +249,13 @@ class MultiAgentBatch(AgentBatch):
         """
         check_agents(actions_by_agent, self.agents)
         worlds, slots = self._slots(world_ids)
+        stacked = self._interleaved(actions_by_agent, len(worlds))
+        if stacked is not None:  # the batch's encoder: one NumPy copy per action name
+            try:
+                self.send(stacked, slots)
+            except errors.WorldError as exc:
+                raise self._agent_error(exc) from exc.__cause__
+            return
         per_agent = [
             split_actions(actions_by_agent[name], len(worlds), self.envs[a].action_manager.names())
             for a, name in enumerate(self.agents)
@@ -258,6 +265,35 @@ class MultiAgentBatch(AgentBatch):
             self.send(flat, slots)
         except errors.WorldError as exc:
             raise self._agent_error(exc) from exc.__cause__
+
+    def _interleaved(self, actions_by_agent: Mapping[str, Any], worlds: int) -> Any:
+        """Every agent's stacked actions as one stacked dict over the slots (world-major), when
+        the batch has one encoder for all and every agent gives flat arrays of the same names;
+        else None (the per-slot path, which raises each slot's own errors)."""
+        if self._encoder is None:
+            return None
+        first = actions_by_agent[self.agents[0]]
+        if not isinstance(first, Mapping):
+            return None
+        names = list(first)
+        columns: dict[str, list[np.ndarray]] = {name: [] for name in names}
+        for agent in self.agents:
+            actions = actions_by_agent[agent]
+            if not isinstance(actions, Mapping) or list(actions) != names:
+                return None
+            for name in names:
+                value = actions[name]
+                if isinstance(value, Mapping):
+                    return None
+                array = np.asarray(value)
+                if array.ndim == 0 or array.shape[0] != worlds:
+                    return None
+                columns[name].append(array)
+        stacked = {}
+        for name, arrays in columns.items():
+            joined = np.stack(arrays, axis=1)  # [worlds, agents, ...]
+            stacked[name] = joined.reshape(worlds * self.num_agents, *joined.shape[2:])
+        return stacked
 
     def recv_agents(
         self, world_ids: Sequence[int] | None = None, timeout: float | None = None
