@@ -149,7 +149,9 @@ def main() -> None:
             request_deserializer=_identity,
             response_serializer=_identity,
         )
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler})])
+        server.add_generic_rpc_handlers(
+            [grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler})]
+        )
         port = server.add_insecure_port(f"{args.host}:0")
         await server.start()
         print(f"Serving lockstep on {args.host}:{port}", flush=True)

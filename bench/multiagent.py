@@ -239,9 +239,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8000, help="agent-steps per timed run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-threads", type=int, default=512)
-    parser.add_argument(
-        "--servers", nargs="+", choices=list(SERVER_COMMANDS), default=["lockstep"]
-    )
+    parser.add_argument("--servers", nargs="+", choices=list(SERVER_COMMANDS), default=["lockstep"])
     add_pin_argument(parser)
     args = parser.parse_args()
     pinned = apply_pin(args.pin)
@@ -273,7 +271,9 @@ def main() -> None:
                     )
                     for name in (OURS, OURS_FLAT, REFERENCE, FLOOR):
                         if name not in variants:
-                            rows.append([SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 5)
+                            rows.append(
+                                [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 5
+                            )
                             continue
                         vs_reference = (
                             f"{results.ratio(name, REFERENCE):.2f}x"

@@ -154,14 +154,17 @@ class MultiAgentBatch(AgentBatch):
             worlds; they are left, not destroyed, on close.
           requested_observations: observation names every agent returns; None: all.
           timeout: seconds for each server's answer while opening, resetting, closing.
-          credentials, options, insecure, metadata, wait_for_ready: as for
-            ``BatchedEnvironment.connect``.
+          credentials: channel credentials for TLS (as for ``dmr.connect``).
+          options: extra gRPC channel options.
+          insecure: allow plaintext to a remote host.
+          metadata: gRPC metadata for every stream.
           seed: world ``w`` is created with ``seed + w`` under ``seed_setting``.
           seed_setting: the create setting that carries the seed.
           on_world_failure: ``"raise"`` or ``"restart"`` (the world is made again).
           step_timeout: a world with steps in flight and no answer for this long has
             failed (None: never).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
+          wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
 
         Raises:
           ArgumentError: a bad argument (it is named).
@@ -433,9 +436,16 @@ class MultiAgentWorld:
           join_world_settings: one mapping for every agent, or one per agent.
           world_name: join this world (made elsewhere) instead of creating one; it is
             left, not destroyed, on close.
-          requested_observations, timeout, credentials, options, insecure, metadata,
-          on_world_failure, step_timeout, restart, wait_for_ready: as for
-            ``MultiAgentBatch.connect``.
+          requested_observations: observation names every agent returns; None: all.
+          timeout: seconds for each answer while opening, resetting and closing.
+          credentials: channel credentials for TLS (as for ``dmr.connect``).
+          options: extra gRPC channel options.
+          insecure: allow plaintext to a remote host.
+          metadata: gRPC metadata for every stream.
+          on_world_failure: ``"raise"`` or ``"restart"`` (the world is made again).
+          step_timeout: the world has failed when a step gets no answer for this long.
+          restart: the bounds of a restart (``RestartPolicy()`` by default).
+          wait_for_ready: wait for a server still starting, as for ``dmr.connect``.
 
         Raises:
           ArgumentError: a bad argument (it is named).
