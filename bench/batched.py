@@ -3,7 +3,7 @@
 Run: ``python bench/batched.py [--steps N] [--rounds R]``. Two server processes
 hold the worlds (round-robin), first two of the SDK's event-loop server, then
 two of a foreign one written on the reference package with a sync gRPC handler
-(``_foreign_server.py``). This SDK's ``BatchedEnvironment`` (pipelined
+(``_lib/foreign_server.py``). This SDK's ``BatchedEnvironment`` (pipelined
 send/recv, 8 steps in flight per world) against a loop over the reference
 ``DmEnvAdaptor`` (one step per world in turn) and against a raw multi-stream
 floor: the same number of bare gRPC streams, one HTTP/2 channel per server
@@ -21,8 +21,8 @@ import argparse
 import asyncio
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     DEFAULT_ROUNDS,
     SERVERS,
     add_pin_argument,
@@ -35,7 +35,7 @@ from _common import (
 # isort: split
 import grpc
 import numpy as np
-from _floors import step_request
+from _lib.floors import step_request
 from dm_env_rpc.v1 import connection as reference_connection
 from dm_env_rpc.v1 import dm_env_adaptor as reference_adaptor
 

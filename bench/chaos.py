@@ -3,7 +3,7 @@
 Run: ``python bench/chaos.py [--seconds S] [--every E] [--servers ...]`` (bounded:
 two phases of ``S`` seconds each, default 25, plus start-up; about 60 s per kind
 of server). It runs on the SDK's own server processes, then on foreign ones
-written on the reference package (``_foreign_server.py``), one table each.
+written on the reference package (``_lib/foreign_server.py``), one table each.
 
 The batch connects with ``on_world_failure="restart"`` and keeps 8 steps in
 flight per world (send/recv, EnvPool-style). Phase 1 runs undisturbed. Phase 2
@@ -35,8 +35,8 @@ import threading
 import time
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     FOREIGN_SERVER,
     SERVERS,
     any_server_process_info,

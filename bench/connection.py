@@ -2,7 +2,7 @@
 
 Run: ``python bench/connection.py [--steps N] [--rounds R]``. Two servers, each in
 a process of its own: the SDK's event-loop server, and a foreign one written on
-the reference package with a sync gRPC handler (``_foreign_server.py``), as most
+the reference package with a sync gRPC handler (``_lib/foreign_server.py``), as most
 servers in the wild are; each serves Catch, and an environment with a
 float32[100,000] observation. In each of R rounds, in a seeded shuffled order, every client is set up,
 warmed up, timed and closed (only the one being timed is connected). For each environment,
@@ -22,8 +22,8 @@ import collections
 import functools
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     DEFAULT_ROUNDS,
     SERVERS,
     ServerInfo,
@@ -38,7 +38,7 @@ from _common import (
 
 # isort: split
 import grpc
-from _floors import raw_floor, step_request
+from _lib.floors import raw_floor, step_request
 from dm_env_rpc.v1 import connection as reference_connection
 from dm_env_rpc.v1 import dm_env_rpc_pb2 as ref_pb2
 

@@ -2,7 +2,7 @@
 
 Run: ``python bench/environment.py [--steps N] [--rounds R]``. Two servers, each in
 a process of its own: the SDK's event-loop server, and a foreign one written on
-the reference package with a sync gRPC handler (``_foreign_server.py``), as most
+the reference package with a sync gRPC handler (``_lib/foreign_server.py``), as most
 servers in the wild are; each serves Catch, and an environment with a
 float32[100,000] observation. In each of R rounds, in a seeded shuffled order,
 every adaptor is set up, warmed up, timed and closed (only the one being timed
@@ -32,8 +32,8 @@ import functools
 import re
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     DEFAULT_ROUNDS,
     SERVERS,
     ServerInfo,
@@ -49,7 +49,7 @@ from _common import (
 # isort: split
 import grpc
 import numpy as np
-from _floors import raw_floor
+from _lib.floors import raw_floor
 from dm_env_rpc.v1 import connection as reference_connection
 from dm_env_rpc.v1 import dm_env_adaptor as reference_adaptor
 

@@ -2,7 +2,7 @@
 
 Run: ``python bench/fault_cost.py [--steps N] [--rounds R] [--worlds W] [--servers ...]``.
 16 Catch worlds (by default) on 2 server processes, first the SDK's, then a foreign
-one written on the reference package (``_foreign_server.py``); nothing fails. The same
+one written on the reference package (``_lib/foreign_server.py``); nothing fails. The same
 send/recv loop as ``bench/batched.py`` (8 steps in flight per world), with the batch
 connected three ways, interleaved in rounds:
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import (
+from _lib.common import (
     DEFAULT_ROUNDS,
     SERVERS,
     measure_interleaved,

@@ -3,7 +3,7 @@
 Run: ``python bench/gym_vector.py [--steps N] [--rounds R] [--worlds W] [--servers ...]``.
 Two server processes hold the worlds (round-robin): first two of the SDK's
 event-loop server, then two of a foreign one written on the reference package
-(``_foreign_server.py``), one table each, in one run. Every variant steps all the
+(``_lib/foreign_server.py``), one table each, in one run. Every variant steps all the
 worlds in lockstep with the same random actions, one vector step at a time:
 
 - (a) gymnasium's ``SyncVectorEnv`` of ``GymnasiumEnv``s (one stream each, one
@@ -13,7 +13,7 @@ worlds in lockstep with the same random actions, one vector step at a time:
 - (c) ``GymnasiumVectorEnv`` over ``BatchedEnvironment``;
 - (d) ``BatchedEnvironment.send`` then ``recv`` directly: the floor under (c).
 
-Variants run interleaved in rounds (``bench/_common.py``); steps/s count world
+Variants run interleaved in rounds (``bench/_lib/common.py``); steps/s count world
 steps.
 
 A second table (``--modes``, on by default) compares ``GymnasiumVectorEnv``'s
@@ -35,8 +35,8 @@ import argparse
 import multiprocessing
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     DEFAULT_ROUNDS,
     SERVERS,
     measure_interleaved,

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     DEFAULT_ROUNDS,
     SERVERS,
     add_pin_argument,
@@ -38,7 +38,7 @@ from _common import (
     pin,
     print_table,
 )
-from _floors import raw_floor
+from _lib.floors import raw_floor
 
 import dm_env_rpc_client as dmr
 

@@ -4,7 +4,7 @@ Run: ``python bench/ray_scale.py [--steps N] [--rounds R]``. It starts a local
 Ray (``num_cpus=2``, no dashboard) and a ``ServerFleet`` of 2 embedded Catch
 servers (Ray actors), then, interleaved in rounds in a seeded shuffled order
 (and again over 2 foreign servers written on the reference package,
-``_foreign_server.py``, given to the shards as addresses: a fleet serves only
+``_lib/foreign_server.py``, given to the shards as addresses: a fleet serves only
 the SDK's server):
 
 - **local process**: one ``BatchedEnvironment`` over the 16 worlds in a plain
@@ -57,8 +57,8 @@ import subprocess
 import sys
 from typing import Any, NamedTuple
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     DEFAULT_ROUNDS,
     SERVERS,
     add_pin_argument,

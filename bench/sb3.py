@@ -5,14 +5,14 @@ Run: ``python bench/sb3.py [--worlds W] [--steps N] [--ppo-steps N] [--rounds R]
 
 Two server processes hold the worlds (round-robin): first two of the SDK's own
 server, then two foreign ones written on the reference package
-(``_foreign_server.py``). Three VecEnvs over the same worlds:
+(``_lib/foreign_server.py``). Three VecEnvs over the same worlds:
 
 - (a) SB3's ``DummyVecEnv`` of ``GymnasiumEnv``s (one stream each, stepped one
   after another), with a ``Discrete(3)`` action wrapper as docs/gymnasium.md shows;
 - (b) SB3's ``SubprocVecEnv`` of the same (one forkserver process per world);
 - (c) ``BatchedVecEnv`` over ``BatchedEnvironment`` (integrations.sb3).
 
-Two measurements, each interleaved in rounds (``bench/_common.py``): env steps/s
+Two measurements, each interleaved in rounds (``bench/_lib/common.py``): env steps/s
 (world steps, random actions drawn beforehand, SB3's ``step``), and PPO's wall
 time for ``model.learn`` of the same number of steps with the same settings
 (``n_steps=128``, one torch thread). Ratios are taken within each round.
@@ -29,8 +29,8 @@ import gymnasium
 import numpy as np
 import torch
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     SERVERS,
     add_pin_argument,
     apply_pin,

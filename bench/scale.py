@@ -2,7 +2,7 @@
 
 Run: ``python bench/scale.py [--worlds 64 1024 4096] [--servers sdk foreign]``.
 For each server kind (the SDK's embedded server, and a foreign one written on
-the reference package, ``_foreign_server.py``), 4 server processes serve Catch,
+the reference package, ``_lib/foreign_server.py``), 4 server processes serve Catch,
 each started with room for the largest batch (``--max-workers``: a stream per
 world). For each size, a fresh client process (so its RSS is its own) runs
 ``BatchedEnvironment.connect`` over the 4 servers with the default
@@ -27,9 +27,9 @@ The "vs" column divides each size's client CPU per step by the first size's
 
 A second table says where connect and close go: their wall time, the client's
 CPU and the 4 servers' CPU (summed, from /proc) in each. ``--floor`` adds the raw
-gRPC floor of the same opening and closing on bare ``grpc.aio`` (``_open_floor.py``),
+gRPC floor of the same opening and closing on bare ``grpc.aio`` (``_lib/open_floor.py``),
 against each kind's servers (the client's floor), and against 4 bare ``grpc.aio``
-servers that answer with pre-serialized bytes (``_server_floor.py``: the row "raw
+servers that answer with pre-serialized bytes (``_lib/server_floor.py``: the row "raw
 gRPC floor, client and server", whose servers' CPU is the servers' floor);
 ``--connect-only`` skips the steps, ``--profile PREFIX`` records the client and
 every server with py-spy, ``--baseline DIR`` adds rows for the SDK found in DIR
@@ -40,7 +40,7 @@ DIR's SDK (started next to this checkout's, all pinned alike), so the servers' C
 columns compare the two servers.
 
 A third table puts each size's client CPU per step next to the raw gRPC stepping
-floor's: the same steps on bare ``grpc.aio`` (``_step_floor.py``), in a fresh
+floor's: the same steps on bare ``grpc.aio`` (``_lib/step_floor.py``), in a fresh
 process of its own; the floor's growth from the first size is gRPC's, the
 client/floor ratio is the SDK's (``--no-step-floor`` skips it); its spreads are the
 floor's worlds' (nothing on the floor's client holds a world back, so an uneven
@@ -68,8 +68,8 @@ import sys
 import time
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     SERVERS,
     add_pin_argument,
     any_server_process_info,
@@ -87,7 +87,7 @@ import contextlib
 
 if len(sys.argv) > 1 and sys.argv[1] == "--child" and os.environ.get("SCALE_SDK_ROOT"):
     # --baseline: this child measures the SDK in that directory (another commit's tree), not
-    # this checkout's (which _common put first on the path and imported part of).
+    # this checkout's (which _lib.common put first on the path and imported part of).
     for _name in [name for name in sys.modules if name.startswith("dm_env_rpc_client")]:
         del sys.modules[_name]
     sys.path.insert(0, os.environ["SCALE_SDK_ROOT"])
@@ -139,13 +139,13 @@ class Spent:
 def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict[str, Any]:
     """One size, in this (child) process; returns the measurements."""
     import numpy as np
-    from _step_floor import GcTime, spreads
+    from _lib.step_floor import GcTime, spreads
 
     import dm_env_rpc_client as dmr
 
     rss0, server_rss0 = rss_bytes(), servers_rss()
     if steps < 0:  # --floor: the same opening and closing on bare grpc.aio
-        from _open_floor import open_close_floor
+        from _lib.open_floor import open_close_floor
 
         return {**open_close_floor(addresses, worlds, servers_cpu), "rss_kb": float("nan")}
     with Spent() as connecting:
@@ -309,7 +309,7 @@ def child_main(argv: list[str]) -> None:
     if cli:
         result = cli_client(addresses, worlds, steps)
     elif floor:  # the stepping floor: the same steps on bare grpc.aio
-        from _step_floor import step_floor
+        from _lib.step_floor import step_floor
 
         result = step_floor(
             addresses, worlds, steps, WARMUP_PER_WORLD, thread_cpu if threads else None
@@ -338,7 +338,7 @@ def main() -> None:
         "--step-floor",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also step each size on bare grpc.aio (the raw gRPC stepping floor, _step_floor.py)",
+        help="also step each size on bare grpc.aio (the raw gRPC stepping floor, _lib/step_floor.py)",
     )
     parser.add_argument(
         "--cli",
@@ -471,7 +471,7 @@ def main() -> None:
     if floors:
         print_table(
             "Client CPU per step vs the raw gRPC stepping floor (bare grpc.aio, the same steps: "
-            "_step_floor.py)",
+            "_lib/step_floor.py)",
             [
                 "server",
                 "worlds",

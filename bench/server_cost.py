@@ -3,15 +3,15 @@
 Run: ``python bench/server_cost.py [--worlds 1024] [--rounds 3] [--baseline DIR]``.
 Each server kind runs alone in a process of its own, pinned to the first CPU (the
 client to the second: ``--pin``, default), with room for the worlds; the client is
-the raw gRPC floor's (``_open_floor.py``: bare ``grpc.aio``, one stream per world,
+the raw gRPC floor's (``_lib/open_floor.py``: bare ``grpc.aio``, one stream per world,
 64 being opened at a time, create then join, then every leave and destroy), the
 same for every server, so the servers' CPU is all that differs. The kinds:
 
 - ``SDK server``: this checkout's (``python -m dm_env_rpc_client.server``, Catch);
 - ``SDK server, before``: the one of ``--baseline DIR`` (another commit's tree);
-- ``reference-package server``: ``_foreign_server.py`` (sync ``grpc.server``, a thread
+- ``reference-package server``: ``_lib/foreign_server.py`` (sync ``grpc.server``, a thread
   per stream, Catch);
-- ``raw grpc.aio floor`` and ``raw sync grpc floor``: ``_server_floor.py``, a bare
+- ``raw grpc.aio floor`` and ``raw sync grpc floor``: ``_lib/server_floor.py``, a bare
   server answering each request with pre-serialized bytes, no environment and no
   per-stream state: gRPC's own cost per stream on this machine.
 
@@ -32,8 +32,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     add_pin_argument,
     apply_pin,
     floor_server_process_info,
@@ -45,7 +45,7 @@ from _common import (
     thread_cpu,
     tree_server_process_info,
 )
-from _open_floor import open_close_floor
+from _lib.open_floor import open_close_floor
 
 AIO_FLOOR = "raw grpc.aio floor"
 

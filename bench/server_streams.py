@@ -2,7 +2,7 @@
 
 Run: ``python bench/server_streams.py [--worlds 1024 4096] [--servers sdk foreign]``.
 For each server kind (the SDK's embedded server, and a foreign one written on
-the reference package, ``_foreign_server.py``, a sync gRPC server with a thread
+the reference package, ``_lib/foreign_server.py``, a sync gRPC server with a thread
 pool) and each N, one server process serves Catch with room for N streams
 (``--max-workers N + 16``); this process connects a ``BatchedEnvironment`` of N
 worlds to it alone (one connection, N streams), resets every world and steps
@@ -23,8 +23,8 @@ import pathlib
 import time
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import SERVERS, any_server_process_info, print_table
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import SERVERS, any_server_process_info, print_table
 
 # isort: split
 import numpy as np

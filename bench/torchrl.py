@@ -2,7 +2,7 @@
 
 Run: ``python bench/torchrl.py [--worlds N] [--frames F] [--rounds R]`` (needs torch, torchrl).
 Two SDK server processes hold the worlds (round-robin). Every variant is timed
-once per round, rounds interleaved in a shuffled order (``bench/_common.py``'s
+once per round, rounds interleaved in a shuffled order (``bench/_lib/common.py``'s
 ``measure_interleaved``, unpinned: ParallelEnv's workers may use every CPU), each
 run set up, warmed up with one batch, timed for F frames and closed, with a
 random policy (``None``: TorchRL samples the action spec) and the same collector
@@ -26,12 +26,12 @@ import pathlib
 import sys
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import measure_interleaved, print_table, server_processes
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import measure_interleaved, print_table, server_processes
 
 # This file is bench/torchrl.py: with bench/ first on sys.path, ``import torchrl`` would
 # find it instead of TorchRL. bench/ is left out for TorchRL's imports only (ParallelEnv's
-# spawned workers run this file again and need _common).
+# spawned workers run this file again and need _lib.common).
 _HERE = str(pathlib.Path(__file__).resolve().parent)
 _PATH = list(sys.path)
 sys.path[:] = [entry for entry in sys.path if str(pathlib.Path(entry or ".").resolve()) != _HERE]

@@ -14,6 +14,7 @@ the command line and the embedded server.
 
 # First: loads grpc with its INFO lines off, unless GRPC_VERBOSITY is set (see _base.quiet).
 from ._base import quiet as _quiet  # noqa: F401 (imported for what importing it does)
+from ._batch.options import ConnectionOptions, FailurePolicy
 from ._batch.restart import RestartPolicy, WorldFailure
 from ._proto import dm_env_rpc_pb2, dm_env_rpc_pb2_grpc, properties_pb2
 from ._transport.foreign import ForeignConnection
@@ -38,6 +39,8 @@ from .connection import (
     KEEPALIVE_DETECTION_S,
     Connection,
     ConnectionLike,
+    ConnectionType,
+    Metadata,
     connect,
     create_secure_channel_and_connect,
 )
@@ -75,6 +78,7 @@ from .errors import (
     RaggedArrayError,
     RecordingError,
     RequestTimeoutError,
+    ResponseTooLargeError,
     ServerLaunchError,
     ShapeError,
     SpecError,
@@ -132,6 +136,8 @@ __all__ = [
     "Connection",
     "ConnectionClosedError",
     "ConnectionLike",
+    "ConnectionOptions",
+    "ConnectionType",
     "CreateAndJoinResult",
     "DATA_TYPE_TO_NUMPY",
     "DEFAULT_CONNECT_TIMEOUT",
@@ -148,12 +154,14 @@ __all__ = [
     "ErrorCode",
     "FAST_KEEPALIVE_DETECTION_S",
     "FAST_KEEPALIVE_OPTIONS",
+    "FailurePolicy",
     "ForeignConnection",
     "IntegerRangeError",
     "InvalidArgumentError",
     "KEEPALIVE_DETECTION_S",
     "LaunchedServer",
     "LaunchedServers",
+    "Metadata",
     "MultiAgentBatch",
     "MultiAgentWorld",
     "NUMPY_TO_DATA_TYPE",
@@ -170,6 +178,7 @@ __all__ = [
     "Relaunch",
     "RelaunchPolicy",
     "RequestTimeoutError",
+    "ResponseTooLargeError",
     "RestartPolicy",
     "RunEvent",
     "RunObserver",

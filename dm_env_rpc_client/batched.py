@@ -21,9 +21,9 @@ NaN, as ``step_type`` says.
 stall the others. A world may have several steps in flight.
 
 ``connect`` runs every world's stream on one background asyncio loop (one
-thread for the whole batch, one HTTP/2 connection per server address): that
-costs a fraction of the CPU per step of a reader thread per stream, which
-matters when the client, not the servers, is what limits the batch. As a
+thread for the whole batch, one HTTP/2 connection per 100 worlds of a server,
+``max_streams_per_connection``): a fraction of the CPU per step of a reader
+thread per stream, which matters when the client limits the batch. As a
 response lands the loop only moves that world's step-type state machine on;
 finished steps are handed to ``recv`` through one condition variable, so the
 calling thread wakes once per ``recv``, not once per world, and decodes all the
@@ -38,22 +38,18 @@ flight and no response (checked a few times a second), or a ``recv(env_ids=...)`
 whose ``timeout`` runs out. Its unanswered steps are dropped then, so that no
 late response can ever answer a later request. What follows is the policy's:
 
-- ``on_world_failure="raise"`` (the default): the failure is raised once as a
-  ``WorldError`` naming the world (a ``WorldTimeoutError``, also a
-  ``TimeoutError``, for a deadline), with the cause chained; steps of other
-  worlds already received stay for the next ``recv``. Sending to that world
-  again raises ``WorldError``.
-- ``on_world_failure="restart"``: the world alone is made again (``_batch.restart``);
-  its next returned step is FIRST with ``truncated`` set, answering the steps it
-  had in flight; a world that cannot be restored within the bounds is removed
-  (``live_ids``). Healthy worlds keep stepping meanwhile.
+- ``on_world_failure="raise"`` (the default): raised once as a ``WorldError``
+  naming the world (``WorldTimeoutError`` for a deadline), the cause chained;
+  sending to that world again raises ``WorldError``.
+- ``on_world_failure="restart"``: the world alone is made again
+  (``_batch.restart``); its next step is FIRST with ``truncated`` set, answering
+  the steps it had in flight; one that cannot be restored is removed.
 
 A server's error for one request (``DmEnvRpcError``) and an observation that
-cannot be decoded are not failures: they raise ``WorldError`` for that step,
-and the world goes on. Every failure is recorded in ``failures``. No step that
-was received is ever dropped: a call that raises leaves the other worlds'
-finished steps for the next ``recv``. ``send`` checks and packs every action
-before it sends any: all or nothing.
+cannot be decoded are not failures: they raise ``WorldError`` for that step, and
+the world goes on. Every failure is in ``failures``. No received step is ever
+dropped: a call that raises leaves the other worlds' steps for the next ``recv``.
+``send`` checks and packs every action before it sends any: all or nothing.
 """
 
 from __future__ import annotations
@@ -71,6 +67,7 @@ import numpy as np
 from . import errors
 from ._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
 from ._base import checks as _checks
+from ._batch.channels import DEFAULT_STREAMS_PER_CONNECTION
 from ._batch.closing import close_batch
 from ._batch.core import (
     _FAILED,
@@ -83,6 +80,7 @@ from ._batch.core import (
     _is_bad,
 )
 from ._batch.opening import open_batch
+from ._batch.options import ConnectionOptions, FailurePolicy, ungroup
 from ._batch.reset import reset_each
 from ._batch.restart import RAISE, RestartPolicy, WorldFailure
 from .random_actions import random_batch
@@ -140,11 +138,16 @@ class BatchedEnvironment(BatchCore):
         step_timeout: float | None = 30.0,
         restart: RestartPolicy | None = None,
         wait_for_ready: bool = False,
+        max_streams_per_connection: int | None = DEFAULT_STREAMS_PER_CONNECTION,
+        max_response_bytes: int | None = None,
+        connection: ConnectionOptions | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
-        Every world gets its own stream; streams to the same address share one
-        channel, and all of them run on one background event loop.
+        Every world gets its own stream, all on one background event loop. All or
+        nothing: if a world cannot be opened, every world made is left and
+        destroyed (named worlds only left) before the error is raised.
 
         Seeds follow gymnasium's ``reset(seed=s)`` convention for vector envs:
         world ``i`` gets ``seed + i``, in its create settings under
@@ -177,16 +180,37 @@ class BatchedEnvironment(BatchCore):
             found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
           wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
+          max_streams_per_connection: the most worlds on one HTTP/2 connection (100,
+            the lowest stream limit common in the wild; see ``_batch.channels``).
+          max_response_bytes: the largest answer taken (None: any size).
+          connection: ``credentials`` to ``max_response_bytes`` (the seven keywords of
+            how to connect) as one ``dmr.ConnectionOptions`` (instead of those keywords).
+          failure_policy: ``on_world_failure``, ``step_timeout`` and ``restart`` as one
+            ``dmr.FailurePolicy`` (instead of those keywords).
 
         Raises:
           ValueError: no address, no world, ``seed`` and ``create_world_settings``
             both set the seed setting, ``world_names`` does not match
-            ``num_envs``, an unknown ``on_world_failure``, or
-            ``requested_observations`` given as one string.
+            ``num_envs``, an unknown ``on_world_failure``, ``requested_observations``
+            given as one string, or a keyword given alone and in its group too.
           UnknownNameError: a requested observation the worlds do not have (it
             lists the known names).
           WorldError: naming the world that could not be created or joined.
         """
+        grouped = ungroup(
+            connection,
+            failure_policy,
+            credentials=credentials,
+            options=options,
+            insecure=insecure,
+            metadata=metadata,
+            wait_for_ready=wait_for_ready,
+            on_world_failure=on_world_failure,
+            step_timeout=step_timeout,
+            restart=restart,
+            max_streams_per_connection=max_streams_per_connection,
+            max_response_bytes=max_response_bytes,
+        )
         return open_batch(
             cls,
             addresses,
@@ -195,17 +219,10 @@ class BatchedEnvironment(BatchCore):
             join_world_settings=join_world_settings,
             requested_observations=requested_observations,
             timeout=timeout,
-            credentials=credentials,
-            options=options,
-            insecure=insecure,
-            metadata=metadata,
             seed=seed,
             seed_setting=seed_setting,
             world_names=world_names,
-            on_world_failure=on_world_failure,
-            step_timeout=step_timeout,
-            restart=restart,
-            wait_for_ready=wait_for_ready,
+            **grouped,
         )
 
     def __len__(self) -> int:

@@ -37,9 +37,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import errors, specs
-from ._base.quiet import quiet_grpc_logs
-from ._cli import record as _record_cli
-from ._cli.args import (
+from ._base.cli_args import (
     SETTING_HELP,
     UsageError,
     check_no_url_scheme,
@@ -49,6 +47,8 @@ from ._cli.args import (
     positive_int,
     tls_credentials,
 )
+from ._base.quiet import quiet_grpc_logs
+from ._cli import record as _record_cli
 from ._cli.check import add_check_command
 from ._cli.run import launched, print_summary
 from .batched import BatchedEnvironment
@@ -127,9 +127,8 @@ def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
     check_no_url_scheme(address)
-    if "://" in address or address.startswith(
-        ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
-    ):
+    schemes = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
+    if "://" in address or address.startswith(schemes):
         return None
     host, sep, port_text = address.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
@@ -258,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
                 world_names=args.world,
                 on_world_failure=args.on_failure,
                 step_timeout=args.timeout,
+                max_streams_per_connection=args.max_streams_per_connection,
                 **kwargs,
             )
         for warning in caught:  # e.g. a server that takes no seed setting

@@ -51,6 +51,11 @@ DEFAULT_TIMEOUT = 60.0  # seconds a request waits for its response unless told o
 _CLOSED = "The connection is closed; open a new one with dmr.connect()."
 _STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
 _REOPEN = "; open a new connection."
+_TOO_LARGE = (
+    "The server's answer is larger than this connection takes ({details}: max_response_bytes, "
+    "or the channel option grpc.max_receive_message_length), so gRPC ended the stream. Raise "
+    "max_response_bytes (None takes any size), or ask for less (requested_observations=)."
+)
 _CHANNEL_NOT_ADDRESS = (
     "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
     "to connect to an address, use dmr.connect({address!r})."
@@ -87,6 +92,8 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "UNKNOWN"
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
+        return errors.ResponseTooLargeError(_TOO_LARGE.format(details=details), code, details)
     return errors.ConnectionClosedError(
         # RESOURCE_EXHAUSTED: a new connection would be refused too; the details say what to do.
         _STREAM_ENDED.format(
@@ -419,6 +426,7 @@ def connect(
     insecure: bool = False,
     max_in_flight: int | None = None,
     wait_for_ready: bool = False,
+    max_response_bytes: int | None = None,
 ) -> Connection:
     """Connects to a dm_env_rpc server.
 
@@ -441,6 +449,9 @@ def connect(
       max_in_flight: bound on pending requests (see ``Connection``).
       wait_for_ready: retry a refused port until ``timeout`` (gRPC's term):
         for a server that is still starting.
+      max_response_bytes: the largest answer taken, in bytes (None: any size,
+        the default). A larger one ends the stream: its request and every
+        pending one fail with ``ResponseTooLargeError``.
 
     Returns:
       A Connection that owns its channel.
@@ -456,7 +467,13 @@ def connect(
     _checks.check_metadata(metadata)
     if max_in_flight is not None:
         _checks.check_count(max_in_flight, "max_in_flight")
-    channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)
+    channel = create_channel(
+        address,
+        credentials=credentials,
+        options=options,
+        insecure=insecure,
+        max_response_bytes=max_response_bytes,
+    )
     verdict = _ready.wait_ready(channel, timeout, wait_for_ready)
     if verdict is not None:
         error = _ready.connect_error(verdict, address, timeout, channel)

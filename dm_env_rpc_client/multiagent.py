@@ -38,6 +38,7 @@ answer for that long has failed, ``WorldTimeoutError``) for steps.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,8 +53,8 @@ from ._base import checks as _checks
 from ._batch.agent_opening import open_agent_batch
 from ._batch.agents import AgentBatch, SiblingFailure, close_agents
 from ._batch.restart import RAISE, RestartPolicy
+from ._batch.undo import ask
 from ._proto import dm_env_rpc_pb2
-from .connection import wait_response
 
 _UNKNOWN_AGENT = "actions name {unknown}, which this world does not have; its agents are {agents}."
 _MISSING_AGENT = (
@@ -359,20 +360,36 @@ class MultiAgentBatch(AgentBatch):
         worlds, _ = self._slots(world_ids)
         packed = pack_settings(settings)
         wait = self.envs[0]._timeout if timeout is None else timeout
-        futures = []
-        for world in worlds:
-            request = dm_env_rpc_pb2.ResetWorldRequest(
-                world_name=self.world_names[world], settings=packed
-            )
-            env = self.envs[self.slots_of(world)[0]]
-            futures.append((request, env.connection.send_async(request)))
-        for request, future in futures:
-            wait_response(future, wait, request)
+        assert self._runner is not None
+        # From a stream joined to no world: a server may restart its caller's own agent at
+        # once instead of interrupting it, so every agent is treated alike this way.
+        self._runner.run(self._reset_from_aside(worlds, packed, wait), timeout=None)
         empty: dict[str, list[dict[str, Any]]] = {name: [{}] * len(worlds) for name in self.agents}
         steps = self.step_agents_of(empty, worlds, timeout)
         if any(step.last().any() for step in steps.values()):
             steps = self.step_agents_of(empty, worlds, timeout)
         return steps
+
+    async def _reset_from_aside(self, worlds: list[int], packed: Any, wait: float | None) -> None:
+        """Sends each world's ResetWorldRequest over a stream of its own, all at once; raises
+        the first refusal. Every call is bounded by ``wait``."""
+        open_stream: Any = self._open_stream
+
+        async def reset(world: int) -> None:
+            address = str(self.addresses[self.slots_of(world)[0]])
+            conn = await open_stream(address, wait)
+            try:
+                request = dm_env_rpc_pb2.ResetWorldRequest(
+                    world_name=self.world_names[world], settings=packed
+                )
+                await ask(conn.async_connection, request, wait)
+            finally:
+                await conn.async_connection.aclose()
+
+        outcomes = await asyncio.gather(*(reset(w) for w in worlds), return_exceptions=True)
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is not None:
+            raise failed
 
     def step_agents_of(
         self, actions_by_agent: Mapping[str, Any], world_ids: Sequence[int], timeout: float | None

@@ -2,7 +2,7 @@
 """A stand-in server binary for ``dmr.launch`` tests: built on the reference ``dm-env-rpc`` package.
 
 Run: ``stand_in_server.py --port P [--misbehave MODE] [--ignore-sigterm]``. It serves
-Catch with the reference package's servicer of ``bench/_foreign_server.py`` on
+Catch with the reference package's servicer of ``bench/_lib/foreign_server.py`` on
 ``127.0.0.1:P`` until stopped. ``--misbehave`` makes it one of the bad servers a
 launcher must cope with:
 
@@ -80,7 +80,7 @@ def main() -> None:
         _hold_connections(args.port, 1.5)
     # Imported only to serve: the misbehaving modes above answer at once, even on a busy machine.
     import grpc
-    from _foreign_server import _make_env, _Servicer
+    from _lib.foreign_server import _make_env, _Servicer
     from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc
 
     class _LoggingServicer(_Servicer):

@@ -202,3 +202,60 @@ def test_a_restarted_world_returns_the_requested_observations(server_process) ->
         assert envs.addresses[1] == servers[0].address
         for world in envs.envs:  # the restarted world's adaptor asks for them too
             assert set(world.observation_spec()) == {"board", "reward"}
+
+
+def test_connect_takes_its_keywords_grouped_or_one_by_one(catch_server: Server) -> None:
+    """``connection=ConnectionOptions(...)`` and ``failure_policy=FailurePolicy(...)`` do what
+    their keywords do; the keywords alone still work; one given both ways is refused."""
+    metadata = [("x-run", "grouped")]
+    policy = dmr.RestartPolicy(attempts=2)
+    with dmr.BatchedEnvironment.connect(
+        catch_server.address,
+        2,
+        connection=dmr.ConnectionOptions(metadata=metadata, wait_for_ready=True),
+        failure_policy=dmr.FailurePolicy("restart", step_timeout=7.0, restart=policy),
+        timeout=10,
+    ) as grouped:
+        assert grouped._policy == "restart" and grouped._restart_policy == policy
+        assert grouped._step_timeout == 7.0
+        assert grouped.step({"paddle": np.zeros(2, np.int8)}).step_type.tolist() == [0, 0]
+    with dmr.BatchedEnvironment.connect(
+        catch_server.address,
+        2,
+        metadata=metadata,
+        on_world_failure="restart",
+        step_timeout=7.0,
+        restart=policy,
+        timeout=10,
+    ) as single:
+        assert single._policy == "restart" and single._restart_policy == policy
+        assert single._step_timeout == 7.0
+    with pytest.raises(dmr.ArgumentValueError, match=r"step_timeout=5.0 is given both"):
+        dmr.BatchedEnvironment.connect(
+            catch_server.address, step_timeout=5.0, failure_policy=dmr.FailurePolicy()
+        )
+    with pytest.raises(dmr.ArgumentTypeError, match=r"connection is a dmr.ConnectionOptions"):
+        dmr.BatchedEnvironment.connect(catch_server.address, connection={"insecure": True})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"'restarts'"):  # checked inside the group too
+        dmr.BatchedEnvironment.connect(
+            catch_server.address, failure_policy=dmr.FailurePolicy("restarts")
+        )
+
+
+def test_create_settings_are_checked_once_before_anything_opens(
+    catch_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dm_env_rpc_client._base import checks
+
+    looks: list[str] = []
+    check = checks.check_settings
+    monkeypatch.setattr(
+        checks, "check_settings", lambda v, n="settings": looks.append(n) or check(v, n)
+    )
+    with dmr.BatchedEnvironment.connect(
+        catch_server.address, 3, create_world_settings={"rows": 4}, seed=1, timeout=10
+    ):
+        assert looks == ["create_world_settings", "join_world_settings"]
+    # A value that cannot be sent fails before any connection is tried (port 1 refuses).
+    with pytest.raises(dmr.TensorTypeError):
+        dmr.BatchedEnvironment.connect("127.0.0.1:1", create_world_settings={"a": object()})

@@ -1,7 +1,7 @@
 """BatchedEnvironment at scale: connecting and closing all at once, shared spec machinery, limits.
 
 The limits are tested on real servers (the SDK's server refusing streams past
-its ``max_workers`` is in test_batched_seeds): the reference-package peer (``bench/_foreign_server.py``)
+its ``max_workers`` is in test_batched_seeds): the reference-package peer (``bench/_lib/foreign_server.py``)
 whose thread pool leaves a stream past its size unanswered, and a client
 process whose file-descriptor limit (RLIMIT_NOFILE) is lowered.
 """
@@ -35,7 +35,7 @@ from dm_env_rpc_client.server._subprocess import _ADDRESS, _first_line, _stop
 from dm_env_rpc_client.server.catch import Catch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FOREIGN = ROOT / "bench" / "_foreign_server.py"
+FOREIGN = ROOT / "bench" / "_lib" / "foreign_server.py"
 
 
 @contextlib.contextmanager

@@ -462,7 +462,7 @@ def test_tls_flags_make_a_credentials_factory_that_pickles(tmp_path: pathlib.Pat
 
     import grpc
 
-    from dm_env_rpc_client._cli.args import UsageError, tls_credentials
+    from dm_env_rpc_client._base.cli_args import UsageError, tls_credentials
 
     def flags(**given: Any) -> argparse.Namespace:
         names = ("tls", "root_certificates", "certificate", "private_key")

@@ -34,7 +34,8 @@ def test_a_world_of_the_sdks_server_steps_every_agent_at_once(server, mode):
         for _ in range(40):
             steps = world.step({agent: {"paddle": 1} for agent in world.agents})
             kinds |= {step.step_type for step in steps.values()}
-            assert len({step.step_type for step in steps.values()}) == 1  # the agents agree
+            if mode == "lockstep":  # the agents agree (in turns, each sees the end at its turn)
+                assert len({step.step_type for step in steps.values()}) == 1
         assert dm_env.StepType.MID in kinds
         assert all(step.first() for step in world.reset_world({"seed": 2}).values())
 

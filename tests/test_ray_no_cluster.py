@@ -19,9 +19,9 @@ import collections
 import pathlib
 from typing import Any
 
-import numpy as np
 import pytest
 from faulty import refusing_servers
+from test_stepping import towards_ball
 
 import dm_env_rpc_client as dmr
 
@@ -39,15 +39,6 @@ def test_without_ray_initialized_the_fleet_and_the_run_say_so() -> None:
     with pytest.raises(rayi.FleetError, match=r"call ray.init\(\) first"):
         rayi.run_sharded(["127.0.0.1:1"], num_worlds=1, num_shards=1, steps=1)
     assert not ray.is_initialized()  # neither started a Ray on its way to the error
-
-
-def towards_ball(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
-    """Moves each paddle towards its ball: every episode is caught (return 1)."""
-    actions = []
-    for board in timestep.observation["board"]:
-        column = board[:-1].max(axis=0).argmax()
-        actions.append(np.sign(column - board[-1].argmax()))
-    return {"paddle": np.asarray(actions, np.int8)}
 
 
 class _KillAt:

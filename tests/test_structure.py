@@ -180,7 +180,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("batch", ["batched", "multiagent", "_batch", "_batch.*"]),
     ("tools", ["recording", "conformance", "_tools", "_tools.*"]),
     ("stepping", ["stepping", "_stepping", "_stepping.*"]),
-    ("command-line pieces", ["_cli", "_cli.args", "_cli.run", "_cli.check"]),
+    ("command-line pieces", ["_cli", "_cli.run", "_cli.check"]),
     ("integrations", ["integrations", "integrations.*"]),
     ("programs", ["cli", "__main__", "server.__main__", "_cli.record"]),
     ("the package", [""]),
@@ -248,3 +248,30 @@ def test_the_architecture_page_names_every_folder_and_layer() -> None:
     assert [f for f in folders if f not in text] == [], "describe these folders in the page"
     rules = text[text.index("## The rules of the layering") :]
     assert [name for name, _ in LAYERS if f"| {name} |" not in rules] == []
+
+
+def test_nothing_but_the_command_lines_imports_their_pieces() -> None:
+    """``_cli/`` is the command lines' own room: the server's ``__main__`` and ``run --ray`` take
+    their argument types from ``_base.cli_args``, and the library its loop from ``stepping``."""
+    outside = sorted(
+        f"{_short(name)} -> {_short(target)}"
+        for name, targets in _graph().items()
+        for target in targets
+        if (_short(target) == "_cli" or _short(target).startswith("_cli."))
+        and not (_short(name) == "cli" or _short(name).startswith("_cli."))
+    )
+    assert outside == []
+
+
+def test_the_stepping_loop_is_public_and_documented() -> None:
+    """``dmr.collect`` is the one stepping loop: exported, with a guide page in the site's nav
+    that runs it, and its module in the layout table."""
+    import dm_env_rpc_client as dmr
+    from dm_env_rpc_client import stepping
+
+    for name in stepping.__all__:
+        assert name == "DEFAULT_PIPELINE" or getattr(dmr, name) is getattr(stepping, name)
+    page = (ROOT / "docs" / "stepping.md").read_text()
+    assert "```python" in page and "dmr.collect(" in page
+    assert "stepping.md" in (ROOT / "mkdocs.yml").read_text()
+    assert "dmr.collect(" in (ROOT / "README.md").read_text()

@@ -19,7 +19,6 @@ reference package passes a server's discount through on FIRST). Override
 
 from __future__ import annotations
 
-import concurrent.futures
 import difflib
 import inspect
 import threading
@@ -32,6 +31,7 @@ from dm_env import specs as dm_specs
 
 from .. import errors, messages, specs, tensors
 from .._base import checks as _checks
+from .._base.futures import TimedFuture
 from .._fastpath.decode import ObservationPlan
 from .._fastpath.step_encoder import ActionEncoder
 from .._proto import dm_env_rpc_pb2
@@ -464,7 +464,7 @@ class AdaptorCore:
         return self._observations
 
 
-class StepFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+class StepFuture(TimedFuture):
     """The Future of ``step_async``: its TimeStep is made on the first ``result()``.
 
     The reader thread files each response as ``(step type, response)``, moving
@@ -477,6 +477,8 @@ class StepFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     ``ObservationError`` all the same (``result()`` raises it, ``exception()``
     returns it).
     """
+
+    what = "step"
 
     def __init__(self, make: Callable[[Any, Any], dm_env.TimeStep]) -> None:
         super().__init__()

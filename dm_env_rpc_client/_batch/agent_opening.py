@@ -12,22 +12,26 @@ nothing: if a world cannot be made, the worlds made are left and destroyed
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 
 from .. import errors
+from .._adaptor.stacked import StackedDecoder
 from .._base import checks as _checks
 from .._base import collector
-from .._transport.loop import LoopConnection
+from .._fastpath.step_encoder import StepEncoder
+from .._transport.loop import LoopConnection, LoopThread
+from ..aio import AsyncConnection
+from ..connection import create_channel
 from ..environment import DmEnvAdaptor
 from . import restart as _restart
 from .agents import AGENT_SETTING, AgentBatch, Made, WorldPlan, make_world, unmake_world
 from .closing import shut_down
 from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED
-from .opening import OPENING_PER_SERVER, _adaptor_like, check_descriptors, equip, start_loop
+from .opening import _NO_RETRIES, OPENING_PER_SERVER, _adaptor_like, check_descriptors
 from .restart import RestartPolicy
 
 Batch = TypeVar("Batch", bound=AgentBatch)
@@ -216,6 +220,71 @@ def open_agent_batch(
     if step_timeout is not None:
         runner.call(batch._watch)
     return batch
+
+
+def start_loop(
+    name: str,
+    *,
+    timeout: float | None,
+    credentials: grpc.ChannelCredentials | None,
+    options: Sequence[tuple[str, Any]] | None,
+    insecure: bool,
+    metadata: Sequence[tuple[str, str]] | None,
+    wait_for_ready: bool,
+) -> tuple[LoopThread, dict[str, grpc.aio.Channel], Callable[..., Coroutine[Any, Any, Any]]]:
+    """The batch's background loop (thread ``name``), its channels (one per address, made on
+    first use) and its ``open_stream(address, wait=timeout, *, first=False)``: a world's first
+    stream (``first``) fails at once on a refusing port unless ``wait_for_ready``; a restart's
+    waits for its server to come back. gRPC never retries a batch's streams."""
+    runner = LoopThread(name=name)
+    channels: dict[str, grpc.aio.Channel] = {}
+    batch_options = list(options or ())
+    if not any(option == _NO_RETRIES[0] for option, _ in batch_options):
+        batch_options.insert(0, _NO_RETRIES)
+
+    async def open_stream(
+        address: str, wait: float | None = timeout, *, first: bool = False
+    ) -> LoopConnection:
+        channel = channels.get(address)
+        if channel is None:
+            channel = channels[address] = create_channel(
+                address, credentials=credentials, options=batch_options, insecure=insecure, aio=True
+            )
+        if channel.get_state() == grpc.ChannelConnectivity.READY:  # no wait for each stream
+            connection = await AsyncConnection.open(channel, metadata)
+            connection.address = address
+            return LoopConnection(runner, connection)
+        return await LoopConnection.open(
+            runner,
+            address,
+            channel=channel,
+            timeout=wait,
+            metadata=metadata,
+            wait_for_ready=wait_for_ready or not first,
+        )
+
+    return runner, channels, open_stream
+
+
+def equip(
+    batch: AgentBatch,
+    runner: LoopThread,
+    channels: dict[str, grpc.aio.Channel],
+    connections: Sequence[LoopConnection],
+    open_stream: Callable[..., Any],
+) -> None:
+    """Puts a batch made of opened worlds on its loop: streams, the shared writer pool, and the
+    batch-at-once encoder and decoder when every slot's specs are alike."""
+    envs = batch.envs
+    batch._runner, batch._channels = runner, channels
+    batch._streams = [conn.async_connection for conn in connections]
+    for stream in batch._streams:  # one pool of writer tasks for all (_transport.writers)
+        stream._pool = batch._writers
+    batch._joined_specs = [env._wire_specs for env in envs]
+    if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
+        batch._decoder = StackedDecoder(envs[0])
+        batch._encoder = StepEncoder(envs[0])
+    batch._open_stream = open_stream
 
 
 def _adaptors(

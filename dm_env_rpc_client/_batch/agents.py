@@ -39,8 +39,8 @@ from ..batched import BatchedEnvironment
 from ..environment import DmEnvAdaptor, pack_settings
 from .closing import shut_down
 from .core import _FAILED, _LIVE, _REMOVED_STATE, _RESTARTING, _Failure
-from .opening import _ask
 from .restart import RAISE, GaveUp, RestartPolicy, WorldFailure, back_off
+from .undo import ask as _ask
 
 _SIBLING = "agent {agent} of the same world failed: {cause}"
 

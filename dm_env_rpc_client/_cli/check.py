@@ -17,9 +17,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from .._base.cli_args import UsageError, positive_float, positive_int
 from ..conformance import DEFAULT_CHECK_TIMEOUT, check_server
 from ..launch import launch
-from .args import UsageError, positive_float, positive_int
 
 CONFORMS, DOES_NOT_CONFORM = 0, 1
 _WORLD_CREATE = "--world joins an existing world: --create-setting does not apply to it."
@@ -31,7 +31,8 @@ _ONE_TARGET = (
 DESCRIPTION = (
     "Checks a dm_env_rpc server against the protocol: the lifecycle (create, join, step, "
     "reset, reset world, leave, destroy), the specs, pipelined requests, bad requests, two "
-    "clients at once, episode boundaries, and step latency. Prints one line per rule. "
+    "clients at once, two agents in one world (skipped for one agent per world), episode "
+    "boundaries, and step latency. Prints one line per rule. "
     "Exit code 0 when the server conforms, 1 when it does not."
 )
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from .._base.cli_args import check_launch_flags
 from ..launch import LaunchedServers, launch
 from ..stepping import RunStats
-from .args import check_launch_flags
 
 
 def launched(args: Any) -> LaunchedServers | None:

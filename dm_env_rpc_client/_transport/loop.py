@@ -275,6 +275,27 @@ class LoopConnection:
         sent = self._connection._submit(data, expected, response_type)
         sent.add_done_callback(functools.partial(_copy_outcome, result))
 
+    def _submit_bytes(
+        self,
+        data: bytes,
+        expected: str,
+        decode: Callable[[bytes], Any],
+        future: concurrent.futures.Future[Any] | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        """Sends envelope bytes; a Future (``future`` if given) of ``decode(response bytes)``,
+        as ``Connection._submit_bytes`` (a step's answer walked by ``read_step``, not parsed)."""
+        result: concurrent.futures.Future[Any] = future or concurrent.futures.Future()
+
+        def submit() -> None:
+            sent = self._connection._submit(data, expected, None, decode)
+            sent.add_done_callback(functools.partial(_copy_outcome, result))
+
+        try:
+            self._runner.call(submit)
+        except errors.ConnectionClosedError as exc:
+            result.set_exception(exc)
+        return result
+
     def send_async(
         self, request: message.Message, *, response_type: type | None = None
     ) -> concurrent.futures.Future[Any]:

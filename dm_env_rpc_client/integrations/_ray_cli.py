@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from .._cli.args import UsageError, check_launch_flags, tls_credentials
+from .._base.cli_args import UsageError, check_launch_flags, tls_credentials
 from ..server.catch import Catch
 from ..specs import unflatten
 from ..stepping import RunStats
@@ -111,6 +111,7 @@ def run_on_ray(
                 # (or the run stops, with raise); a stall is --timeout without a step.
                 "on_world_failure": args.on_failure,
                 "step_timeout": args.timeout,
+                "max_streams_per_connection": args.max_streams_per_connection,
                 **({"launch": launched} if launched else {}),
             },
             progress=advance,

@@ -29,10 +29,10 @@ from dm_env import specs
 
 from .properties import Property
 
-_BAD_SETTING = "Catch setting {name!r} must be {what}, got {value!r}."
+_BAD_SETTING = "{game} setting {name!r} must be {what}, got {value!r}."
 
 
-def _int_setting(name: str, value: Any, minimum: int) -> int:
+def _int_setting(name: str, value: Any, minimum: int, game: str = "Catch") -> int:
     number: int | None
     if isinstance(value, np.integer) or (type(value) is int and -(2**63) <= value < 2**63):
         number = int(value)  # what np.asarray(value) below would hold, without making it
@@ -41,9 +41,22 @@ def _int_setting(name: str, value: Any, minimum: int) -> int:
         number = int(array) if array.shape == () and array.dtype.kind in "iu" else None
     if number is None or number < minimum:
         raise ValueError(
-            _BAD_SETTING.format(name=name, what=f"an integer >= {minimum}", value=value)
+            _BAD_SETTING.format(game=game, name=name, what=f"an integer >= {minimum}", value=value)
         )
     return number
+
+
+def reset_seed(settings: dict[str, Any], game: str) -> int | None:
+    """The ``seed`` of a game's reset settings, or None without one.
+
+    Raises:
+      TypeError: for a setting other than ``seed``.
+      ValueError: for a seed that is not an integer >= 0.
+    """
+    unknown = sorted(set(settings) - {"seed"})
+    if unknown:
+        raise TypeError(f"{game} takes only the reset setting 'seed', not {unknown}.")
+    return _int_setting("seed", settings["seed"], 0, game) if "seed" in settings else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -121,11 +134,9 @@ class Catch(dm_env.Environment):
           TypeError: for a setting other than ``seed``.
           ValueError: for a seed that is not an integer >= 0.
         """
-        unknown = sorted(set(settings) - {"seed"})
-        if unknown:
-            raise TypeError(f"Catch takes only the reset setting 'seed', not {unknown}.")
-        if "seed" in settings:
-            self._seed = _int_setting("seed", settings["seed"], 0)
+        seed = reset_seed(settings, "Catch")
+        if seed is not None:
+            self._seed = seed
             self._rng = np.random.default_rng(self._seed)
             self._reset_next = True
 

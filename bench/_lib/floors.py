@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-from _common import Variant
 
+from _lib.common import Variant
 from dm_env_rpc_client import dm_env_rpc_pb2
 from dm_env_rpc_client.messages import METHOD
 

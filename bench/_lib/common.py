@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 # subprocesses inherit it through their environment.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dm_env_rpc_client.server import _subprocess  # noqa: E402
@@ -54,7 +54,7 @@ def server_process_info(env: str, *extra_args: str) -> Iterator[ServerInfo]:
         yield ServerInfo(server.address, server.process.pid)
 
 
-FOREIGN_SERVER = pathlib.Path(__file__).resolve().parent / "_foreign_server.py"
+FOREIGN_SERVER = pathlib.Path(__file__).resolve().parent / "foreign_server.py"
 
 # The two servers every table compares (--servers key: name in the tables): the SDK's own
 # event-loop server, and a foreign one written on the reference package (sync gRPC handler),
@@ -83,16 +83,16 @@ def command_server_process_info(
 
 
 def foreign_server_process_info(env: str, *extra_args: str) -> Any:
-    """The foreign server (``_foreign_server.py``) serving ``env`` in a child process."""
+    """The foreign server (``_lib/foreign_server.py``) serving ``env`` in a child process."""
     command = [sys.executable, str(FOREIGN_SERVER), "--env", env, *extra_args]
     return command_server_process_info(command, f"foreign {env}")
 
 
-SERVER_FLOOR = pathlib.Path(__file__).resolve().parent / "_server_floor.py"
+SERVER_FLOOR = pathlib.Path(__file__).resolve().parent / "server_floor.py"
 
 
 def floor_server_process_info(*extra_args: str) -> Any:
-    """The raw gRPC floor server (``_server_floor.py``: bare ``grpc.aio``, pre-serialized
+    """The raw gRPC floor server (``_lib/server_floor.py``: bare ``grpc.aio``, pre-serialized
     answers, no environment) in a child process that ends with this one."""
     command = [sys.executable, str(SERVER_FLOOR), "--exit-with-parent", *extra_args]
     return command_server_process_info(command, "raw gRPC floor")

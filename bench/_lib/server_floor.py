@@ -1,6 +1,6 @@
 """The raw gRPC floor of a server's per-stream cost (no SDK server code: bare gRPC).
 
-Run: ``python bench/_server_floor.py [--kind aio|sync] [--max-workers N]``; prints
+Run: ``python bench/_lib/server_floor.py [--kind aio|sync] [--max-workers N]``; prints
 ``Serving floor on <address>`` as the SDK server does, then serves until killed
 (or until its standard input ends, with ``--exit-with-parent``).
 
@@ -31,7 +31,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import grpc
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from dm_env_rpc_client import dm_env_rpc_pb2
 from dm_env_rpc_client.server.__main__ import _watch_parent

@@ -129,7 +129,15 @@ def tls_credentials(args: argparse.Namespace) -> Callable[[], grpc.ChannelCreden
 
 
 def launch_flags(parser: argparse.ArgumentParser) -> None:
-    """``--launch COMMAND`` and ``--num-servers K`` (the ``run`` command's launched servers)."""
+    """The ``run`` command's server flags: ``--launch COMMAND`` and ``--num-servers K`` (its
+    launched servers), ``--max-streams-per-connection N`` (``BatchedEnvironment.connect``'s)."""
+    parser.add_argument(
+        "--max-streams-per-connection",
+        type=positive_int,
+        metavar="N",
+        help="worlds on one HTTP/2 connection; more get more connections (default: "
+        "BatchedEnvironment.connect's, 100, the stream limit of many proxies)",
+    )
     parser.add_argument(
         "--launch",
         metavar="COMMAND",

@@ -1,6 +1,6 @@
 """A foreign dm_env_rpc server, written on the reference ``dm-env-rpc`` package (test-only peer).
 
-Run: ``python bench/_foreign_server.py --env catch|large [--size N] [--port P]``; it
+Run: ``python bench/_lib/foreign_server.py --env catch|large [--size N] [--port P]``; it
 prints ``Serving <env> on <address>`` once it listens, then serves until killed.
 
 It is built the way most dm_env_rpc servers in the wild are: a sync gRPC server
@@ -39,7 +39,7 @@ from dm_env_rpc.v1 import dm_env_rpc_pb2 as pb
 from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc, dm_env_utils, tensor_utils
 from google.rpc import code_pb2, status_pb2
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 # The games only (plain dm_env.Environments); the serving below is the reference package's.
 from dm_env_rpc_client.server.catch import Catch
