@@ -50,61 +50,14 @@ from . import errors
 from ._adaptor.core import pack_settings
 from ._adaptor.stacked import BatchedTimeStep, split_actions
 from ._base import checks as _checks
+from ._batch.agent_actions import check_agents, interleave, take_rows
 from ._batch.agent_opening import open_agent_batch
 from ._batch.agents import AgentBatch, SiblingFailure, close_agents
 from ._batch.restart import RAISE, RestartPolicy
 from ._batch.undo import ask
 from ._proto import dm_env_rpc_pb2
 
-_UNKNOWN_AGENT = "actions name {unknown}, which this world does not have; its agents are {agents}."
-_MISSING_AGENT = (
-    "actions hold nothing for {missing}: every joined agent acts in each step (a lockstep "
-    "server waits for it); give each of {agents} an action ({{}} for its spec's defaults)."
-)
-_NOT_BY_AGENT = "actions_by_agent must be a dict {{agent name: action}}, not {kind}."
 _AGENT_FAILED = "World {world} (agent {agent}) at {address} failed: {error}"
-
-
-def _names(items: Sequence[str]) -> str:
-    return ", ".join(repr(item) for item in items)
-
-
-def check_agents(actions_by_agent: Any, agents: Sequence[str]) -> None:
-    """Refuses actions that are not a dict by agent, name an unknown agent, or miss one.
-
-    Raises:
-      ArgumentTypeError: not a mapping.
-      ArgumentValueError: an unknown agent, or a joined agent without an action.
-    """
-    if not isinstance(actions_by_agent, Mapping):
-        raise errors.ArgumentTypeError(_NOT_BY_AGENT.format(kind=_checks.kind(actions_by_agent)))
-    unknown = [str(name) for name in actions_by_agent if name not in agents]
-    if unknown:
-        raise errors.ArgumentValueError(
-            _UNKNOWN_AGENT.format(unknown=_names(unknown), agents=_names(agents))
-        )
-    missing = [name for name in agents if name not in actions_by_agent]
-    if missing:
-        raise errors.ArgumentValueError(
-            _MISSING_AGENT.format(missing=_names(missing), agents=_names(agents))
-        )
-
-
-def _take(batch: BatchedTimeStep, rows: np.ndarray, ids: np.ndarray) -> BatchedTimeStep:
-    def pick(tree: Any) -> Any:
-        if isinstance(tree, Mapping):
-            return {key: pick(value) for key, value in tree.items()}
-        return tree[rows]
-
-    return BatchedTimeStep(
-        batch.step_type[rows],
-        batch.reward[rows],
-        batch.discount[rows],
-        pick(batch.observation),
-        ids,
-        None if batch.truncated is None else batch.truncated[rows],
-        None if batch.state is None else batch.state[rows],
-    )
 
 
 class MultiAgentBatch(AgentBatch):
@@ -221,7 +174,7 @@ class MultiAgentBatch(AgentBatch):
         slots = np.asarray(batch.env_ids)
         agent_of = slots % self.num_agents
         return {
-            name: _take(batch, rows, slots[rows] // self.num_agents)
+            name: take_rows(batch, rows, slots[rows] // self.num_agents)
             for agent, name in enumerate(self.agents)
             for rows in (np.flatnonzero(agent_of == agent),)
         }
@@ -253,7 +206,11 @@ class MultiAgentBatch(AgentBatch):
         """
         check_agents(actions_by_agent, self.agents)
         worlds, slots = self._slots(world_ids)
-        stacked = self._interleaved(actions_by_agent, len(worlds))
+        stacked = (
+            None
+            if self._encoder is None
+            else interleave(actions_by_agent, self.agents, len(worlds))
+        )
         if stacked is not None:  # the batch's encoder: one NumPy copy per action name
             try:
                 self.send(stacked, slots)
@@ -269,35 +226,6 @@ class MultiAgentBatch(AgentBatch):
             self.send(flat, slots)
         except errors.WorldError as exc:
             raise self._agent_error(exc) from exc.__cause__
-
-    def _interleaved(self, actions_by_agent: Mapping[str, Any], worlds: int) -> Any:
-        """Every agent's stacked actions as one stacked dict over the slots (world-major), when
-        the batch has one encoder for all and every agent gives flat arrays of the same names;
-        else None (the per-slot path, which raises each slot's own errors)."""
-        if self._encoder is None:
-            return None
-        first = actions_by_agent[self.agents[0]]
-        if not isinstance(first, Mapping):
-            return None
-        names = list(first)
-        columns: dict[str, list[np.ndarray]] = {name: [] for name in names}
-        for agent in self.agents:
-            actions = actions_by_agent[agent]
-            if not isinstance(actions, Mapping) or list(actions) != names:
-                return None
-            for name in names:
-                value = actions[name]
-                if isinstance(value, Mapping):
-                    return None
-                array = np.asarray(value)
-                if array.ndim == 0 or array.shape[0] != worlds:
-                    return None
-                columns[name].append(array)
-        stacked = {}
-        for name, arrays in columns.items():
-            joined = np.stack(arrays, axis=1)  # [worlds, agents, ...]
-            stacked[name] = joined.reshape(worlds * self.num_agents, *joined.shape[2:])
-        return stacked
 
     def recv_agents(
         self, world_ids: Sequence[int] | None = None, timeout: float | None = None
