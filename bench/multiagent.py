@@ -7,7 +7,7 @@ Run: ``python bench/multiagent.py [--agents 2 4 8] [--worlds 1 4 16 64 256] [--r
 The server (``--servers``):
 
 - ``lockstep``: a bare ``grpc.aio`` server with a real barrier per world and pre-serialized
-  answers (``_lockstep_server.py``), so that the clients, not the server, are measured;
+  answers (``_lib/lockstep_server.py``), so that the clients, not the server, are measured;
 - ``foreign``: the multi-agent Paddles server written on the reference package
   (``tests/ma_foreign_server.py``: a sync gRPC servicer, one thread per stream, the lockstep
   step blocked on a ``threading.Condition``), as most multi-agent servers in the wild are;
@@ -25,7 +25,7 @@ Clients, each driving every agent of every world, one step per agent per round:
 - raw floor: bare ``grpc.aio`` streams on one event loop, one channel per server, writing a
   pre-serialized step request and reading undecoded answers, one in flight per stream.
 
-The variants of a cell are interleaved in rounds (``_common.measure_interleaved``); steps/s
+The variants of a cell are interleaved in rounds (``_lib.common.measure_interleaved``); steps/s
 and CPU are medians over the rounds, ratios medians of per-round ratios. The servers and the
 client are pinned to separate CPUs (``--no-pin`` shares them). The machine is shared: numbers
 drift between runs, ratios taken in one run less so.
@@ -40,8 +40,8 @@ import sys
 import threading
 from typing import Any
 
-# _common first: it sets GRPC_VERBOSITY before grpc is imported.
-from _common import (
+# _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
+from _lib.common import (
     add_pin_argument,
     apply_pin,
     command_server_process_info,
@@ -52,7 +52,7 @@ from _common import (
 # isort: split
 import grpc
 import numpy as np
-from _floors import step_request
+from _lib.floors import step_request
 from dm_env_rpc.v1 import connection as reference_connection
 from dm_env_rpc.v1 import dm_env_adaptor as reference_adaptor
 
@@ -62,7 +62,7 @@ from dm_env_rpc_client.messages import METHOD
 
 HERE = pathlib.Path(__file__).resolve().parent
 SERVER_COMMANDS = {
-    "lockstep": [sys.executable, str(HERE / "_lockstep_server.py"), "--exit-with-parent"],
+    "lockstep": [sys.executable, str(HERE / "_lib" / "lockstep_server.py"), "--exit-with-parent"],
     "foreign": [
         sys.executable,
         str(HERE.parent / "tests" / "ma_foreign_server.py"),

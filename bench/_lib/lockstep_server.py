@@ -1,6 +1,6 @@
 """A bare ``grpc.aio`` lockstep server: a real barrier per world, pre-serialized answers.
 
-Run: ``python bench/_lockstep_server.py [--exit-with-parent]``; prints
+Run: ``python bench/_lib/lockstep_server.py [--exit-with-parent]``; prints
 ``Serving lockstep on <address>``, then serves until killed (or until its standard
 input ends, with ``--exit-with-parent``).
 
@@ -28,7 +28,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import grpc
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from dm_env_rpc_client import dm_env_rpc_pb2, pack_tensor
 from dm_env_rpc_client.server.__main__ import _watch_parent
