@@ -11,7 +11,8 @@ The server (``--servers``):
 - ``foreign``: the multi-agent Paddles server written on the reference package
   (``tests/ma_foreign_server.py``: a sync gRPC servicer, one thread per stream, the lockstep
   step blocked on a ``threading.Condition``), as most multi-agent servers in the wild are;
-  it is slow, so its table is a check that the SDK's route works there, not a measure of it.
+  it is slow, so its table is a check that the SDK's route works there, not a measure of it;
+- ``sdk``: the SDK's own server serving its Paddles game (``--game paddles``).
 
 Clients, each driving every agent of every world, one step per agent per round:
 
@@ -70,7 +71,21 @@ SERVER_COMMANDS = {
         "2200",
     ],
 }
-SERVER_NAMES = {"lockstep": "grpc.aio lockstep", "foreign": "reference-package Paddles"}
+SERVER_COMMANDS["sdk"] = [
+    sys.executable,
+    "-m",
+    "dm_env_rpc_client.server",
+    "--game",
+    "paddles",
+    "--port",
+    "0",
+    "--exit-with-parent",
+]
+SERVER_NAMES = {
+    "lockstep": "grpc.aio lockstep",
+    "foreign": "reference-package Paddles",
+    "sdk": "SDK Paddles",
+}
 OURS, OURS_FLAT = "SDK step_agents", "SDK send/recv"
 REFERENCE, FLOOR = "reference, thread/agent", "raw gRPC floor"
 
