@@ -19,10 +19,8 @@ import grpc
 import numpy as np
 
 from .. import errors
-from .._adaptor.stacked import StackedDecoder
 from .._base import checks as _checks
 from .._base import collector
-from .._fastpath.step_encoder import StepEncoder
 from .._transport.loop import LoopConnection, LoopThread
 from ..aio import AsyncConnection
 from ..connection import create_channel
@@ -31,7 +29,7 @@ from . import restart as _restart
 from .agents import AGENT_SETTING, AgentBatch, Made, WorldPlan, make_world, unmake_world
 from .closing import shut_down
 from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED
-from .opening import _NO_RETRIES, OPENING_PER_SERVER, _adaptor_like, check_descriptors
+from .opening import _NO_RETRIES, OPENING_PER_SERVER, _adaptor_like, check_descriptors, equip
 from .restart import RestartPolicy
 
 Batch = TypeVar("Batch", bound=AgentBatch)
@@ -264,27 +262,6 @@ def start_loop(
         )
 
     return runner, channels, open_stream
-
-
-def equip(
-    batch: AgentBatch,
-    runner: LoopThread,
-    channels: dict[str, grpc.aio.Channel],
-    connections: Sequence[LoopConnection],
-    open_stream: Callable[..., Any],
-) -> None:
-    """Puts a batch made of opened worlds on its loop: streams, the shared writer pool, and the
-    batch-at-once encoder and decoder when every slot's specs are alike."""
-    envs = batch.envs
-    batch._runner, batch._channels = runner, channels
-    batch._streams = [conn.async_connection for conn in connections]
-    for stream in batch._streams:  # one pool of writer tasks for all (_transport.writers)
-        stream._pool = batch._writers
-    batch._joined_specs = [env._wire_specs for env in envs]
-    if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
-        batch._decoder = StackedDecoder(envs[0])
-        batch._encoder = StepEncoder(envs[0])
-    batch._open_stream = open_stream
 
 
 def _adaptors(
