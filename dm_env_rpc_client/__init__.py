@@ -96,6 +96,7 @@ from .errors import (
     WorldTimeoutError,
 )
 from .launch import LaunchedServer, LaunchedServers, Relaunch, RelaunchPolicy, launch
+from .multiagent import MultiAgentBatch, MultiAgentWorld
 from .properties import PropertiesExtension, PropertySpec
 from .random_actions import random_action, random_batch
 from .recording import Episode, EpisodeRecorder, Recording, iter_episodes, load_episode
@@ -165,6 +166,8 @@ __all__ = [
     "LaunchedServer",
     "LaunchedServers",
     "Metadata",
+    "MultiAgentBatch",
+    "MultiAgentWorld",
     "NUMPY_TO_DATA_TYPE",
     "NotFoundError",
     "ObservationError",

@@ -240,19 +240,11 @@ def open_batch(
     batch.world_seeds = seeds
     if seed is not None:
         batch._actions_rng = np.random.default_rng(seed)
-    batch._runner, batch._channels = runner, channels
-    batch._streams = [conn.async_connection for conn in connections]
-    for stream in batch._streams:  # one pool of writer tasks for all (_transport.writers)
-        stream._pool = batch._writers
-    batch._joined_specs = [env._wire_specs for env in envs]
-    if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
-        batch._decoder = StackedDecoder(envs[0])
-        batch._encoder = StepEncoder(envs[0])
+    equip(batch, runner, channels, connections, open_stream)
     batch._policy = on_world_failure
     batch._restart_policy = restart or RestartPolicy()
     batch._step_timeout = step_timeout
     batch._recipes = recipes
-    batch._open_stream = open_stream
     if servers is not None:
         batch.servers, batch.relaunches = servers, servers.relaunches
     if on_world_failure == _restart.RESTART:
@@ -261,6 +253,27 @@ def open_batch(
     if step_timeout is not None:
         runner.call(batch._watch)
     return batch
+
+
+def equip(
+    batch: BatchCore,
+    runner: LoopThread,
+    channels: dict[str, grpc.aio.Channel],
+    connections: Sequence[LoopConnection],
+    open_stream: Callable[..., Any],
+) -> None:
+    """Puts a batch made of opened worlds on its loop: streams, the shared writer pool, and the
+    batch-at-once encoder and decoder when every world's specs are alike."""
+    envs = batch.envs
+    batch._runner, batch._channels = runner, channels
+    batch._streams = [conn.async_connection for conn in connections]
+    for stream in batch._streams:  # one pool of writer tasks for all (_transport.writers)
+        stream._pool = batch._writers
+    batch._joined_specs = [env._wire_specs for env in envs]
+    if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
+        batch._decoder = StackedDecoder(envs[0])
+        batch._encoder = StepEncoder(envs[0])
+    batch._open_stream = open_stream
 
 
 def check_descriptors(addresses: Sequence[str], connections: int | None = None) -> None:
