@@ -7,12 +7,15 @@ package's ``Session``) only leaves the joined world on disconnect: a world stays
 until a DestroyWorldRequest names it. ``max_worlds`` refuses a CreateWorld beyond
 it with RESOURCE_EXHAUSTED; ``options`` are the gRPC server's, e.g.
 ``("grpc.max_concurrent_streams", 100)`` for an HTTP/2 stream limit per connection.
-A test can make it refuse every JoinWorld (``kept.refuse_joins``) or abort every
-stream that steps (``kept.abort_steps``).
+A test can make it refuse every JoinWorld (``kept.refuse_joins``), every one after the
+first K (``kept.joins_allowed = K``), or abort every stream that steps (``kept.abort_steps``).
+It serves multi-agent environments too (``server/paddles.py``'s ``Paddles``): each agent
+joins over its own stream, and a world is destroyed only once every agent has left it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
@@ -55,6 +58,8 @@ class Kept:
         self.address = address
         self.registry = registry
         self.refuse_joins = False
+        self.joins_allowed: int | None = None  # refuse every JoinWorld after this many
+        self.joins = 0  # JoinWorld requests seen
         self.abort_steps = False
 
     @property
@@ -86,14 +91,23 @@ def keeping_server(
         try:
             async for request in requests:
                 which = request.WhichOneof("payload")
-                if kept is not None and kept.refuse_joins and which == "join_world":
+                if kept is not None and which == "join_world":
+                    kept.joins += 1
+                    allowed = kept.joins_allowed
+                    refused = kept.refuse_joins or (allowed is not None and kept.joins > allowed)
+                else:
+                    refused = False
+                if refused:
                     yield dm_env_rpc_pb2.EnvironmentResponse(
                         error={"code": grpc.StatusCode.UNAVAILABLE.value[0], "message": "no joins"}
                     )
                     continue
                 if kept is not None and kept.abort_steps and which == "step":
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "stream aborted")
-                yield session.handle(request)
+                answer = session.handle(request)
+                if isinstance(answer, asyncio.Future):  # a multi-agent step: waits for its round
+                    answer = await answer
+                yield answer
         finally:
             session.leave()  # only: the worlds it created stay
 

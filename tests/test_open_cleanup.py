@@ -14,9 +14,11 @@ import pytest
 from conftest import wait_for
 from keeping_server import keeping_server
 
+import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.server.catch import Catch
+from dm_env_rpc_client.server.paddles import Paddles
 
 
 def make_catch(settings: dict[str, Any]) -> Catch:
@@ -99,4 +101,48 @@ def test_the_gymnasium_env_leaves_no_world_when_its_join_fails() -> None:
         kept.refuse_joins = True
         with pytest.raises(errors.DmEnvRpcError):
             GymnasiumEnv(address=kept.address, timeout=10)
+        assert kept.worlds == 0
+
+
+# --- multi-agent worlds: one world, N agents over N streams -------------------------------------
+
+
+def make_paddles(settings: dict[str, Any]) -> Paddles:
+    return Paddles(**settings)
+
+
+PADDLES = {"num_agents": 2, "seed": 1}
+
+
+def test_a_multi_agent_world_whose_last_join_is_refused_is_left_and_destroyed() -> None:
+    """The server refuses the second agent (no agent 7 in a world of two): the first agent
+    leaves and the world is destroyed before connect raises; with room for one world, the
+    next connect works, so nothing was left behind."""
+    with keeping_server(make_paddles, max_worlds=1) as kept:
+        with pytest.raises(errors.WorldError, match="7"):
+            dmr.MultiAgentWorld.connect(
+                kept.address,
+                2,
+                create_world_settings=PADDLES,
+                join_world_settings=[{"agent": 0}, {"agent": 7}],
+                timeout=10,
+            )
+        assert kept.worlds == 0
+        with dmr.MultiAgentWorld.connect(kept.address, 2, create_world_settings=PADDLES) as world:
+            assert set(world.reset()) == {"agent_0", "agent_1"} and kept.worlds == 1
+        assert kept.worlds == 0
+
+
+def test_a_multi_agent_batch_whose_last_join_is_refused_leaves_and_destroys_every_world() -> None:
+    """Three worlds of two agents: the server takes five joins and refuses the sixth; every
+    joined agent leaves and all three worlds are destroyed before connect raises."""
+    with keeping_server(make_paddles, max_worlds=3) as kept:
+        kept.joins_allowed = 5
+        with pytest.raises(errors.WorldError, match="no joins"):
+            dmr.MultiAgentBatch.connect(kept.address, 3, 2, create_world_settings=PADDLES)
+        assert kept.joins == 6 and kept.worlds == 0
+        kept.joins_allowed = None
+        with dmr.MultiAgentBatch.connect(kept.address, 3, 2, create_world_settings=PADDLES) as batch:
+            batch.reset_agents()
+            assert kept.worlds == 3
         assert kept.worlds == 0
