@@ -142,7 +142,9 @@ def test_a_multi_agent_batch_whose_last_join_is_refused_leaves_and_destroys_ever
             dmr.MultiAgentBatch.connect(kept.address, 3, 2, create_world_settings=PADDLES)
         assert kept.joins == 6 and kept.worlds == 0
         kept.joins_allowed = None
-        with dmr.MultiAgentBatch.connect(kept.address, 3, 2, create_world_settings=PADDLES) as batch:
+        with dmr.MultiAgentBatch.connect(
+            kept.address, 3, 2, create_world_settings=PADDLES
+        ) as batch:
             batch.reset_agents()
             assert kept.worlds == 3
         assert kept.worlds == 0
