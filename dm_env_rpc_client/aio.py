@@ -126,6 +126,7 @@ class AsyncConnection:
         "_closed_error",
         "_end_queued",
         "_limit",
+        "_max_response_bytes",
         "_owns_channel",
         "_pending",
         "_pool",
@@ -158,6 +159,7 @@ class AsyncConnection:
         self._closed_error = None
         self._close_called = False
         self._limit = max_in_flight
+        self._max_response_bytes = None  # connect_async's cap, named when gRPC hides it
         self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
         # Requests wait in a list; a writer task exists only while some wait (a parked task
         # and an asyncio.Queue per stream were about 5 KB of a world at 4,096 worlds).
@@ -171,6 +173,7 @@ class AsyncConnection:
 
     _channel: grpc.aio.Channel | None
     _owns_channel: bool
+    _max_response_bytes: int | None
     address: str | None
     _pending: messages.PendingQueue[asyncio.Future[Any] | _Callback]
     _closed_error: errors.ConnectionClosedError | None
@@ -224,7 +227,11 @@ class AsyncConnection:
                     await self._call.write(data)
         except (grpc.RpcError, asyncio.InvalidStateError) as exc:
             self._writes = []
-            self._shutdown(closed_error(exc if isinstance(exc, grpc.RpcError) else None))
+            if isinstance(exc, grpc.RpcError):
+                self._shutdown(closed_error(exc, self._max_response_bytes))
+            elif not self._call.done():
+                self._shutdown(closed_error(None))
+            # else the call has ended: the reader reads its real status and shuts down with it
 
     async def _read_loop(self) -> None:
         error: grpc.RpcError | None = None
@@ -248,7 +255,7 @@ class AsyncConnection:
             if not self._close_called:  # not by aclose(): by the end of the loop
                 await self._close_as_the_loop_ends()
             return
-        self._shutdown(closed_error(error))
+        self._shutdown(closed_error(error, self._max_response_bytes))
 
     async def _close_as_the_loop_ends(self) -> None:
         """What ``aclose`` does, when the loop cancels the reader (``asyncio.run`` returning
@@ -462,9 +469,9 @@ async def connect_async(
       wait_for_ready: retry a refused port until ``timeout``.
       max_response_bytes: the largest answer taken, in bytes (None: any size,
         the default). A larger one ends the stream: its request and every
-        pending one fail with ``ConnectionClosedError``, which is a
-        ``ResponseTooLargeError`` unless a request was being written as gRPC
-        cut the stream (``grpc.aio`` then reports INTERNAL).
+        pending one fail with ``ResponseTooLargeError`` (or, when a request
+        was being written as gRPC cut the stream, ``grpc.aio``'s INTERNAL: a
+        ``ConnectionClosedError`` whose message names the cap).
 
     Returns:
       An AsyncConnection that owns its channel.
@@ -486,7 +493,7 @@ async def connect_async(
         aio=True,
         max_response_bytes=max_response_bytes,
     )
-    return await open_when_ready(
+    connection = await open_when_ready(
         channel,
         address,
         owns_channel=True,
@@ -496,6 +503,8 @@ async def connect_async(
         wait_for_ready=wait_for_ready,
         tls=credentials is not None,
     )
+    connection._max_response_bytes = max_response_bytes
+    return connection
 
 
 async def open_when_ready(

@@ -67,6 +67,12 @@ _TOO_LARGE = (
     "or the channel option grpc.max_receive_message_length), so gRPC ended the stream. Raise "
     "max_response_bytes (None takes any size), or ask for less (requested_observations=)."
 )
+_CORE_ERROR = "Internal error from Core"  # grpc.aio's details for a write to a cut call
+_MAYBE_TOO_LARGE = (
+    " This connection takes answers of at most {cap:,} bytes (max_response_bytes), and gRPC "
+    "says only this when it cut the stream for a larger answer while a request was being "
+    "written: raise max_response_bytes (None takes any size), or ask for less."
+)
 _CHANNEL_NOT_ADDRESS = (
     "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
     "to connect to an address, use dmr.connect({address!r})."
@@ -92,8 +98,9 @@ class ConnectionLike(Protocol):
 ConnectionType = ConnectionLike  # the reference's name for it, for annotations
 
 
-def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
-    """The ConnectionClosedError for a stream that ended (exc None: ended cleanly)."""
+def closed_error(exc: grpc.RpcError | None, cap: int | None = None) -> errors.ConnectionClosedError:
+    """The ConnectionClosedError for a stream that ended (exc None: ended cleanly); ``cap``, a
+    connection's max_response_bytes, is named when grpc.aio hides a cut for it as INTERNAL."""
     if exc is None:
         return errors.ConnectionClosedError(
             _STREAM_ENDED.format(code="OK", details="the server closed the stream", advice=_REOPEN),
@@ -109,13 +116,12 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
         return errors.AuthenticationError(message, code, details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
         return errors.ResponseTooLargeError(_TOO_LARGE.format(details=details), code, details)
+    if cap is not None and code == grpc.StatusCode.INTERNAL and details == _CORE_ERROR:
+        advice = _REOPEN + _MAYBE_TOO_LARGE.format(cap=cap)
+    else:  # RESOURCE_EXHAUSTED: a new connection would be refused too, as the details say
+        advice = "." if code == grpc.StatusCode.RESOURCE_EXHAUSTED else _REOPEN
     return errors.ConnectionClosedError(
-        # RESOURCE_EXHAUSTED: a new connection would be refused too; the details say what to do.
-        _STREAM_ENDED.format(
-            code=name,
-            details=details,
-            advice="." if code == grpc.StatusCode.RESOURCE_EXHAUSTED else _REOPEN,
-        ),
+        _STREAM_ENDED.format(code=name, details=details, advice=advice),
         code,
         details,
     )
