@@ -24,6 +24,11 @@ others), with random valid actions drawn from the world's specs:
   status, and the stream still answers afterwards.
 - ``multi-client.concurrent``: two clients at once are both served, or the
   second is refused with an error (then the rule is skipped), never left hanging.
+- ``multi-agent.*``: two agents join one world (their steps sent together), a
+  ResetWorld from a third stream makes both agents' next steps INTERRUPTED, a
+  leave lets the other agent go on, and a DestroyWorld from a joined stream is
+  refused. A server that refuses the second agent serves one agent per world:
+  the group is skipped, with the refusal as the reason.
 - ``episodes.first-after-last``: the step after a TERMINATED or INTERRUPTED one
   answers RUNNING (a new sequence begins).
 - ``latency.step``: round trips of single steps, p50 and p99 (``ConformanceReport.latency``).

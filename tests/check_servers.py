@@ -6,10 +6,13 @@ hand-written protocol state machine: one int8 action ``a`` in [0, 2]; observatio
 (float32[2], ``[count, 0]``) and ``count`` (int64); an episode TERMINATES at its 5th step.
 With ``fault=None`` it keeps every rule; each fault in ``FAULTS`` breaks exactly the rule it
 is named after. ``"one-world-at-a-time"`` refuses to create a world while another exists,
-which the protocol allows.
+which the protocol allows. A world takes one agent: a second JoinWorld of a joined world
+is refused (so the ``multi-agent.*`` rules are skipped; ``multiagent_check_servers`` has
+the multi-agent servers).
 
 ``reference_server()`` serves Catch on the reference package's servicer, with its
 ``tensor_utils``, ``tensor_spec_utils`` and ``dm_env_utils``; nothing of this SDK's server.
+It too takes one agent per world.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class _World:
 
     def __init__(self) -> None:
         self.names: set[str] = set()
+        self.joined: dict[str, object] = {}  # world name -> the stream joined to it
         self.counter = itertools.count(1)
         self.lock = threading.Lock()
 
@@ -103,6 +107,7 @@ class _Stream:
         self.worlds, self.fault, self.specs = worlds, fault, _specs(fault)
         self.ended = threading.Event()  # set when the stream ends (cancelled, server stopped)
         context.add_callback(self.ended.set)
+        context.add_callback(self.depart)
         self.joined: str | None = None
         self.first = True
         self.count = 0
@@ -134,8 +139,24 @@ class _Stream:
                 return _error(5, f"no world {request.world_name!r}")
         elif self.fault == "lifecycle.join":
             return _error(13, "cannot join")
+        refusal = self.enter(request.world_name)
+        if refusal is not None:
+            return refusal
         self.joined, self.first = request.world_name, True
         return pb.EnvironmentResponse(join_world=pb.JoinWorldResponse(specs=self.specs))
+
+    def enter(self, world: str) -> pb.EnvironmentResponse | None:
+        """Takes the world's one agent slot, or the refusal."""
+        with self.worlds.lock:
+            if self.worlds.joined.setdefault(world, self) is not self:
+                return _error(9, f"world {world!r} is joined already: it takes one agent")
+        return None
+
+    def depart(self) -> None:
+        """Frees the slot of the joined world (on LeaveWorld or the stream's end)."""
+        with self.worlds.lock:
+            if self.joined is not None and self.worlds.joined.get(self.joined) is self:
+                del self.worlds.joined[self.joined]
 
     def _check_actions(self, actions: Any) -> str | None:
         for uid, tensor in actions.items():
@@ -211,6 +232,7 @@ class _Stream:
     def _leave_world(self, request: Any) -> pb.EnvironmentResponse:
         if self.joined is not None and self.fault == "lifecycle.leave":
             return _error(13, "cannot leave")
+        self.depart()
         self.joined = None
         return pb.EnvironmentResponse(leave_world=pb.LeaveWorldResponse())
 
@@ -287,8 +309,15 @@ def reference_server() -> Iterator[str]:
     from dm_env_rpc_client.server.catch import Catch
 
     worlds: dict[str, Any] = {}
+    taken: dict[str, int] = {}  # world name -> id of the joined stream's state
     names = itertools.count(1)
     lock = threading.Lock()
+
+    def leave(state: dict[str, Any]) -> None:
+        with lock:
+            if taken.get(state["joined"]) == id(state):
+                del taken[state["joined"]]
+        state["joined"] = None
 
     class Refused(Exception):
         def __init__(self, code: int, message: str) -> None:
@@ -310,12 +339,15 @@ def reference_server() -> Iterator[str]:
     class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
         def Process(self, request_iterator: Any, context: Any) -> Any:
             state: dict[str, Any] = {"joined": None, "first": True, "values": {}}
-            for request in request_iterator:
-                try:
-                    yield self._answer(request, state)
-                except Refused as exc:
-                    status = status_pb2.Status(code=exc.code, message=str(exc))
-                    yield ref.EnvironmentResponse(error=status)
+            try:
+                for request in request_iterator:
+                    try:
+                        yield self._answer(request, state)
+                    except Refused as exc:
+                        status = status_pb2.Status(code=exc.code, message=str(exc))
+                        yield ref.EnvironmentResponse(error=status)
+            finally:
+                leave(state)
 
         def _world(self, name: str) -> Any:
             with lock:
@@ -343,6 +375,9 @@ def reference_server() -> Iterator[str]:
                 if state["joined"] is not None:
                     raise Refused(code_pb2.FAILED_PRECONDITION, "already joined")
                 _, actions, observations = self._world(request.join_world.world_name)
+                with lock:
+                    if taken.setdefault(request.join_world.world_name, id(state)) != id(state):
+                        raise Refused(code_pb2.FAILED_PRECONDITION, "one agent per world")
                 state.update(joined=request.join_world.world_name, first=True)
                 for uid, spec in actions.items():
                     response.join_world.specs.actions[uid].CopyFrom(spec)
@@ -365,7 +400,7 @@ def reference_server() -> Iterator[str]:
                     state["first"] = True
                 response.reset_world.SetInParent()
             elif kind == "leave_world":
-                state["joined"] = None
+                leave(state)
                 response.leave_world.SetInParent()
             elif kind == "destroy_world":
                 name = request.destroy_world.world_name

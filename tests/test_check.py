@@ -18,11 +18,13 @@ from typing import Any, ClassVar
 import grpc
 import pytest
 from check_servers import FAULTS, raw_server, reference_server
+from multiagent_check_servers import MULTIAGENT_FAULTS, multiagent_server
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import cli
 from dm_env_rpc_client.conformance import RULES, ConformanceReport, check_server
-from dm_env_rpc_client.server import Server
+from dm_env_rpc_client.server import Server, serve
+from dm_env_rpc_client.server.paddles import Paddles
 
 # Small limits keep a run near 0.2 s; a fault that hangs costs TIMEOUT once.
 TIMEOUT = 3.0
@@ -37,9 +39,21 @@ def _not_passed(report: ConformanceReport) -> dict[str, str]:
     return {f.rule: f"{f.status}: {f.detail}" for f in report.findings if f.status != "pass"}
 
 
+MULTIAGENT = [rule for rule in RULES if rule.startswith("multi-agent.")]
+
+
+def _single_agent(not_passed: dict[str, str]) -> dict[str, str]:
+    """``not_passed`` without the multi-agent group, which must be skipped as one agent's."""
+    skipped = {rule: not_passed.pop(rule, "pass") for rule in MULTIAGENT}
+    assert all(
+        why.startswith("skip: one agent per world: a second JoinWorld") for why in skipped.values()
+    ), skipped
+    return not_passed
+
+
 def test_the_embedded_server_keeps_every_rule(catch_server: Server) -> None:
     report = _check(catch_server.address)
-    assert _not_passed(report) == {}
+    assert _single_agent(_not_passed(report)) == {}
     assert report.conforms
     assert [f.rule for f in report.findings] == list(RULES)
     assert report.latency["steps"] == 30
@@ -50,22 +64,36 @@ def test_the_embedded_server_keeps_every_rule(catch_server: Server) -> None:
 def test_foreign_conforming_servers_keep_every_rule(server: str) -> None:
     with reference_server() if server == "reference package" else raw_server() as address:
         report = _check(address)
+    assert _single_agent(_not_passed(report)) == {}
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "turns"])
+def test_multi_agent_servers_keep_every_rule_of_the_group_too(mode: str) -> None:
+    with serve(Paddles) as server:
+        report = check_server(server.address, create_world_settings={"mode": mode}, **QUICK)
     assert _not_passed(report) == {}
+    assert report.by_rule()["multi-agent.reset-world"].detail == (
+        "both agents INTERRUPTED, then RUNNING"
+    )
+    with multiagent_server() as address:  # a sync gRPC server whose barrier blocks a thread
+        assert _not_passed(_check(address)) == {}
 
 
 def test_every_rule_but_connect_has_a_server_that_breaks_it() -> None:
-    assert sorted(FAULTS) == sorted(set(RULES) - {"connect"})
+    assert sorted(FAULTS + MULTIAGENT_FAULTS) == sorted(set(RULES) - {"connect"})
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("rule", FAULTS)
+@pytest.mark.parametrize("rule", FAULTS + MULTIAGENT_FAULTS)
 def test_a_server_that_breaks_one_rule_fails_exactly_that_rule(rule: str) -> None:
-    with raw_server(rule) as address:
+    faulty = multiagent_server if rule in MULTIAGENT_FAULTS else raw_server
+    with faulty(rule) as address:
         report = _check(address)
     failed = {f.rule: f.detail for f in report.failures}
     assert list(failed) == [rule], report.text()
     assert failed[rule]  # says what the server did
-    if rule in ("multi-client.concurrent", "latency.step"):  # these servers hang: a finding
+    hang = ("multi-client.concurrent", "latency.step", "multi-agent.join", "multi-agent.leave")
+    if rule in hang:  # these servers hang: a finding
         assert f"no answer within {TIMEOUT:g} s" in failed[rule]
     assert not report.conforms
     # The rules it could not check say why; everything else passed.
@@ -87,7 +115,7 @@ def test_a_given_world_is_joined_not_made(catch_server: Server) -> None:
     with dmr.connect(catch_server.address, timeout=10) as conn:
         name = dmr.create_world(conn, {"rows": 6})
         report = check_server(catch_server.address, world_name=name, **QUICK)
-        skipped = _not_passed(report)
+        skipped = _single_agent(_not_passed(report))
         # The embedded server lets one connection at a time join a world: a refusal, a skip.
         assert skipped.pop("multi-client.concurrent").startswith(
             "skip: the server refused a second client: FAILED_PRECONDITION"
@@ -134,7 +162,7 @@ def test_the_report_in_json_and_text(catch_server: Server) -> None:
     assert [item["rule"] for item in data["findings"]] == list(RULES)
     assert data["findings"][0]["rule_text"] == RULES["connect"]
     text = report.text()
-    assert text.splitlines()[-1].endswith("conforms: 24 passed, 0 failed, 0 skipped.")
+    assert text.splitlines()[-1].endswith("conforms: 24 passed, 0 failed, 4 skipped.")
     assert all(rule in text for rule in RULES)
 
 
@@ -146,7 +174,7 @@ def test_check_command_exit_code_0_for_a_conforming_server(catch_server: Server,
     out = capsys.readouterr().out
     assert code == 0
     assert "PASS  errors.unknown-world" in out
-    assert out.rstrip().endswith("0 failed, 0 skipped.")
+    assert out.rstrip().endswith("0 failed, 4 skipped.")  # the multi-agent group: one agent
 
 
 def test_check_command_exit_code_1_and_json_for_a_broken_server(capsys) -> None:

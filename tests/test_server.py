@@ -544,7 +544,7 @@ def test_scalar_actions_are_checked_as_dm_env_checks_them(spec, value: float) ->
 
 
 def test_worlds_of_equal_specs_share_their_wire_specs_and_others_do_not(stream: RawStream) -> None:
-    from dm_env_rpc_client.server._worlds import Registry
+    from dm_env_rpc_client.server._registry import Registry
 
     registry = Registry(lambda settings: Catch(**settings))
     small, also_small = (registry.create({"rows": 4}, creator=None) for _ in range(2))

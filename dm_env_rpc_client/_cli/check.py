@@ -31,7 +31,8 @@ _ONE_TARGET = (
 DESCRIPTION = (
     "Checks a dm_env_rpc server against the protocol: the lifecycle (create, join, step, "
     "reset, reset world, leave, destroy), the specs, pipelined requests, bad requests, two "
-    "clients at once, episode boundaries, and step latency. Prints one line per rule. "
+    "clients at once, two agents in one world (skipped for one agent per world), episode "
+    "boundaries, and step latency. Prints one line per rule. "
     "Exit code 0 when the server conforms, 1 when it does not."
 )
 

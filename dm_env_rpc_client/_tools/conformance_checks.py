@@ -19,6 +19,7 @@ from .._codec.bounds import bounds
 from .._codec.dtypes import DATA_TYPE_TO_NUMPY
 from .._proto import dm_env_rpc_pb2 as pb
 from ..connection import Connection
+from .conformance_multiagent import check_multiagent
 from .conformance_probe import (
     ENDED,
     RULES,
@@ -372,6 +373,7 @@ def run_checks(
         (_joined(_pipeline, "pipeline.order"), rules("pipeline.")),
         (check_errors, rules("errors.")),
         (check_two_clients, rules("multi-client.")),
+        (check_multiagent, rules("multi-agent.")),
         (_joined(episodes, "episodes.first-after-last"), rules("episodes.")),
         (_joined(timed, "latency.step"), rules("latency.")),
     ]

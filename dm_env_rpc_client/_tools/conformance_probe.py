@@ -53,6 +53,13 @@ RULES: Mapping[str, str] = {
     "with an error, never left waiting.",
     "episodes.first-after-last": "The step after a TERMINATED or INTERRUPTED one answers RUNNING "
     "(a new sequence).",
+    "multi-agent.join": "Two connections join one world as two agents, and their first steps, "
+    "sent together, answer RUNNING.",
+    "multi-agent.reset-world": "ResetWorld from a third connection makes both agents' next "
+    "steps answer INTERRUPTED, and the steps after them RUNNING.",
+    "multi-agent.leave": "After one agent leaves, the other agent's steps are still answered.",
+    "multi-agent.destroy-joined": "DestroyWorld from a connection joined to the world is "
+    "answered with an error status.",
     "latency.step": "Single steps are answered (round trips timed: p50, p99).",
 }
 

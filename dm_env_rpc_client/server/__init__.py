@@ -28,6 +28,11 @@ Behaviour, in the protocol's terms:
   ``generate_value()``.
 - One connection joins a world at a time. When a connection ends, it leaves its
   world and every world it created is destroyed.
+- Multi-agent worlds: when ``make_env`` returns a ``MultiAgentEnvironment``
+  (``server.multiagent``), each JoinWorldRequest is one of its agents (join
+  setting ``agent``: an index or a name; else the first free one), steps go in
+  lockstep or in turns, and a step that waits for other agents is answered
+  DEADLINE_EXCEEDED after ``agent_timeout`` seconds, naming them (docs/multiagent.md).
 - Reset settings: the settings of a ResetRequest or ResetWorldRequest go to the
   environment's ``dm_env_rpc_reset_settings(settings)`` method (a nested dict),
   before the next sequence starts; an environment without it refuses them
@@ -38,7 +43,8 @@ Behaviour, in the protocol's terms:
   for bad settings, INTERNAL otherwise) carrying its type and message; the stream
   goes on.
 - Every stream is served on one ``grpc.aio`` event loop in a background thread;
-  environments are stepped there, one request at a time.
+  environments are stepped there, one request at a time. A multi-agent step that
+  waits holds up only its own stream.
 """
 
 from __future__ import annotations
@@ -55,8 +61,9 @@ from .. import errors
 from .._base import checks as _checks
 from .._proto import dm_env_rpc_pb2
 from .._transport.loop import LoopThread
+from ._registry import DEFAULT_AGENT_TIMEOUT, Registry
 from ._session import Session
-from ._worlds import Registry
+from .multiagent import MultiAgentEnvironment
 from .properties import Property
 
 METHOD = "/dm_env_rpc.v1.Environment/Process"
@@ -74,13 +81,15 @@ _START_TIMEOUT = 30.0
 _STOP_SLACK = 2.0  # seconds stop() waits for the loop beyond the grace period
 _REFUSE_READ = 1.0  # seconds a refused stream waits for the client's first request
 _END = object()
+_Future = asyncio.Future
 _TOO_MANY_STREAMS = (
     "This server serves at most {limit} streams at once (one per world) and all are in use. "
     "Start it with more (serve --max-workers N, or serve(..., max_workers=N)), "
     "or spread the worlds over more servers."
 )
 
-MakeEnv = Callable[[dict[str, Any]], dm_env.Environment]
+MakeEnv = Callable[[dict[str, Any]], dm_env.Environment | MultiAgentEnvironment]
+EnvClass = type[dm_env.Environment] | type[MultiAgentEnvironment]
 _NOT_A_FACTORY = (
     "make_env is a factory, called with each world's settings, not {kind}. Pass "
     "{hint}lambda settings: MyEnv(**settings), or the environment class itself."
@@ -93,21 +102,21 @@ def check_factory(make_env: Any) -> None:
     Raises:
       ArgumentTypeError: naming ``make_env`` and what to pass (for an instance, its class).
     """
-    if isinstance(make_env, dm_env.Environment) or not callable(make_env):
-        instance = isinstance(make_env, dm_env.Environment)
+    instance = isinstance(make_env, (dm_env.Environment, MultiAgentEnvironment))
+    if instance or not callable(make_env):
         hint = f"{type(make_env).__name__} (the class), " if instance else ""
         raise errors.ArgumentTypeError(
             _NOT_A_FACTORY.format(kind=_checks.kind(make_env), hint=hint)
         )
 
 
-def _factory(make_env: MakeEnv | type[dm_env.Environment]) -> MakeEnv:
+def _factory(make_env: MakeEnv | EnvClass) -> MakeEnv:
     """``make_env`` itself, or for a class one that passes the settings as keyword arguments."""
     if not isinstance(make_env, type):
         return make_env
     env_class = make_env
 
-    def make(settings: dict[str, Any]) -> dm_env.Environment:
+    def make(settings: dict[str, Any]) -> dm_env.Environment | MultiAgentEnvironment:
         return env_class(**settings)
 
     return make
@@ -133,16 +142,18 @@ class Server:
 
     def __init__(
         self,
-        make_env: MakeEnv | type[dm_env.Environment],
+        make_env: MakeEnv | EnvClass,
         address: str = "127.0.0.1:0",
         *,
         credentials: grpc.ServerCredentials | None = None,
         max_workers: int = 64,
+        agent_timeout: float = DEFAULT_AGENT_TIMEOUT,
     ) -> None:
         check_factory(make_env)
         _checks.check_address(address, listen=True)
         _checks.check_count(max_workers, "max_workers")
-        self._registry = Registry(_factory(make_env))
+        _checks.check_seconds(agent_timeout, "agent_timeout", allow_none=False)
+        self._registry = Registry(_factory(make_env), agent_timeout)
         self._stopped = False
         self._max_streams = max_workers
         self._streams = 0  # open streams; only the event loop touches it
@@ -210,13 +221,17 @@ class Server:
             read, handle, put = context.read, session.handle, answers.put_nowait
             try:
                 while (request := await read()) is not grpc.aio.EOF:
-                    put(handle(request))
+                    put(answer := handle(request))
+                    if type(answer) is _Future:  # a multi-agent step: the next request waits
+                        await asyncio.wait((answer,))
             finally:
                 put(_END)
 
         reader = asyncio.ensure_future(answer())
         try:
             while (response := await answers.get()) is not _END:
+                if type(response) is _Future:
+                    response = await response
                 await context.write(response)
             await reader  # raises what ended the reading, if anything but the stream's end
         finally:
@@ -264,23 +279,27 @@ class Server:
 
 @_checks.keywords_checked
 def serve(
-    make_env: MakeEnv | type[dm_env.Environment],
+    make_env: MakeEnv | EnvClass,
     address: str = "127.0.0.1:0",
     *,
     credentials: grpc.ServerCredentials | None = None,
     max_workers: int = 64,
+    agent_timeout: float = DEFAULT_AGENT_TIMEOUT,
 ) -> Server:
     """Starts a dm_env_rpc server for environments made by ``make_env``.
 
     Args:
       make_env: called as ``make_env(settings)`` for every CreateWorldRequest
-        with the unpacked settings (a nested dict); returns a dm_env.Environment.
+        with the unpacked settings (a nested dict); returns a dm_env.Environment,
+        or a ``MultiAgentEnvironment`` for a world of several agents.
         Raise TypeError or ValueError for bad settings. Or an environment
         class, called as ``make_env(**settings)``.
       address: ``host:port`` to listen on; port 0 picks a free port.
       credentials: server credentials for TLS; None serves plaintext.
       max_workers: the most streams (worlds) served at once; a stream beyond
         them fails with RESOURCE_EXHAUSTED, whose message says what to do.
+      agent_timeout: seconds a multi-agent step waits for the other agents (or its
+        turn) before it is answered DEADLINE_EXCEEDED, naming them, unapplied.
 
     Returns:
       The running Server (use it as a context manager, or call ``stop()``).
@@ -288,10 +307,17 @@ def serve(
     Raises:
       ArgumentTypeError: ``make_env`` is not callable (an environment instance,
         where its class or a factory goes), or ``max_workers`` is not a whole number.
-      ArgumentValueError: ``address`` is not ``host:port``, or ``max_workers`` < 1.
+      ArgumentValueError: ``address`` is not ``host:port``, ``max_workers`` < 1, or
+        ``agent_timeout`` is not above 0.
       OSError: the address cannot be bound.
     """
-    return Server(make_env, address, credentials=credentials, max_workers=max_workers)
+    return Server(
+        make_env,
+        address,
+        credentials=credentials,
+        max_workers=max_workers,
+        agent_timeout=agent_timeout,
+    )
 
 
-__all__ = ["Property", "Server", "serve"]
+__all__ = ["MultiAgentEnvironment", "Property", "Server", "serve"]

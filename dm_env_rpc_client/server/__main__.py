@@ -1,8 +1,9 @@
 """python -m dm_env_rpc_client.server: serve an environment over dm_env_rpc until stopped.
 
-Serves the built-in Catch game (``--env catch``), one large float32
-observation (``--env large --size N``), or your own ``dm_env.Environment``
-factory (``--env package.module:factory``, called as ``factory(settings)``
+Serves the built-in Catch game (``--env catch``), the multi-agent Paddles game
+(``--game paddles``; ``--game`` is another name of ``--env``), one large float32
+observation (``--env large --size N``), or your own ``dm_env.Environment`` (or
+``MultiAgentEnvironment``) factory (``--env package.module:factory``, called as ``factory(settings)``
 with each CreateWorldRequest's settings as a nested dict; a class is called
 with the settings as keyword arguments). Before serving it
 makes one environment with no settings, to refuse flags the environment
@@ -29,12 +30,19 @@ import dm_env
 import grpc
 
 from .._base.quiet import quiet_grpc_logs
-from .._cli.args import UsageError, port, positive_int, read_pem
+from .._cli.args import UsageError, port, positive_float, positive_int, read_pem
 from . import _factory, serve
+from ._registry import DEFAULT_AGENT_TIMEOUT
 from .catch import Catch
 from .envs import LargeObservation
+from .multiagent import MultiAgentEnvironment
+from .paddles import Paddles
 
-ENVS: dict[str, Callable[..., dm_env.Environment]] = {"catch": Catch, "large": LargeObservation}
+ENVS: dict[str, Callable[..., dm_env.Environment | MultiAgentEnvironment]] = {
+    "catch": Catch,
+    "large": LargeObservation,
+    "paddles": Paddles,
+}
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 0
 DEFAULT_MAX_WORKERS = 64
@@ -73,7 +81,7 @@ def make_factory(name: str, defaults: dict[str, Any]) -> Callable[[dict[str, Any
     if name in ENVS:
         env_class = ENVS[name]
 
-        def make_env(settings: dict[str, Any]) -> dm_env.Environment:
+        def make_env(settings: dict[str, Any]) -> dm_env.Environment | MultiAgentEnvironment:
             return env_class(**{**defaults, **settings})
 
         return make_env
@@ -140,7 +148,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         signal.signal(signal.SIGINT, stop_with(INTERRUPTED))
     address = f"{args.host}:{args.port}"
-    with serve(make_env, address, credentials=credentials, max_workers=args.max_workers) as server:
+    with serve(
+        make_env,
+        address,
+        credentials=credentials,
+        max_workers=args.max_workers,
+        agent_timeout=args.agent_timeout,
+    ) as server:
         tls = " (TLS)" if credentials is not None else ""
         _say(f"Serving {args.env} on {server.address}{tls}")
         while not stop.wait(0.5):
@@ -157,9 +171,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument(
         "--env",
+        "--game",
+        dest="env",
         type=env_name,
         default="catch",
-        help="catch, large, or package.module:factory (default: catch)",
+        help="catch, paddles (multi-agent), large, or package.module:factory (default: catch)",
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface (default: {DEFAULT_HOST})")
     parser.add_argument(
@@ -176,6 +192,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         type=positive_int,
         default=DEFAULT_MAX_WORKERS,
         help=f"most streams (worlds) served at once (default: {DEFAULT_MAX_WORKERS})",
+    )
+    parser.add_argument(
+        "--agent-timeout",
+        type=positive_float,
+        default=DEFAULT_AGENT_TIMEOUT,
+        metavar="SECONDS",
+        help="multi-agent worlds: how long a step waits for the other agents (or its turn) "
+        f"before it is refused, naming them (default: {DEFAULT_AGENT_TIMEOUT:g})",
     )
     parser.add_argument("--certificate", metavar="PEM", help="serve TLS: certificate chain file")
     parser.add_argument("--private-key", metavar="PEM", help="serve TLS: private key file")

@@ -1,4 +1,10 @@
-"""One connection's protocol state machine: answers EnvironmentRequests in order."""
+"""One connection's protocol state machine: answers EnvironmentRequests in order.
+
+``handle(request)`` answers at once (a message or its wire bytes), except a step of
+a multi-agent world, which waits for the other agents: then it returns an
+``asyncio.Future`` of the answer, which the server awaits before it reads this
+connection's next request.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,16 @@ from typing import Any
 import dm_env
 import grpc
 from google.protobuf import any_pb2
-from google.rpc import status_pb2
 
 from .. import specs, tensors
 from .._codec.payload import _varint
 from .._proto import dm_env_rpc_pb2, properties_pb2
 from . import properties
-from ._worlds import Registry, ServerError, World
+from ._multiworld import Agent, MultiWorld
+from ._registry import AnyWorld, Registry
+from ._worlds import ServerError, World
+from ._worlds import error_response as _error
+from ._worlds import step_response as _step_response
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 DEFAULT_WORLD = ""
@@ -30,16 +39,15 @@ class Session:
 
     def __init__(self, registry: Registry) -> None:
         self._registry = registry
-        self._world: World | None = None
+        self._world: AnyWorld | None = None
+        self._agent: Agent | None = None  # the agent this connection is, in a multi-agent world
         self._state = State.INTERRUPTED  # the next step starts a sequence
         self._epoch = 0
-        self._created: list[World] = []
+        self._created: list[AnyWorld] = []
 
-    def handle(
-        self, request: dm_env_rpc_pb2.EnvironmentRequest
-    ) -> dm_env_rpc_pb2.EnvironmentResponse | bytes:
-        """Answers one request (a message, or its wire bytes); errors become
-        ``EnvironmentResponse.error``."""
+    def handle(self, request: dm_env_rpc_pb2.EnvironmentRequest) -> Any:
+        """Answers one request (a message, its wire bytes, or a multi-agent step's future of
+        them); errors become ``EnvironmentResponse.error``."""
         which = request.WhichOneof("payload")
         try:
             if which is None:
@@ -77,6 +85,11 @@ class Session:
             self._created.append(world)
         if world is None:
             world = self._registry.require(name)
+        if isinstance(world, MultiWorld):
+            agent = world.join(self, _settings(request.settings))
+            self._world, self._agent = world, agent
+            return agent.wire.join_response
+        assert isinstance(world, World)
         if request.settings:
             names = ", ".join(repr(key) for key in sorted(request.settings))
             raise ServerError(
@@ -96,7 +109,7 @@ class Session:
         self._epoch = world.epoch
         return world.join_response
 
-    def _joined(self, what: str) -> World:
+    def _joined(self, what: str) -> AnyWorld:
         world = self._world
         if world is None:
             raise ServerError(grpc.StatusCode.FAILED_PRECONDITION, _NOT_JOINED.format(what=what))
@@ -108,8 +121,11 @@ class Session:
             )
         return world
 
-    def _step(self, request: Any) -> bytes:
+    def _step(self, request: Any) -> Any:
         world = self._joined("StepRequest")
+        if self._agent is not None:
+            return world.submit(self._agent, request)  # type: ignore[union-attr]
+        assert isinstance(world, World)
         env = world.env
         if self._epoch != world.epoch and self._state == State.RUNNING:
             # Another connection reset the world: this sequence ends as INTERRUPTED.
@@ -134,15 +150,31 @@ class Session:
 
     def _reset(self, request: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
         world = self._joined("ResetRequest")
-        _apply_reset_settings(world, request.settings, "reset")
-        self._state = State.INTERRUPTED
-        return dm_env_rpc_pb2.EnvironmentResponse(
-            reset=dm_env_rpc_pb2.ResetResponse(specs=world.specs)
-        )
+        if self._agent is not None:
+            if request.settings:
+                raise ServerError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "A multi-agent world takes no ResetRequest settings: its settings are the "
+                    "whole world's, so send them with ResetWorldRequest.",
+                )
+            assert isinstance(world, MultiWorld)
+            world.reset_agent(self._agent)
+            specs = self._agent.wire.specs
+        else:
+            assert isinstance(world, World)
+            _apply_reset_settings(world, request.settings, "reset")
+            self._state = State.INTERRUPTED
+            specs = world.specs
+        return dm_env_rpc_pb2.EnvironmentResponse(reset=dm_env_rpc_pb2.ResetResponse(specs=specs))
 
     def _reset_world(self, request: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
         world = self._registry.require(request.world_name)
         _apply_reset_settings(world, request.settings, "reset world")
+        if isinstance(world, MultiWorld):
+            world.reset_world(self)
+            return dm_env_rpc_pb2.EnvironmentResponse(
+                reset_world=dm_env_rpc_pb2.ResetWorldResponse()
+            )
         world.epoch += 1
         if world.joined_by is self:
             self._state = State.INTERRUPTED
@@ -156,8 +188,13 @@ class Session:
 
     def _destroy_world(self, request: Any) -> dm_env_rpc_pb2.EnvironmentResponse:
         world = self._registry.require(request.world_name)
-        if world.joined_by is not None:
-            who = "this connection" if world.joined_by is self else "another connection"
+        if isinstance(world, MultiWorld):
+            sessions = [agent.session for agent in world.joined()]
+            joined_by = None if not sessions else self if self in sessions else sessions[0]
+        else:
+            joined_by = world.joined_by
+        if joined_by is not None:
+            who = "this connection" if joined_by is self else "another connection"
             raise ServerError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"World {world.name!r} is joined by {who}; leave it before destroying it.",
@@ -195,7 +232,11 @@ class Session:
     def leave(self) -> None:
         """Leaves the joined world, if any."""
         world, self._world = self._world, None
-        if world is not None:
+        agent, self._agent = self._agent, None
+        if isinstance(world, MultiWorld):
+            if agent is not None and agent.session is self and not world.destroyed:
+                world.leave(agent)
+        elif world is not None:
             with world.lock:
                 if world.joined_by is self:
                     world.joined_by = None
@@ -208,7 +249,7 @@ class Session:
         self._created.clear()
 
 
-def _apply_reset_settings(world: World, settings: Any, what: str) -> None:
+def _apply_reset_settings(world: AnyWorld, settings: Any, what: str) -> None:
     """Hands reset settings to the environment's ``dm_env_rpc_reset_settings`` hook.
 
     Without the hook any setting is refused; a TypeError or ValueError of the
@@ -231,22 +272,3 @@ def _apply_reset_settings(world: World, settings: Any, what: str) -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             f"Bad {what} settings {names}: {type(exc).__name__}: {exc}",
         ) from exc
-
-
-def _step_response(state: int, observations: list[tuple[int, Any]]) -> bytes:
-    """``EnvironmentResponse{step: StepResponse{state, observations}}`` as wire bytes.
-
-    The observation tensors are spliced in as they are (one copy, no messages).
-    """
-    parts = [b"\x08", _varint(state)]
-    for uid, tensor in observations:
-        head = b"\x08" + _varint(uid) + b"\x12" + _varint(len(tensor))
-        parts += [b"\x12", _varint(len(head) + len(tensor)), head, tensor]
-    step = b"".join(parts)
-    return b"\x1a" + _varint(len(step)) + step
-
-
-def _error(code: grpc.StatusCode, message: str) -> dm_env_rpc_pb2.EnvironmentResponse:
-    return dm_env_rpc_pb2.EnvironmentResponse(
-        error=status_pb2.Status(code=code.value[0], message=message)
-    )

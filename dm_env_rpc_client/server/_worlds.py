@@ -1,6 +1,7 @@
 """Worlds of the embedded server: a dm_env.Environment with its wire specs.
 
-A ``World`` owns one environment and everything needed to speak about it on the
+A ``World`` owns one environment; its ``WireSpecs`` (one per agent in a
+multi-agent world, ``_multiworld``) are everything needed to speak about it on the
 wire: ``{uid: TensorSpec}`` maps for actions and observations (dotted names from
 the nested dm_env specs, UIDs numbered from 1 in sorted-name order, so they are
 stable), action decoding with validation, and observation encoding.
@@ -10,15 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import dm_env
 import grpc
 import numpy as np
 from dm_env import specs as dm_specs
+from google.rpc import status_pb2
 
 from .. import specs, tensors
+from .._codec.payload import _varint
 from .._proto import dm_env_rpc_pb2
 
 
@@ -82,8 +85,8 @@ def _number(flat: Mapping[str, dm_specs.Array]) -> dict[int, _WireSpec]:
     return {uid: _WireSpec(uid, name, flat[name]) for uid, name in enumerate(sorted(flat), start=1)}
 
 
-class World:
-    """One environment behind the protocol."""
+class WireSpecs:
+    """One agent's specs on the wire: UIDs, TensorSpecs, action decoding, observation encoding."""
 
     _single_action: bool
     _single_observation: bool
@@ -94,19 +97,15 @@ class World:
     join_response: bytes  # EnvironmentResponse{join_world: {specs}}, serialized once
 
     def __init__(
-        self, name: str, env: dm_env.Environment, creator: object, like: World | None = None
+        self,
+        action_spec: Any,
+        observation_spec: Any,
+        reward_spec: Any,
+        discount_spec: Any,
+        like: WireSpecs | None = None,
     ) -> None:
-        """A world of ``env``; one ``like`` it (same specs, compared) lends its wire specs."""
-        self.name = name
-        self.env = env
-        self.creator = creator
-        self.joined_by: object | None = None
-        self.epoch = 0  # bumped by ResetWorld
-        self.lock = threading.Lock()
-        self.destroyed = False
-        action_spec = env.action_spec()
-        observation_spec = env.observation_spec()
-        self._signature = (action_spec, observation_spec, env.reward_spec(), env.discount_spec())
+        """The wire specs of these dm_env specs; ``like`` (same specs, compared) lends its own."""
+        self._signature = (action_spec, observation_spec, reward_spec, discount_spec)
         if like is not None and _same(like._signature, self._signature):
             # Made once per server, not per world (it was most of creating a world).
             self._single_action = like._single_action
@@ -220,63 +219,46 @@ class World:
         return out
 
 
-class Registry:
-    """All worlds of one server, by name."""
+class World(WireSpecs):
+    """One single-agent environment behind the protocol, joined by one connection at a time."""
 
-    def __init__(self, make_env: Callable[[dict[str, Any]], dm_env.Environment]) -> None:
-        self._make_env = make_env
-        self._worlds: dict[str, World] = {}
-        self._lock = threading.Lock()
-        self._counter = 0
-        self._last: World | None = None  # the newest world, whose wire specs a like one shares
+    def __init__(
+        self, name: str, env: dm_env.Environment, creator: object, like: World | None = None
+    ) -> None:
+        """A world of ``env``; one ``like`` it (same specs, compared) lends its wire specs."""
+        self.name = name
+        self.env = env
+        self.creator = creator
+        self.joined_by: object | None = None
+        self.epoch = 0  # bumped by ResetWorld
+        self.lock = threading.Lock()
+        self.destroyed = False
+        super().__init__(
+            env.action_spec(), env.observation_spec(), env.reward_spec(), env.discount_spec(), like
+        )
 
-    def create(self, settings: dict[str, Any], creator: object, name: str | None = None) -> World:
-        """Creates a world with ``make_env(settings)``.
-
-        Raises:
-          ServerError: INVALID_ARGUMENT naming the settings when make_env raises
-            TypeError or ValueError; INTERNAL for other exceptions.
-        """
-        try:
-            env = self._make_env(settings)
-        except (TypeError, ValueError) as exc:
-            names = ", ".join(repr(key) for key in sorted(specs.flatten(settings))) or "(none)"
-            raise ServerError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"Bad world settings {names}: {type(exc).__name__}: {exc}",
-            ) from exc
-        with self._lock:
-            if name is None:
-                self._counter += 1
-                name = f"world-{self._counter}"
-            world = self._last = World(name, env, creator, like=self._last)
-            self._worlds[name] = world
-        return world
-
-    def get(self, name: str) -> World | None:
-        with self._lock:
-            return self._worlds.get(name)
-
-    def require(self, name: str) -> World:
-        world = self.get(name)
-        if world is None:
-            with self._lock:
-                known = ", ".join(repr(n) for n in sorted(self._worlds)) or "(none)"
-            raise ServerError(
-                grpc.StatusCode.NOT_FOUND, f"Unknown world {name!r}. Known worlds: {known}."
-            )
-        return world
-
-    def remove(self, world: World) -> None:
-        with self._lock:
-            if self._worlds.get(world.name) is world:
-                del self._worlds[world.name]
-        world.destroyed = True
+    def destroy(self) -> None:
+        """Marks the world destroyed and closes its environment."""
+        self.destroyed = True
         with contextlib.suppress(Exception):
-            world.env.close()
+            self.env.close()
 
-    def close(self) -> None:
-        with self._lock:
-            worlds = list(self._worlds.values())
-        for world in worlds:
-            self.remove(world)
+
+def step_response(state: int, observations: list[tuple[int, Any]]) -> bytes:
+    """``EnvironmentResponse{step: StepResponse{state, observations}}`` as wire bytes.
+
+    The observation tensors are spliced in as they are (one copy, no messages).
+    """
+    parts = [b"\x08", _varint(state)]
+    for uid, tensor in observations:
+        head = b"\x08" + _varint(uid) + b"\x12" + _varint(len(tensor))
+        parts += [b"\x12", _varint(len(head) + len(tensor)), head, tensor]
+    step = b"".join(parts)
+    return b"\x1a" + _varint(len(step)) + step
+
+
+def error_response(code: grpc.StatusCode, message: str) -> dm_env_rpc_pb2.EnvironmentResponse:
+    """``EnvironmentResponse{error: Status{code, message}}``."""
+    return dm_env_rpc_pb2.EnvironmentResponse(
+        error=status_pb2.Status(code=code.value[0], message=message)
+    )

@@ -29,10 +29,10 @@ from dm_env import specs
 
 from .properties import Property
 
-_BAD_SETTING = "Catch setting {name!r} must be {what}, got {value!r}."
+_BAD_SETTING = "{game} setting {name!r} must be {what}, got {value!r}."
 
 
-def _int_setting(name: str, value: Any, minimum: int) -> int:
+def _int_setting(name: str, value: Any, minimum: int, game: str = "Catch") -> int:
     number: int | None
     if isinstance(value, np.integer) or (type(value) is int and -(2**63) <= value < 2**63):
         number = int(value)  # what np.asarray(value) below would hold, without making it
@@ -41,7 +41,7 @@ def _int_setting(name: str, value: Any, minimum: int) -> int:
         number = int(array) if array.shape == () and array.dtype.kind in "iu" else None
     if number is None or number < minimum:
         raise ValueError(
-            _BAD_SETTING.format(name=name, what=f"an integer >= {minimum}", value=value)
+            _BAD_SETTING.format(game=game, name=name, what=f"an integer >= {minimum}", value=value)
         )
     return number
 
