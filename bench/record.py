@@ -2,7 +2,7 @@
 
 Run: ``python bench/record.py [--steps N] [--rounds R]`` (needs the ``minari`` and
 ``rlds`` extras). Part 1: 16 Catch worlds on two server processes, stepped by
-the ``run`` command's loop (``step_worlds``, 8 in flight per world) with each
+the ``run`` command's loop (``dmr.collect``, 8 in flight per world) with each
 recording (``--record --format``, written by a child process, ``Recording(background=
 "process")``; ``--background thread`` for the writer thread) and without, interleaved
 in rounds; a run is timed until the child has written every episode its steps ended
@@ -42,7 +42,6 @@ from dm_env import specs
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client._cli.record import NPZ_EPISODES_PER_FILE
-from dm_env_rpc_client._cli.run import step_worlds
 from dm_env_rpc_client.integrations.minari import MinariWriter
 from dm_env_rpc_client.integrations.rlds import RldsWriter
 from dm_env_rpc_client.server.catch import Catch
@@ -123,9 +122,7 @@ def _variants(addresses: list[str], worlds: int, sizes: dict[str, list[float]]) 
 
             def run(steps: int) -> None:
                 cpu = process_cpu_seconds(child) if child else 0.0
-                step_worlds(
-                    batch, steps=steps, pipeline=WINDOW, timeout=60, seed=0, recording=recording
-                )
+                dmr.collect(batch, steps, pipeline=WINDOW, timeout=60, seed=0, record=recording)
                 if child:  # timed until every episode ended so far is written
                     blocks, recording._blocks = recording._blocks, []  # type: ignore[union-attr]
                     recording._rows = 0  # type: ignore[union-attr]
@@ -235,7 +232,7 @@ def _catch_episodes(address: str) -> tuple[list[Any], Any]:
             pass
 
     with dmr.Recording("unused", 16, writer=Keep()) as recording:
-        step_worlds(batch, steps=4400, pipeline=WINDOW, timeout=60, seed=0, recording=recording)
+        dmr.collect(batch, 4400, pipeline=WINDOW, timeout=60, seed=0, record=recording)
     writer = MinariWriter.for_environment(pathlib.Path(tempfile.mkdtemp()) / "spaces-v0", batch)
     batch.close()
     episodes = [e for e in kept if not e.truncated][:400]

@@ -45,7 +45,7 @@ process of its own; the floor's growth from the first size is gRPC's, the
 client/floor ratio is the SDK's (``--no-step-floor`` skips it); its spreads are the
 floor's worlds' (nothing on the floor's client holds a world back, so an uneven
 floor is the servers' doing). ``--cli`` adds a
-fourth: the CLI's ``run`` loop (``step_worlds``: random actions, ``IN_FLIGHT`` in
+fourth: the CLI's ``run`` loop (``dmr.collect``: random actions, ``IN_FLIGHT`` in
 flight per world, the same number of steps) over a batch connected the same way.
 
 The last lines say which of the issue's targets each size meets (PASS) or misses
@@ -233,19 +233,18 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
 
 
 def cli_client(addresses: list[str], worlds: int, steps: int) -> dict[str, float]:
-    """The CLI's ``run`` loop (``step_worlds``, random actions, ``IN_FLIGHT`` in flight per
+    """The CLI's ``run`` loop (``dmr.collect``, random actions, ``IN_FLIGHT`` in flight per
     world) over a batch connected as above: its CPU per step, after a warm-up run."""
     import dm_env_rpc_client as dmr
-    from dm_env_rpc_client._cli.run import step_worlds
 
     batch = dmr.BatchedEnvironment.connect(
         addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
     )
     with batch:
         options = {"pipeline": IN_FLIGHT, "timeout": 60.0, "seed": 0}
-        step_worlds(batch, steps=WARMUP_PER_WORLD * worlds, **options)
+        dmr.collect(batch, steps=WARMUP_PER_WORLD * worlds, **options)
         wall, cpu = time.perf_counter(), time.process_time()
-        stats = step_worlds(batch, steps=steps, **options)
+        stats = dmr.collect(batch, steps=steps, **options)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"cpu_us": cpu / stats.steps * 1e6, "steps_s": stats.steps / wall}
 
@@ -344,7 +343,7 @@ def main() -> None:
     parser.add_argument(
         "--cli",
         action="store_true",
-        help="also time the CLI's run loop (step_worlds) at each size: a fourth table",
+        help="also time the CLI's run loop (dmr.collect) at each size: a fourth table",
     )
     parser.add_argument(
         "--profile",
@@ -489,7 +488,7 @@ def main() -> None:
         )
     if cli_rows:
         print_table(
-            f"The CLI's run loop (step_worlds, random actions, {IN_FLIGHT} in flight per world)",
+            f"The CLI's run loop (dmr.collect, random actions, {IN_FLIGHT} in flight per world)",
             ["server", "worlds", "client CPU/step", f"vs {args.worlds[0]:,}", "steps/s"],
             cli_rows,
         )

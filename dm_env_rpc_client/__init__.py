@@ -102,6 +102,7 @@ from .specs import (
     set_bounds,
     tensor_spec_to_dm_env_spec,
 )
+from .stepping import RunEvent, RunObserver, RunStats, collect
 from .tensors import (
     DATA_TYPE_TO_NUMPY,
     NUMPY_TO_DATA_TYPE,
@@ -170,6 +171,9 @@ __all__ = [
     "RelaunchPolicy",
     "RequestTimeoutError",
     "RestartPolicy",
+    "RunEvent",
+    "RunObserver",
+    "RunStats",
     "Server",
     "ServerLaunchError",
     "ShapeError",
@@ -188,6 +192,7 @@ __all__ = [
     "bounds",
     "check_server",
     "cli_main",
+    "collect",
     "connect",
     "connect_async",
     "create_and_join_world",

@@ -2,12 +2,11 @@
 
 Commands:
 
-- ``run``: random-action stepping over one or more worlds, pipelined; with no
-  ``--address`` it starts the embedded Catch server itself, in a child process
-  sized for the worlds (``--in-process``: in this one), or ``--launch "CMD {port}"
-  --num-servers K`` servers (``dmr.launch``, relaunched). Prints a summary (``--json``:
-  JSON): steps, episodes, returns, steps/s, latency, seeds, recording, relaunches.
-  ``--ray [auto|ADDRESS|local] --num-shards K``: K Ray actors step the worlds.
+- ``run``: random actions over one or more worlds, pipelined (``dmr.collect``); no ``--address``:
+  it starts the embedded Catch server, in a child process sized for the worlds (``--in-process``:
+  in this one), or ``--launch "CMD {port}" --num-servers K`` servers (``dmr.launch``). Prints a
+  summary (``--json``: JSON): steps, episodes, returns, steps/s, latency, seeds, recording,
+  relaunches. ``--ray [auto|ADDRESS|local] --num-shards K``: K Ray actors step the worlds.
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
 - ``check ADDRESS``: checks a server against the protocol (``_cli.check``); 0 if it conforms.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
@@ -51,7 +50,7 @@ from ._cli.args import (
     tls_credentials,
 )
 from ._cli.check import add_check_command
-from ._cli.run import RunStats, launched, print_summary, step_worlds
+from ._cli.run import launched, print_summary
 from .batched import BatchedEnvironment
 from .connection import connect, is_local
 from .environment import create_and_join_world, join_world, specs_table
@@ -59,6 +58,7 @@ from .recording import prepare_folder
 from .server import serve
 from .server._subprocess import server_subprocess
 from .server.catch import Catch
+from .stepping import RunStats, collect
 
 INTERRUPTED = 130
 WORLD_LOST = 3  # run finished, but a world failed and could not be restored
@@ -270,15 +270,15 @@ def run(args: argparse.Namespace) -> int:
                 tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
             ):
                 try:
-                    stats = step_worlds(
+                    stats = collect(
                         batch,
-                        steps=args.steps,
+                        args.steps,
                         pipeline=args.pipeline,
                         timeout=args.timeout,
                         seed=args.seed,
-                        recording=recording,
+                        record=recording,
                         stop=stop,
-                        progress=progress,
+                        progress=progress.update,
                     )
                 finally:
                     if recording is not None:

@@ -11,7 +11,6 @@ import numpy as np
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import specs
-from dm_env_rpc_client._cli.run import step_worlds
 
 INTERRUPTED = 3
 
@@ -114,7 +113,7 @@ def record(
         writer = writer_for(batch)
         tap = Tap("unused", worlds, batch.world_seeds, writer=writer, background=background)
         try:
-            step_worlds(batch, steps=steps, pipeline=4, timeout=30, seed=7, recording=tap)
+            dmr.collect(batch, steps=steps, pipeline=4, timeout=30, seed=7, record=tap)
         finally:
             tap.close()
     finally:

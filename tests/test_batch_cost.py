@@ -3,7 +3,7 @@
 ``recv`` takes only from the worlds that had steps filed (not a look at every
 world), and returns them as before: by world index, each world's oldest step
 first, whichever order they were sent or finished in. The CLI's loop
-(``step_worlds``) sends to the worlds that steps came back from, and looks at
+(``dmr.collect``) sends to the worlds that steps came back from, and looks at
 every world only when one failed; it still gives each world its exact share of
 the steps, and goes on without a removed world.
 """
@@ -18,7 +18,6 @@ import pytest
 from faulty import refusing_servers
 
 import dm_env_rpc_client as dmr
-from dm_env_rpc_client._cli.run import step_worlds
 from dm_env_rpc_client.batched import BatchedEnvironment
 from dm_env_rpc_client.server import Server
 
@@ -67,7 +66,7 @@ def test_the_run_loop_looks_at_every_world_only_at_the_start(catch_server: Serve
     worlds, steps = 16, 16 * 40 + 5
     _Counting.looks = _Counting.world_looks = 0
     with _Counting.connect([catch_server.address], worlds, seed=3) as batch:
-        stats = step_worlds(batch, steps=steps, pipeline=2, timeout=30, seed=3)
+        stats = dmr.collect(batch, steps=steps, pipeline=2, timeout=30, seed=3)
         assert stats.steps == steps and batch.pending() == 0
         # Once to start, not once per pass; and about two looks at a world per step it takes
         # (is there room for one more, before and after it is sent), not one at every world.
@@ -75,7 +74,7 @@ def test_the_run_loop_looks_at_every_world_only_at_the_start(catch_server: Serve
         assert _Counting.world_looks <= 2 * steps + 2 * worlds, _Counting.world_looks
     # The same steps again play the same episodes (each world its own actions).
     with BatchedEnvironment.connect([catch_server.address], worlds, seed=3) as again:
-        assert step_worlds(again, steps=steps, pipeline=2, timeout=30, seed=3).returns == (
+        assert dmr.collect(again, steps=steps, pipeline=2, timeout=30, seed=3).returns == (
             stats.returns
         )
 
@@ -102,7 +101,7 @@ def test_the_run_loop_goes_on_without_a_removed_world(
     with BatchedEnvironment.connect(
         [s.address for s in servers], 4, seed=0, on_world_failure="restart", restart=policy
     ) as batch:
-        stats = step_worlds(batch, steps=2000, pipeline=2, timeout=30, seed=0, progress=bar)
+        stats = dmr.collect(batch, steps=2000, pipeline=2, timeout=30, seed=0, progress=bar.update)
         assert batch.live_ids == [0, 2] and batch.pending() == 0
     assert bar.killed_at is not None
     # Worlds 0 and 2 took their shares (500 each), worlds 1 and 3 what they took before

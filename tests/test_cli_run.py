@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from dm_env_rpc_client._cli.run import RunStats, print_summary, summary
+from dm_env_rpc_client._cli.run import print_summary, summary
+from dm_env_rpc_client.stepping import RunStats
 
 
 def test_merging_shards_sums_counts_and_takes_percentiles_over_every_step(

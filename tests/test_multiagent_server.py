@@ -221,6 +221,17 @@ def test_turns_an_episode_ended_by_another_agents_move_reaches_every_agent(serve
     creator.close()
 
 
+def test_turns_a_leave_of_the_agent_whose_turn_it_is_passes_the_turn_on(server: Server) -> None:
+    creator, name = _world(server.address, mode="turns", num_agents=3)
+    agents = [Agent(server.address, name) for _ in range(3)]
+    step_all(agents)
+    waiting = agents[2].step_async(0)  # waits for agent_0, then agent_1
+    agents[0].conn.send(pb.LeaveWorldRequest())
+    assert agents[1].step_async(0).result(timeout=WAIT).state == RUNNING
+    assert waiting.result(timeout=WAIT).state == RUNNING
+    creator.close()
+
+
 # --- joining ----------------------------------------------------------------------------------
 
 
@@ -253,6 +264,16 @@ def test_join_settings_pick_an_agent_and_refuse_a_taken_or_unknown_one(server: S
     error = join()
     assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "is full" in error.message
     creator.close()
+
+
+def test_agents_join_the_default_world_together(server: Server) -> None:
+    agents = [Agent(server.address, "") for _ in range(2)]  # no CreateWorld: made on the spot
+    assert [r.state for r in step_all(agents)] == [RUNNING, RUNNING]
+    answers = step_all(agents, [0, 0])
+    boards = [a.observe(r)["board"] for a, r in zip(agents, answers, strict=True)]
+    assert [_own_paddle(board) for board in boards] == [1, 3]
+    for agent in agents:
+        agent.close()
 
 
 def test_agents_may_have_specs_of_their_own() -> None:
@@ -308,6 +329,39 @@ class Mixed(MultiAgentEnvironment):
         speed = float(actions["pilot"]["throttle"])
         hits = int(actions["gunner"]["aim"]["x"])
         return self._timesteps(lambda obs: dm_env.transition(0.0, obs), speed, hits)
+
+
+class Unfair(Mixed):
+    """Ends the episode for the pilot alone: against the rules."""
+
+    def step(self, actions: Mapping[str, Any]) -> dict[str, dm_env.TimeStep]:
+        return {
+            "pilot": dm_env.termination(1.0, {"speed": np.float32(0)}),
+            "gunner": dm_env.transition(0.0, {"hits": np.int64(0)}),
+        }
+
+
+class Nameless(Mixed):
+    """Specs for an agent it does not have: against the rules."""
+
+    def observation_spec(self) -> dict[str, Any]:
+        return {"pilot": {}, "stranger": {}}
+
+
+def test_an_environment_that_breaks_the_rules_is_named_in_the_error() -> None:
+    with serve(lambda settings: Unfair()) as server:
+        creator, name = _world(server.address)
+        agents = [Agent(server.address, name) for _ in range(2)]
+        step_all(agents)
+        futures = [agent.step_async(actions={}) for agent in agents]
+        for future in futures:
+            error = _error(future)
+            assert error.code == grpc.StatusCode.INTERNAL
+            assert "ended the episode for ['pilot'] but not for ['gunner']" in error.message
+        creator.close()
+    refused = pytest.raises(dmr.DmEnvRpcError, match=r"Nameless.observation_spec\(\) must give")
+    with serve(lambda settings: Nameless()) as server, dmr.connect(server.address) as conn, refused:
+        conn.send(pb.CreateWorldRequest())
 
 
 # --- the reference's rules ------------------------------------------------------------------

@@ -28,8 +28,8 @@ from conftest import run_child, wait_for
 from faulty import refusing_servers
 
 import dm_env_rpc_client as dmr
-from dm_env_rpc_client._cli.run import RunStats
 from dm_env_rpc_client.server.catch import Catch
+from dm_env_rpc_client.stepping import RunStats
 
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
 rayi = pytest.importorskip("dm_env_rpc_client.integrations.ray")

@@ -6,7 +6,8 @@
   Ray from scratch (its 44 MB core library) within 60 s on a loaded machine, and which
   inherited the environment ``ray.init`` had changed in this process (``RAY_AUTH_MODE``,
   ``PYTHONBREAKPOINT``); it failed twice under load.
-- The shards' policy loop (``step_with_policy``) meets failures as the CLI's loop does.
+- The stepping loop with a policy (``dmr.collect(policy=...)``, as the shards call it) meets
+  failures as it does with random actions.
   It steps a ``BatchedEnvironment`` in this process, against real servers in
   subprocesses; a world is removed from the batch by killing its server while the other
   server refuses to make worlds (``tests.faulty.refusing_catch``).
@@ -23,7 +24,6 @@ import pytest
 from faulty import refusing_servers
 
 import dm_env_rpc_client as dmr
-from dm_env_rpc_client.integrations._ray_policy import step_with_policy
 
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
 rayi = pytest.importorskip("dm_env_rpc_client.integrations.ray")
@@ -80,14 +80,13 @@ def test_the_policy_loop_goes_on_without_a_removed_world(
     with dmr.BatchedEnvironment.connect(
         [s.address for s in servers], 4, seed=0, on_world_failure="restart", restart=policy
     ) as batch:
-        stats = step_with_policy(
+        stats = dmr.collect(
             batch,
-            steps=STEPS,
+            STEPS,
             policy=towards_ball,
             timeout=30,
-            recording=recording,
-            progress=bar,
-            first_world=FIRST_WORLD,
+            record=recording,
+            progress=bar.update,
         )
         assert batch.live_ids == [0, 2]
     recording.close()

@@ -21,14 +21,13 @@ from conftest import wait_for
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
-from dm_env_rpc_client._cli.run import step_worlds
 from dm_env_rpc_client._tools.episode_stream import Block
 from dm_env_rpc_client._tools.writer_process import WriterProcess
 from tests.datasets_helpers import StuckWriter
 
 
 class _Both:
-    """Hands every step to several recordings (what ``step_worlds`` calls of one)."""
+    """Hands every step to several recordings (what ``dmr.collect`` calls of one)."""
 
     def __init__(self, *recordings: dmr.Recording) -> None:
         self.recordings = recordings
@@ -58,7 +57,7 @@ def test_a_writer_process_writes_the_same_files_as_the_stepping_process(
     child = dmr.Recording(tmp_path / "child", 3, batch.world_seeds, background="process")
     try:
         both = _Both(here, child)
-        step_worlds(batch, steps=316, pipeline=4, timeout=30, seed=5, recording=both)  # type: ignore[arg-type]
+        dmr.collect(batch, steps=316, pipeline=4, timeout=30, seed=5, record=both)  # type: ignore[arg-type]
         blocks, child._blocks, child._rows = child._blocks, [], 0
         here._flush(())
         assert child._background.sync(blocks) == (here.episodes, 0)  # type: ignore[union-attr]
@@ -138,7 +137,7 @@ def test_a_failing_writer_process_raises_a_clear_error_in_the_parent(
     started = time.monotonic()
     try:
         with pytest.raises(errors.RecordingError) as caught:
-            step_worlds(batch, steps=5000, pipeline=2, timeout=30, seed=1, recording=recording)
+            dmr.collect(batch, steps=5000, pipeline=2, timeout=30, seed=1, record=recording)
             recording.close()
     finally:
         recording.close()  # after the error: ends the child, raises nothing more
@@ -216,7 +215,6 @@ def test_a_writer_that_cannot_be_pickled_is_refused_with_the_way_out(tmp_path) -
 _PARENT = """
 import sys
 import dm_env_rpc_client as dmr
-from dm_env_rpc_client._cli.run import step_worlds
 
 address, folder, fmt = sys.argv[1:4]
 batch = dmr.BatchedEnvironment.connect([address], 4, seed=1, timeout=30)
@@ -231,7 +229,7 @@ recording = dmr.Recording(
     folder, 4, batch.world_seeds, writer=writer, background="process", flush_steps=64
 )
 print(recording._background.pid, flush=True)
-step_worlds(batch, steps=10**8, pipeline=4, timeout=60, seed=1, recording=recording)
+dmr.collect(batch, steps=10**8, pipeline=4, timeout=60, seed=1, record=recording)
 """
 
 

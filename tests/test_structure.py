@@ -179,6 +179,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("servers", ["server", "server.*", "launch", "_launch", "_launch.*"]),
     ("batch", ["batched", "_batch", "_batch.*"]),
     ("tools", ["recording", "conformance", "_tools", "_tools.*"]),
+    ("stepping", ["stepping", "_stepping", "_stepping.*"]),
     ("command-line pieces", ["_cli", "_cli.args", "_cli.run", "_cli.check"]),
     ("integrations", ["integrations", "integrations.*"]),
     ("programs", ["cli", "__main__", "server.__main__", "_cli.record"]),

@@ -30,7 +30,7 @@ from ..environment import create_and_join_world
 from ..recording import NpzWriter, Recording, iter_episodes, prepare_folder
 from ..server import serve
 from ..server.catch import Catch
-from .run import RunStats
+from ..stepping import RunStats
 
 FORMATS = ("npz", "minari", "rlds")
 NPZ_EPISODES_PER_FILE = 16

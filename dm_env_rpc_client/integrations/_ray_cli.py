@@ -25,9 +25,9 @@ from typing import Any
 import ray
 
 from .._cli.args import UsageError, check_launch_flags, tls_credentials
-from .._cli.run import RunStats
 from ..server.catch import Catch
 from ..specs import unflatten
+from ..stepping import RunStats
 from ._ray_fleet import ServerFleet
 from ._ray_shards import run_sharded
 from .ray import init_ray

@@ -9,9 +9,10 @@ its worlds, then steps them right there, with random actions (drawn from world
 K) or with a user ``policy``. No step goes through the driver; the driver only
 polls each shard's step count for the progress bar.
 
-Random actions go through the command line's own loop (``step_worlds``), so
-a shard steps exactly as ``dm-env-rpc-client run`` does: world ``i``'s actions
-come from its own generator, seeded from ``seed + i``, whatever K is.
+Each shard steps with the library's one stepping loop (``dmr.collect``'s,
+``_stepping.loop.step``, told the index of its first world in the run), so a
+shard steps exactly as ``dm-env-rpc-client run`` does: world ``i``'s random
+actions come from its own generator, seeded from ``seed + i``, whatever K is.
 
 What comes back is a ``ShardedRun``: the shards' ``RunStats`` merged
 (``RunStats.merge``: steps, episodes and returns added up, latency percentiles
@@ -44,12 +45,12 @@ import numpy as np
 import ray
 
 from .. import errors
-from .._cli.run import RunStats, step_worlds
+from .._stepping.loop import Policy, step
+from .._stepping.tally import RunStats
 from ..batched import BatchedEnvironment
 from ..launch import launch
 from ..recording import Recording, prepare_folder
 from ._ray_fleet import _NOT_INITIALIZED, FleetError, ServerFleet, _first_line, fleet_addresses
-from ._ray_policy import Policy, step_with_policy
 
 _BAD_SPLIT = "Cannot split {worlds} worlds into {shards} shards; need 1 <= shards <= worlds."
 _SHARD_FAILED = "Shard {shard} (worlds {first}-{last}) failed: {error}"
@@ -207,7 +208,7 @@ class _Shard:
     def progress(self) -> int:
         return self._received
 
-    def update(self, count: int) -> None:  # the progress bar step_worlds updates
+    def update(self, count: int) -> None:  # the progress the stepping loop reports
         self._received += count
 
     def stop(self) -> None:
@@ -227,15 +228,18 @@ class _Shard:
             "timeout": self._timeout,
             "recording": recording,
             "stop": self._stop,
-            "progress": self,
+            "progress": self.update,
             "first_world": self._worlds[0],  # restarts name worlds by their index in the run
         }
         cpu = time.process_time()
         try:
-            if policy is None:
-                stats = step_worlds(self._batch, pipeline=pipeline, seed=self._seed or 0, **common)
-            else:
-                stats = step_with_policy(self._batch, policy=policy, **common)
+            stats = step(
+                self._batch,
+                policy=policy,
+                pipeline=pipeline if policy is None else 1,
+                seed=self._seed or 0,
+                **common,
+            )
         finally:
             if recording is not None:
                 recording.close()  # unfinished episodes are kept, marked truncated

@@ -46,6 +46,19 @@ def _int_setting(name: str, value: Any, minimum: int, game: str = "Catch") -> in
     return number
 
 
+def reset_seed(settings: dict[str, Any], game: str) -> int | None:
+    """The ``seed`` of a game's reset settings, or None without one.
+
+    Raises:
+      TypeError: for a setting other than ``seed``.
+      ValueError: for a seed that is not an integer >= 0.
+    """
+    unknown = sorted(set(settings) - {"seed"})
+    if unknown:
+        raise TypeError(f"{game} takes only the reset setting 'seed', not {unknown}.")
+    return _int_setting("seed", settings["seed"], 0, game) if "seed" in settings else None
+
+
 @functools.lru_cache(maxsize=64)
 def _specs(rows: int, columns: int) -> tuple[specs.Array, ...]:
     """The board, paddle, reward and discount specs of one board size, made once.
@@ -121,11 +134,9 @@ class Catch(dm_env.Environment):
           TypeError: for a setting other than ``seed``.
           ValueError: for a seed that is not an integer >= 0.
         """
-        unknown = sorted(set(settings) - {"seed"})
-        if unknown:
-            raise TypeError(f"Catch takes only the reset setting 'seed', not {unknown}.")
-        if "seed" in settings:
-            self._seed = _int_setting("seed", settings["seed"], 0)
+        seed = reset_seed(settings, "Catch")
+        if seed is not None:
+            self._seed = seed
             self._rng = np.random.default_rng(self._seed)
             self._reset_next = True
 

@@ -33,7 +33,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from .catch import _int_setting
+from .catch import _int_setting, reset_seed
 from .multiagent import LOCKSTEP, TURNS, Mode, MultiAgentEnvironment
 
 MIN_AGENTS, MAX_AGENTS = 2, 4
@@ -128,11 +128,9 @@ class Paddles(MultiAgentEnvironment):
           TypeError: for a setting other than ``seed``.
           ValueError: for a seed that is not an integer >= 0.
         """
-        unknown = sorted(set(settings) - {"seed"})
-        if unknown:
-            raise TypeError(f"Paddles takes only the reset setting 'seed', not {unknown}.")
-        if "seed" in settings:
-            self._seed = _int_setting("seed", settings["seed"], 0, "Paddles")
+        seed = reset_seed(settings, "Paddles")
+        if seed is not None:
+            self._seed = seed
             self._rng = np.random.default_rng(self._seed)
 
     def action_spec(self) -> dict[str, dict[str, specs.Array]]:

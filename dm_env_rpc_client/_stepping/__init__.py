@@ -1,0 +1,1 @@
+"""The stepping loop's machinery (``dmr.collect``; the public names are in ``stepping``)."""

@@ -1,0 +1,366 @@
+"""The one stepping loop: random actions or a policy, pipelined, counted, recorded, watched.
+
+``step(batch, ...)`` steps every world of a ``BatchedEnvironment`` until
+``steps`` steps came back, and returns a ``RunStats`` (``dmr.collect`` is its
+public face; the command line's ``run``, the Ray shards and ``bench/`` call it):
+
+- Random actions (``policy=None``) are reproducible: world ``i`` takes exactly
+  its share of the steps (``steps // worlds``, one more for the first
+  ``steps % worlds`` worlds), and draws its actions from a generator of its
+  own, seeded from ``seed + i`` (a stream apart from the one its server gets).
+  So the same call, against servers seeded the same way, plays the same steps
+  whatever order the responses come back in. Up to ``pipeline`` steps are in
+  flight per world. Variable-length actions are sent world by world when they
+  do not stack.
+- A policy: every world is reset first, then ``policy(timestep)`` gives the
+  actions of the worlds of each batch of steps received (one step in flight per
+  world); the steps are shared, so a world that answers sooner takes more.
+- Each pass sends to the worlds that steps just came back from (and, with
+  random actions, those not yet full): its cost follows the steps it handles,
+  not the number of worlds; every world is looked at only at the start and
+  after a failure.
+- ``stop`` set (Ctrl-C or SIGTERM) ends the loop between steps: what was
+  received is counted and recorded, and ``interrupted`` is set.
+- A stall raises ``RequestTimeoutError`` after ``timeout`` seconds without a
+  step, naming every world that has steps in flight and its address.
+- A world removed from the batch (its restarts failed) stops taking steps: its
+  cut episode is recorded truncated, its unanswered steps are not sent again,
+  and the other worlds go on. ``restarts`` and ``worlds_lost`` list the
+  batch's failures.
+- Observers get every received batch (``on_steps``, before actions are chosen
+  for it) and the run's restarts, relaunches, lost worlds and the error that
+  ends it (``on_event``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import errors
+from .._adaptor.stacked import unstack
+from ..batched import BatchedEnvironment, BatchedTimeStep
+from ..random_actions import random_action
+from ..recording import Recording
+from .events import RunObserver, Watch
+from .tally import EpisodeTally, RunStats
+
+ACTION_STREAM = 1  # world i's actions: numpy.random.default_rng((seed + i, ACTION_STREAM))
+_SLICE = 0.25  # seconds between checks for a stop signal while waiting for steps
+_STALLED = (
+    "No step finished within {timeout} s. Waiting on: {waiting}. The server may be stopped, "
+    "overloaded or unreachable; pass a longer --timeout if it is only slow."
+)
+
+Policy = Callable[[BatchedTimeStep], Mapping[str, Any]]
+_REMOVED = object()  # recv raised for a world removed meanwhile
+
+
+def step(
+    batch: BatchedEnvironment,
+    *,
+    steps: int,
+    policy: Policy | None = None,
+    pipeline: int = 1,
+    seed: int = 0,
+    timeout: float,
+    recording: Recording | None = None,
+    stop: threading.Event | None = None,
+    progress: Callable[[int], Any] | None = None,
+    observers: Sequence[RunObserver] = (),
+    first_world: int = 0,
+) -> RunStats:
+    """Steps every world; see the module docs.
+
+    Args:
+      batch: the worlds.
+      steps: total steps over all worlds.
+      policy: ``policy(timestep) -> actions`` for the worlds of ``timestep.env_ids``;
+        None for random actions.
+      pipeline: steps in flight per world (1 with a policy).
+      seed: with random actions, world ``i``'s come from ``default_rng((seed + i, ACTION_STREAM))``.
+      timeout: seconds without any finished step before giving up (and for a policy's reset).
+      recording: where to record the episodes (closed by the caller).
+      stop: set it (from a signal handler) to end the run between steps.
+      progress: called with the number of steps of each batch received, or None.
+      observers: told of every batch received and of the run's events.
+      first_world: the index of world 0 in the whole run (a shard's first world).
+
+    Returns:
+      What the run did.
+
+    Raises:
+      RequestTimeoutError: no step finished within ``timeout``; names the worlds.
+      WorldError: a world failed (under ``on_world_failure="raise"``).
+    """
+    watch = Watch(batch, observers, first_world)
+    loop = _Loop(batch, steps, policy, pipeline, seed, timeout, recording, stop, progress, watch)
+    try:
+        return loop.run()
+    except Exception as error:
+        watch.error(error)
+        raise
+
+
+class _Loop:
+    def __init__(
+        self,
+        batch: BatchedEnvironment,
+        steps: int,
+        policy: Policy | None,
+        pipeline: int,
+        seed: int,
+        timeout: float,
+        recording: Recording | None,
+        stop: threading.Event | None,
+        progress: Callable[[int], Any] | None,
+        watch: Watch,
+    ) -> None:
+        count = len(batch.envs)  # every world; a removed one stops taking steps
+        self.batch, self.steps, self.policy, self.pipeline = batch, steps, policy, pipeline
+        self.timeout, self.recording, self.progress, self.watch = (
+            timeout,
+            recording,
+            progress,
+            watch,
+        )
+        self.stop = stop or threading.Event()
+        self.stats = RunStats(worlds=count, world_seeds=list(batch.world_seeds))
+        self.tally = EpisodeTally(
+            batch,
+            self.stats,
+            recording,
+            in_episode=policy is not None,
+            first_world=watch.first_world,
+        )
+        # Random actions: each world its share. A policy: one budget shared by every world.
+        self.left: list[int] | None = None
+        self.requested = 0
+        if policy is None:
+            self.left = [steps // count + (world < steps % count) for world in range(count)]
+            self.spec = batch.action_spec()
+            self.rngs = [np.random.default_rng((seed + w, ACTION_STREAM)) for w in range(count)]
+        # The worlds that may take a step (random actions): every world at first, then those
+        # a step came back from (or not yet full). A policy's: the worlds of ``ready``.
+        self.wanting = set(range(count)) if policy is None else set()
+        self.ready: BatchedTimeStep | None = None
+        self.live: set[int] = set()
+        self.failures = -1  # len(batch.failures) when ``live`` was taken; -1: take it again
+
+    def run(self) -> RunStats:
+        started = time.perf_counter()
+        if self.policy is not None:
+            self._reset()
+        stats, batch, stop = self.stats, self.batch, self.stop
+        while stats.steps < self.steps and not stop.is_set():
+            self._look()
+            sent = self._send_random() if self.policy is None else self._send_chosen()
+            if sent is None:
+                continue  # a world was removed meanwhile: choose again without it
+            if not sent and not batch.pending():  # (a step just sent is pending)
+                # Every step sent; the rest were lost with a restarted or removed world
+                # (batch.failures), or every world that could still step is gone.
+                break
+            result = self._recv()
+            if result is _REMOVED:
+                continue  # the next pass lets the removed world go
+            if result is None:
+                break  # stopped
+            assert isinstance(result, BatchedTimeStep)
+            self._take(result)
+        self.watch.poll()
+        self.tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
+        return stats
+
+    def _reset(self) -> None:
+        first = self.batch.reset(timeout=self.timeout)
+        if self.recording is not None:
+            for position, world in enumerate(first.env_ids.tolist()):
+                self.recording.add(world, None, first.at(position))
+        self.watch.steps(first)
+        self.ready = first
+
+    def _look(self) -> None:
+        """After a failure (or while a removed world is not let go of): looks at every world."""
+        batch, tally = self.batch, self.tally
+        if len(batch.failures) != self.failures or len(batch.envs) - len(self.live) > len(
+            tally.removed
+        ):
+            self.failures, self.live = len(batch.failures), set(batch.live_ids)
+            for world in tally.let_go_of_removed(self.live):
+                if self.left is not None:
+                    self.left[world] = 0
+        self.watch.poll()
+
+    def _send_random(self) -> list[int] | None:
+        """Sends random actions to the worlds that want them; returns the worlds sent to."""
+        batch, left, live, pipeline = self.batch, self.left, self.live, self.pipeline
+        assert left is not None
+        ids = sorted(
+            w for w in self.wanting if left[w] and w in live and batch.in_flight(w) < pipeline
+        )
+        self.wanting.clear()
+        if not ids:
+            return []
+        actions = [random_action(self.spec, self.rngs[world]) for world in ids]
+        sent = set(_send(batch, ids, actions))
+        for world, action in zip(ids, actions, strict=True):
+            if world in sent:
+                self.tally.sent[world].append(action)
+                left[world] -= 1
+            if world not in sent or batch.in_flight(world) < pipeline:
+                self.wanting.add(world)  # not sent (removed meanwhile), or room for more
+        if len(sent) < len(ids):
+            self.failures = -1  # refused: a world was removed; look again
+            if not sent:
+                return None
+        return list(sent)
+
+    def _send_chosen(self) -> list[int] | None:
+        """Sends the policy's actions to the worlds of ``ready``; returns the worlds sent to."""
+        ready, live = self.ready, self.live
+        if ready is None:
+            return []
+        positions = [p for p, world in enumerate(ready.env_ids.tolist()) if world in live]
+        positions = positions[: self.steps - self.requested]
+        if not positions:
+            self.ready = None
+            return []
+        timestep = ready if len(positions) == len(ready.env_ids) else _rows(ready, positions)
+        assert self.policy is not None
+        actions = self.policy(timestep)
+        ids = timestep.env_ids.tolist()
+        if not send_unless_removed(self.batch, actions, ids):
+            self.failures = -1  # look again, and choose again without the removed world
+            return None
+        for world, action in zip(ids, unstack(actions, len(ids)), strict=True):
+            self.tally.sent[world].append(action)
+        self.requested += len(ids)
+        self.ready = None
+        return ids
+
+    def _recv(self) -> object:
+        batch = self.batch
+        try:
+            return recv_until_stopped(batch, self.timeout, self.stop, self.watch.first_world)
+        except errors.WorldError as error:
+            if error.index in batch.live_ids:
+                raise
+            self.failures = -1
+            return _REMOVED
+
+    def _take(self, result: BatchedTimeStep) -> None:
+        self.tally.take(result, self.progress)
+        self.watch.steps(result)
+        if self.policy is None:
+            self.wanting.update(result.env_ids.tolist())
+        else:
+            self.ready = result
+
+
+def _rows(timestep: BatchedTimeStep, positions: Sequence[int]) -> BatchedTimeStep:
+    """The steps at ``positions`` of ``timestep``."""
+    index = np.asarray(positions)
+
+    def pick(tree: Any) -> Any:
+        if isinstance(tree, Mapping):
+            return {key: pick(value) for key, value in tree.items()}
+        return None if tree is None else np.asarray(tree)[index]
+
+    return BatchedTimeStep(*(pick(field) for field in timestep))
+
+
+def _stack(actions: list[Any]) -> Any:
+    first = actions[0]
+    if isinstance(first, dict):
+        return {key: _stack([a[key] for a in actions]) for key in first}
+    return np.stack([np.asarray(a) for a in actions])
+
+
+def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> list[int]:
+    """Sends each world of ``ids`` its action; returns the worlds it sent to.
+
+    A world removed from the batch since ``ids`` was chosen is refused by
+    ``send``; it is left out (a stacked send sends nothing then, being all or
+    nothing, and the loop chooses again).
+    """
+    try:
+        stacked = _stack(actions)
+    except ValueError:  # variable-length actions of different lengths: one world at a time
+        sent = []
+        for world, action in zip(ids, actions, strict=True):
+            if send_unless_removed(batch, _stack([action]), [world]):
+                sent.append(world)
+        return sent
+    return ids if send_unless_removed(batch, stacked, ids) else []
+
+
+def send_unless_removed(batch: BatchedEnvironment, actions: Any, ids: Sequence[int]) -> bool:
+    """``batch.send(actions, ids)``; False, with nothing sent, if one of them was removed.
+
+    Args:
+      batch: the worlds.
+      actions: stacked actions, in the order of ``ids``.
+      ids: the worlds to step.
+
+    Returns:
+      Whether the steps were sent.
+
+    Raises:
+      WorldError: a world of ``ids`` still in the batch refused the step.
+    """
+    try:
+        batch.send(actions, ids)
+    except errors.WorldError as error:
+        if error.index in batch.live_ids:
+            raise
+        return False
+    return True
+
+
+def _stalled(
+    batch: BatchedEnvironment, timeout: float, first_world: int
+) -> errors.RequestTimeoutError:
+    waiting = [
+        f"world {first_world + world} at {batch.addresses[world]} "
+        f"({batch.in_flight(world)} in flight)"
+        for world in range(len(batch.envs))  # removed worlds too: len(batch) leaves them out
+        if batch.in_flight(world)
+    ]
+    return errors.RequestTimeoutError(
+        _STALLED.format(timeout=timeout, waiting="; ".join(waiting) or "nothing")
+    )
+
+
+def recv_until_stopped(
+    batch: BatchedEnvironment, timeout: float, stop: threading.Event, first_world: int = 0
+) -> BatchedTimeStep | None:
+    """The next finished steps, or None once ``stop`` is set.
+
+    Args:
+      batch: the worlds.
+      timeout: seconds to wait for a step.
+      stop: ends the wait when set.
+      first_world: the index of world 0 in the whole run, for the stall's message.
+
+    Returns:
+      The steps, or None once ``stop`` is set.
+
+    Raises:
+      RequestTimeoutError: no step finished within ``timeout``; names the worlds waited on.
+      WorldError: a world failed (or was removed, with nothing else in flight).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return batch.recv(1, timeout=max(0.0, min(_SLICE, left)))
+        except errors.RequestTimeoutError:
+            if stop.is_set():
+                return None
+            if left <= _SLICE:
+                raise _stalled(batch, timeout, first_world) from None

@@ -1,0 +1,215 @@
+"""A run's statistics (``RunStats``) and the accounting that fills them (``EpisodeTally``).
+
+``EpisodeTally`` counts every received step into a ``RunStats``: episodes,
+returns, recording, removed worlds, restarts. ``sent[world]`` holds the actions
+sent to each world, oldest first; ``take`` pairs each received step with its
+action. ``first_world`` names the worlds by their index in a larger run (a Ray
+shard's), in the restarts' listing.
+
+``RunStats.merge`` sums several loops' statistics (several shards of one run);
+latency percentiles come from every step's latency.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..batched import BatchedEnvironment, BatchedTimeStep
+from ..recording import Recording
+
+
+@dataclasses.dataclass
+class RunStats:
+    """What one run (or one shard of it) did: ``dmr.collect``'s result.
+
+    Attributes:
+      worlds: worlds stepped.
+      steps: steps received (with a policy, the FIRST steps of the opening reset not counted).
+      episodes: episodes that reached their LAST step.
+      unfinished: episodes still running when the run stopped.
+      returns: the return of every finished episode, world by world.
+      latencies: each step's round trip in seconds (the latest ones per batch).
+      elapsed: seconds from the first send to the last step (the longest shard).
+      world_seeds: each world's seed, None where its server took none.
+      recorded: the recording folder, if any (filled by the caller that closes it).
+      recorded_episodes: episode files written, truncated ones included (likewise).
+      recorded_truncated: truncated episode files written (likewise).
+      interrupted: the run was stopped (``stop`` set: Ctrl-C or SIGTERM on the command line).
+      restarts: "world i: old address -> new address (cause)" per world restarted after a failure.
+      worlds_lost: worlds removed from the batch after failing (not restorable).
+      relaunches: "server i (address): why; down S s; outcome" per launched server death.
+    """
+
+    worlds: int = 0
+    steps: int = 0
+    episodes: int = 0
+    unfinished: int = 0
+    returns: list[float] = dataclasses.field(default_factory=list)
+    latencies: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    elapsed: float = 0.0
+    world_seeds: list[int | None] = dataclasses.field(default_factory=list)
+    recorded: str | None = None
+    recorded_episodes: int = 0
+    recorded_truncated: int = 0
+    interrupted: bool = False
+    restarts: list[str] = dataclasses.field(default_factory=list)
+    worlds_lost: int = 0
+    relaunches: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def merge(cls, parts: Sequence[RunStats]) -> RunStats:
+        """One RunStats for several shards that ran side by side.
+
+        Args:
+          parts: the shards' statistics, in world order.
+
+        Returns:
+          Their sums (steps, episodes, returns, ...); ``elapsed`` is the longest shard's.
+        """
+        return cls(
+            worlds=sum(p.worlds for p in parts),
+            steps=sum(p.steps for p in parts),
+            episodes=sum(p.episodes for p in parts),
+            unfinished=sum(p.unfinished for p in parts),
+            returns=[r for p in parts for r in p.returns],
+            latencies=np.concatenate([p.latencies for p in parts]) if parts else np.zeros(0),
+            elapsed=max((p.elapsed for p in parts), default=0.0),
+            world_seeds=[s for p in parts for s in p.world_seeds],
+            recorded=next((p.recorded for p in parts if p.recorded), None),
+            recorded_episodes=sum(p.recorded_episodes for p in parts),
+            recorded_truncated=sum(p.recorded_truncated for p in parts),
+            interrupted=any(p.interrupted for p in parts),
+            restarts=[r for p in parts for r in p.restarts],
+            worlds_lost=sum(p.worlds_lost for p in parts),
+            relaunches=[r for p in parts for r in p.relaunches],
+        )
+
+
+class EpisodeTally:
+    """Counts received steps into a ``RunStats``: episodes, returns, recording, failures.
+
+    Args:
+      batch: the worlds.
+      stats: filled in place.
+      recording: where received steps are recorded, or None.
+      in_episode: the worlds start inside an episode (after a reset).
+      first_world: the index of world 0 in the whole run, for the restarts' listing.
+    """
+
+    def __init__(
+        self,
+        batch: BatchedEnvironment,
+        stats: RunStats,
+        recording: Recording | None,
+        *,
+        in_episode: bool,
+        first_world: int = 0,
+    ) -> None:
+        count = len(batch.envs)
+        self.batch, self.stats, self.recording = batch, stats, recording
+        self.first_world = first_world
+        self.sent: list[collections.deque[Any]] = [collections.deque() for _ in range(count)]
+        self.running = np.zeros(count)
+        self.in_episode = [in_episode] * count
+        self.returns: list[list[float]] = [[] for _ in range(count)]
+        self.removed: set[int] = set()
+
+    def let_go_of_removed(self, live: set[int]) -> list[int]:
+        """Lets go of the worlds removed from the batch since the last call.
+
+        A world is let go of once it is out of ``live`` and the batch has
+        handed over all it had (its steps received before the removal are
+        counted like any other). Its episode was cut: it is recorded truncated
+        and not counted as unfinished; its unanswered steps are forgotten (no
+        server answers them, and they are not sent again).
+
+        Args:
+          live: the batch's ``live_ids``.
+
+        Returns:
+          The worlds let go of by this call.
+        """
+        gone = [
+            w
+            for w in range(len(self.sent))
+            if w not in live and w not in self.removed and not self.batch.in_flight(w)
+        ]
+        for world in gone:
+            self.removed.add(world)
+            self.in_episode[world] = False
+            self.sent[world].clear()
+            if self.recording is not None:
+                self.recording.truncate(world)
+        return gone
+
+    def take(self, result: BatchedTimeStep, progress: Callable[[int], Any] | None = None) -> None:
+        """Counts (and records) every step of ``result``.
+
+        Args:
+          result: steps received, each answering the oldest action in ``sent``.
+          progress: called with the number of steps counted, or None.
+        """
+        sent, in_episode, running = self.sent, self.in_episode, self.running
+        actions: list[Any] = []
+        for position, world in enumerate(result.env_ids.tolist()):
+            if result.truncated is not None and result.truncated[position]:
+                # Restarted: this FIRST step answers every step the world had in flight
+                # (the others are counted in the failure's steps_lost, not sent again).
+                for _ in range(_steps_lost(self.batch, world) - 1):
+                    sent[world].popleft()
+                in_episode[world] = False
+            action = sent[world].popleft()
+            step_type = int(result.step_type[position])
+            if step_type == 0:
+                running[world], in_episode[world] = 0.0, True
+            else:
+                running[world] += result.reward[position]
+            if step_type == 2 and in_episode[world]:
+                self.returns[world].append(float(running[world]))
+                self.stats.episodes += 1
+                in_episode[world] = False
+            actions.append(None if step_type == 0 else action)
+        if self.recording is not None:
+            self.recording.add_batch(result, actions)
+        self.stats.steps += len(actions)
+        if progress is not None:
+            progress(len(actions))
+
+    def finish(self, elapsed: float, *, interrupted: bool) -> None:
+        """Fills the run's totals: time, unfinished episodes, returns (by world), latencies,
+        restarts and worlds lost.
+
+        Args:
+          elapsed: seconds the run took.
+          interrupted: the run was stopped before its steps were done.
+        """
+        stats = self.stats
+        stats.elapsed = elapsed
+        stats.interrupted = interrupted
+        stats.unfinished = sum(self.in_episode)
+        stats.returns = [r for world_returns in self.returns for r in world_returns]
+        stats.latencies = np.asarray(self.batch.latencies, dtype=np.float64)
+        failures = self.batch.failures
+        stats.restarts = [
+            f"world {self.first_world + f.index}: {f.address} -> {f.new_address} "
+            f"({type(f.cause).__name__})"
+            for f in failures
+            if f.outcome == "restarted"
+        ]
+        stats.worlds_lost = sum(f.outcome == "removed" for f in failures)
+        stats.relaunches = [
+            f"server {r.index} ({r.address}): {r.reason.split(';')[0]}, down {r.downtime:.2f} s, "
+            f"{r.outcome}"
+            for r in self.batch.relaunches
+        ]
+
+
+def _steps_lost(batch: BatchedEnvironment, world: int) -> int:
+    """How many steps the latest restart of ``world`` answered with its FIRST step."""
+    failure = batch._latest_failure(world)
+    return max(1, failure.steps_lost) if failure is not None else 1

@@ -1,0 +1,144 @@
+"""``dmr.collect``: the one stepping loop's public face, its observers and its argument checks.
+
+The loop's guarantees under failures (removed worlds, restarts, recording) are tested in
+``test_batch_cost.py`` and ``test_ray_no_cluster.py`` through ``dmr.collect`` too; here:
+what observers are told, a policy's steps, ``stop`` from an observer, and bad arguments.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dm_env_rpc_client as dmr
+from dm_env_rpc_client.server import Server
+
+
+class Watcher:
+    """Keeps what a run tells it; sets ``stop`` once ``stop_at`` steps were seen."""
+
+    def __init__(self, stop: threading.Event | None = None, stop_at: int = -1) -> None:
+        self.batches: list[dmr.BatchedTimeStep] = []
+        self.events: list[dmr.RunEvent] = []
+        self.stop, self.stop_at = stop, stop_at
+
+    def on_steps(self, timestep: dmr.BatchedTimeStep) -> None:
+        self.batches.append(timestep)
+        if self.stop is not None and sum(len(b.env_ids) for b in self.batches) >= self.stop_at:
+            self.stop.set()
+
+    def on_event(self, event: dmr.RunEvent) -> None:
+        self.events.append(event)
+
+
+def towards_ball(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
+    """Moves each paddle towards its ball: every episode is caught (return 1)."""
+    actions = []
+    for board in timestep.observation["board"]:
+        column = board[:-1].max(axis=0).argmax()
+        actions.append(np.sign(column - board[-1].argmax()))
+    return {"paddle": np.asarray(actions, np.int8)}
+
+
+def test_random_actions_are_reproducible_and_every_batch_is_observed(
+    catch_server: Server,
+) -> None:
+    watcher, counted = Watcher(), []
+    with dmr.BatchedEnvironment.connect([catch_server.address], 3, seed=4) as batch:
+        stats = dmr.collect(batch, 301, seed=4, observers=[watcher], progress=counted.append)
+    assert isinstance(watcher, dmr.RunObserver)
+    assert stats.steps == 301 and stats.worlds == 3 and stats.world_seeds == [4, 5, 6]
+    assert sum(counted) == 301 == sum(len(b.env_ids) for b in watcher.batches)
+    assert watcher.events == [] and not stats.interrupted and stats.episodes > 0
+    # Each world took its share (101, 100, 100) of the steps.
+    shares = np.bincount(np.concatenate([b.env_ids for b in watcher.batches]), minlength=3)
+    assert shares.tolist() == [101, 100, 100]
+    with dmr.BatchedEnvironment.connect([catch_server.address], 3, seed=4) as batch:
+        assert dmr.collect(batch, 301, seed=4, progress=True).returns == stats.returns
+
+
+def test_a_policy_gets_the_steps_of_the_worlds_that_just_finished(catch_server: Server) -> None:
+    seen: list[list[int]] = []
+
+    def policy(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
+        seen.append(timestep.env_ids.tolist())
+        return towards_ball(timestep)
+
+    watcher = Watcher()
+    with dmr.BatchedEnvironment.connect([catch_server.address], 4, seed=0) as batch:
+        stats = dmr.collect(batch, 200, policy=policy, observers=[watcher])
+    assert stats.steps == 200 and stats.episodes > 0 and set(stats.returns) == {1.0}
+    # The reset's FIRST steps come first, to the observers and the policy, then each batch.
+    assert watcher.batches[0].env_ids.tolist() == [0, 1, 2, 3]
+    assert watcher.batches[0].step_type.tolist() == [0] * 4
+    assert sum(len(ids) for ids in seen) == 200
+    assert [b.env_ids.tolist() for b in watcher.batches[: len(seen)]] == seen
+
+
+def test_an_observer_stops_the_run_between_steps(catch_server: Server) -> None:
+    stop = threading.Event()
+    watcher = Watcher(stop, stop_at=50)
+    with dmr.BatchedEnvironment.connect([catch_server.address], 2, seed=1) as batch:
+        stats = dmr.collect(batch, 10_000, stop=stop, observers=[watcher], pipeline=1)
+    assert stats.interrupted and 50 <= stats.steps < 60
+
+
+def test_observers_hear_of_restarts(server_process: Any) -> None:
+    servers = [server_process(), server_process()]
+    killed = threading.Event()
+
+    class KillAt(Watcher):
+        def on_steps(self, timestep: dmr.BatchedTimeStep) -> None:
+            super().on_steps(timestep)
+            if not killed.is_set() and sum(len(b.env_ids) for b in self.batches) >= 100:
+                killed.set()
+                servers[1].kill()  # worlds 1 and 3: made again on server 0
+
+    watcher = KillAt()
+    with dmr.BatchedEnvironment.connect(
+        [s.address for s in servers], 4, seed=0, on_world_failure="restart", step_timeout=5
+    ) as batch:
+        stats = dmr.collect(batch, 1000, observers=[watcher], pipeline=2)
+    restarts = [e for e in watcher.events if e.kind == "restart"]
+    assert sorted(e.world for e in restarts) == [1, 3], watcher.events
+    assert all(servers[0].address in e.message for e in restarts)
+    assert len(stats.restarts) == 2 and stats.worlds_lost == 0
+
+
+def test_observers_hear_of_the_error_that_ends_the_run(server_process: Any) -> None:
+    server = server_process()
+    watcher = Watcher()
+
+    class KillAt(Watcher):
+        def on_steps(self, timestep: dmr.BatchedTimeStep) -> None:
+            if server.process.poll() is None:
+                server.kill()
+
+    with (
+        dmr.BatchedEnvironment.connect([server.address], 2, seed=0, step_timeout=5) as batch,
+        pytest.raises(dmr.WorldError) as caught,
+    ):
+        dmr.collect(batch, 1000, observers=[watcher, KillAt()], timeout=10)
+    errors = [e for e in watcher.events if e.kind == "error"]
+    assert len(errors) == 1 and errors[0].world == caught.value.index
+    assert str(caught.value) in errors[0].message
+
+
+def test_bad_arguments_are_named(catch_server: Server) -> None:
+    with dmr.BatchedEnvironment.connect([catch_server.address], 1) as batch:
+        with pytest.raises(dmr.ArgumentValueError, match=r"pipeline=4 with a policy"):
+            dmr.collect(batch, 10, policy=towards_ball, pipeline=4)
+        with pytest.raises(dmr.ArgumentTypeError, match=r"progress is None, True"):
+            dmr.collect(batch, 10, progress="yes")  # type: ignore[arg-type]
+        with pytest.raises(dmr.ArgumentTypeError, match=r"policy is a callable"):
+            dmr.collect(batch, 10, policy={"paddle": 0})  # type: ignore[arg-type]
+        with pytest.raises(dmr.ArgumentTypeError, match=r"observers\[0\] has no on_steps"):
+            dmr.collect(batch, 10, observers=[print])  # type: ignore[list-item]
+        with pytest.raises(dmr.ArgumentTypeError, match=r"steps is a whole number"):
+            dmr.collect(batch, 1.5)  # type: ignore[arg-type]
+        assert dmr.collect(batch, 0).steps == 0
+    with pytest.raises(dmr.ArgumentTypeError, match=r"collect\(\) steps a dmr.BatchedEnvironment"):
+        dmr.collect([catch_server.address], 10)  # type: ignore[arg-type]
