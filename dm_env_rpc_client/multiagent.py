@@ -154,14 +154,17 @@ class MultiAgentBatch(AgentBatch):
             worlds; they are left, not destroyed, on close.
           requested_observations: observation names every agent returns; None: all.
           timeout: seconds for each server's answer while opening, resetting, closing.
-          credentials, options, insecure, metadata, wait_for_ready: as for
-            ``BatchedEnvironment.connect``.
+          credentials: channel credentials for TLS (as for ``dmr.connect``).
+          options: extra gRPC channel options.
+          insecure: allow plaintext to a remote host.
+          metadata: gRPC metadata for every stream.
           seed: world ``w`` is created with ``seed + w`` under ``seed_setting``.
           seed_setting: the create setting that carries the seed.
           on_world_failure: ``"raise"`` or ``"restart"`` (the world is made again).
           step_timeout: a world with steps in flight and no answer for this long has
             failed (None: never).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
+          wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
 
         Raises:
           ArgumentError: a bad argument (it is named).
@@ -249,6 +252,13 @@ class MultiAgentBatch(AgentBatch):
         """
         check_agents(actions_by_agent, self.agents)
         worlds, slots = self._slots(world_ids)
+        stacked = self._interleaved(actions_by_agent, len(worlds))
+        if stacked is not None:  # the batch's encoder: one NumPy copy per action name
+            try:
+                self.send(stacked, slots)
+            except errors.WorldError as exc:
+                raise self._agent_error(exc) from exc.__cause__
+            return
         per_agent = [
             split_actions(actions_by_agent[name], len(worlds), self.envs[a].action_manager.names())
             for a, name in enumerate(self.agents)
@@ -258,6 +268,35 @@ class MultiAgentBatch(AgentBatch):
             self.send(flat, slots)
         except errors.WorldError as exc:
             raise self._agent_error(exc) from exc.__cause__
+
+    def _interleaved(self, actions_by_agent: Mapping[str, Any], worlds: int) -> Any:
+        """Every agent's stacked actions as one stacked dict over the slots (world-major), when
+        the batch has one encoder for all and every agent gives flat arrays of the same names;
+        else None (the per-slot path, which raises each slot's own errors)."""
+        if self._encoder is None:
+            return None
+        first = actions_by_agent[self.agents[0]]
+        if not isinstance(first, Mapping):
+            return None
+        names = list(first)
+        columns: dict[str, list[np.ndarray]] = {name: [] for name in names}
+        for agent in self.agents:
+            actions = actions_by_agent[agent]
+            if not isinstance(actions, Mapping) or list(actions) != names:
+                return None
+            for name in names:
+                value = actions[name]
+                if isinstance(value, Mapping):
+                    return None
+                array = np.asarray(value)
+                if array.ndim == 0 or array.shape[0] != worlds:
+                    return None
+                columns[name].append(array)
+        stacked = {}
+        for name, arrays in columns.items():
+            joined = np.stack(arrays, axis=1)  # [worlds, agents, ...]
+            stacked[name] = joined.reshape(worlds * self.num_agents, *joined.shape[2:])
+        return stacked
 
     def recv_agents(
         self, world_ids: Sequence[int] | None = None, timeout: float | None = None
@@ -397,9 +436,16 @@ class MultiAgentWorld:
           join_world_settings: one mapping for every agent, or one per agent.
           world_name: join this world (made elsewhere) instead of creating one; it is
             left, not destroyed, on close.
-          requested_observations, timeout, credentials, options, insecure, metadata,
-          on_world_failure, step_timeout, restart, wait_for_ready: as for
-            ``MultiAgentBatch.connect``.
+          requested_observations: observation names every agent returns; None: all.
+          timeout: seconds for each answer while opening, resetting and closing.
+          credentials: channel credentials for TLS (as for ``dmr.connect``).
+          options: extra gRPC channel options.
+          insecure: allow plaintext to a remote host.
+          metadata: gRPC metadata for every stream.
+          on_world_failure: ``"raise"`` or ``"restart"`` (the world is made again).
+          step_timeout: the world has failed when a step gets no answer for this long.
+          restart: the bounds of a restart (``RestartPolicy()`` by default).
+          wait_for_ready: wait for a server still starting, as for ``dmr.connect``.
 
         Raises:
           ArgumentError: a bad argument (it is named).

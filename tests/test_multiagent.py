@@ -239,3 +239,20 @@ def test_a_batch_over_several_servers_puts_each_worlds_agents_together():
         )
         steps = batch.step_agents({a: [{}] * 4 for a in batch.agents})
         assert steps["agent_0"].env_ids.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("policy", [False, True])
+def test_dmr_collect_drives_a_multi_agent_batch_without_deadlock(server, policy):
+    """``dmr.collect`` steps the batch's agent slots as it steps any batch; each slot takes its
+    share, so every lockstep round completes (random actions, 8 in flight per agent; or a
+    policy, one in flight)."""
+
+    def hold_still(timestep: dmr.BatchedTimeStep) -> dict:
+        return {"paddle": np.zeros(len(timestep.env_ids), np.int8)}
+
+    with dmr.MultiAgentBatch.connect(
+        server.address, 2, 3, create_world_settings={"num_agents": 3}, seed=1
+    ) as batch:
+        stats = dmr.collect(batch, steps=6 * 30, policy=hold_still if policy else None, seed=1)
+        assert stats.steps == 180
+        assert stats.episodes >= 6 * 2  # every agent of both worlds ends an episode every 9 steps

@@ -177,7 +177,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("transport", ["connection", "aio", "_transport", "_transport.*"]),
     ("adaptor", ["environment", "aio_environment", "properties", "_adaptor", "_adaptor.*"]),
     ("servers", ["server", "server.*", "launch", "_launch", "_launch.*"]),
-    ("batch", ["batched", "_batch", "_batch.*"]),
+    ("batch", ["batched", "multiagent", "_batch", "_batch.*"]),
     ("tools", ["recording", "conformance", "_tools", "_tools.*"]),
     ("stepping", ["stepping", "_stepping", "_stepping.*"]),
     ("command-line pieces", ["_cli", "_cli.args", "_cli.run", "_cli.check"]),

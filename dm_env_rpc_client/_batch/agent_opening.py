@@ -21,13 +21,13 @@ import numpy as np
 from .. import errors
 from .._base import checks as _checks
 from .._base import collector
-from .._transport.loop import LoopConnection, LoopThread
+from .._transport.loop import LoopConnection
 from ..environment import DmEnvAdaptor
 from . import restart as _restart
 from .agents import AGENT_SETTING, AgentBatch, Made, WorldPlan, make_world, unmake_world
 from .closing import shut_down
 from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED
-from .opening import OPENING_PER_SERVER, _adaptor_like, check_descriptors, equip, stream_opener
+from .opening import OPENING_PER_SERVER, _adaptor_like, check_descriptors, equip, start_loop
 from .restart import RestartPolicy
 
 Batch = TypeVar("Batch", bound=AgentBatch)
@@ -144,11 +144,8 @@ def open_agent_batch(
         plans.append(WorldPlan(settings, joins, name, timeout, requested))
     where = [addresses[world % len(addresses)] for world in range(count)]
     check_descriptors(addresses)
-    runner = LoopThread(name="dm_env_rpc_client-multiagent")
-    channels: dict[str, grpc.aio.Channel] = {}
-    open_stream = stream_opener(
-        runner,
-        channels,
+    runner, channels, open_stream = start_loop(
+        "dm_env_rpc_client-multiagent",
         timeout=timeout,
         credentials=credentials,
         options=options,

@@ -40,7 +40,7 @@ from ..environment import DmEnvAdaptor, pack_settings
 from .closing import shut_down
 from .core import _FAILED, _LIVE, _REMOVED_STATE, _RESTARTING, _Failure
 from .opening import _ask
-from .restart import RAISE, GaveUp, RestartPolicy, WorldFailure
+from .restart import RAISE, GaveUp, RestartPolicy, WorldFailure, back_off
 
 _SIBLING = "agent {agent} of the same world failed: {cause}"
 
@@ -211,10 +211,7 @@ async def remake_world(
             for conn in connections:
                 with contextlib.suppress(Exception):
                     await conn.async_connection.aclose()
-        if attempt < policy.attempts:
-            delay = min(policy.max_backoff, policy.backoff * 2 ** (attempt - 1))
-            delay *= rng.uniform(0.5, 1.0)
-            await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+        await back_off(policy, attempt, deadline, rng)
     raise GaveUp(attempt, last_error)
 
 

@@ -136,11 +136,8 @@ def open_batch(
     else:
         seed_setting = None
     check_descriptors(addresses)  # before gRPC or the loop open any (gRPC aborts without them)
-    runner = LoopThread(name="dm_env_rpc_client-batched")
-    channels: dict[str, grpc.aio.Channel] = {}
-    open_stream = stream_opener(
-        runner,
-        channels,
+    runner, channels, open_stream = start_loop(
+        "dm_env_rpc_client-batched",
         timeout=timeout,
         credentials=credentials,
         options=options,
@@ -183,6 +180,16 @@ def open_batch(
     if step_timeout is not None:
         runner.call(batch._watch)
     return batch
+
+
+def start_loop(
+    name: str, **opener: Any
+) -> tuple[LoopThread, dict[str, grpc.aio.Channel], Callable[..., Coroutine[Any, Any, Any]]]:
+    """A batch's background loop (thread ``name``), its channels by address (none yet), and its
+    ``open_stream`` (``stream_opener``'s, with ``opener``'s keywords)."""
+    runner = LoopThread(name=name)
+    channels: dict[str, grpc.aio.Channel] = {}
+    return runner, channels, stream_opener(runner, channels, **opener)
 
 
 def stream_opener(

@@ -180,11 +180,19 @@ async def reopen(
             if connection is not None:
                 with contextlib.suppress(Exception):
                     await connection.async_connection.aclose()
-        if attempt < policy.attempts:
-            delay = min(policy.max_backoff, policy.backoff * 2 ** (attempt - 1))
-            delay *= rng.uniform(0.5, 1.0)
-            await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+        await back_off(policy, attempt, deadline, rng)
     raise GaveUp(attempt, last_error)
+
+
+async def back_off(
+    policy: RestartPolicy, attempt: int, deadline: float, rng: random.Random
+) -> None:
+    """Sleeps the backoff after failed attempt number ``attempt`` (none after the last one),
+    at most until ``deadline`` (``time.monotonic()``); see the module docs."""
+    if attempt < policy.attempts:
+        delay = min(policy.max_backoff, policy.backoff * 2 ** (attempt - 1))
+        delay *= rng.uniform(0.5, 1.0)
+        await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
 
 
 async def _make_world(
