@@ -29,6 +29,8 @@ agent's step written at once, so a lockstep or turns server never deadlocks).
   (``discrete_actions=False`` keeps the ``Box``).
 - ``reset(seed=s)`` sends ResetWorldRequest with ``{seed_setting: s}``: the world
   replays the same episodes for the same seed (PettingZoo's ``parallel_seed_test``);
+  with no episode running (the first reset, or after one ended) every agent is
+  reset first, so the ResetWorld always interrupts a running sequence;
   ``reset()`` resets every agent and goes on with the world's own stream.
 - Pickling (SuperSuit's ``concat_vec_envs_v1`` copies envs with cloudpickle):
   a copy holds the settings and spaces, not the connections, and makes a world
@@ -39,7 +41,7 @@ agent's step written at once, so a lockstep or turns server never deadlocks).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 try:
     import pettingzoo
@@ -66,6 +68,7 @@ _MISSING = (
     "(a lockstep server waits for it)."
 )
 _UNKNOWN = "step() got actions for {unknown}, which are not in env.agents {agents}."
+_OUTSIDE = "step() got {action!r} for {agent}, outside its action space {space}."
 _CREDENTIALS = (
     "A ParallelEnv with credentials cannot be pickled (gRPC credentials do not pickle): "
     "pass a token through metadata, or make the env inside each process."
@@ -116,7 +119,7 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
       ArgumentError: a bad argument.
     """
 
-    metadata = {"name": "dm_env_rpc_parallel_v0", "render_modes": [], "is_parallelizable": True}
+    metadata: ClassVar[dict[str, Any]] = {"name": "dm_env_rpc_parallel_v0", "render_modes": [], "is_parallelizable": True}
 
     def __init__(
         self,
@@ -154,6 +157,7 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         self._discrete = discrete_actions
         self._world: MultiAgentWorld | None = None
         self._closed = False
+        self._running = False  # the world's agents are in a sequence (a step since reset)
         world = self._open()
         self._by_agent = {
             name: _Agent(world.batch.envs[index], discrete_actions)
@@ -168,6 +172,11 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         if self._world is None:
             self._world = MultiAgentWorld.connect(**self._settings)
         return self._world
+
+    @property
+    def world_name(self) -> str | None:
+        """The name of the world on its server; None until this env (or copy) opened one."""
+        return None if self._world is None else self._world.world_name
 
     def observation_space(self, agent: str) -> Any:
         """``agent``'s observation space (the same object every call)."""
@@ -199,7 +208,13 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         settings = dict((options or {}).get("reset_world_settings", {}))
         if seed is not None:
             settings[self._seed_setting] = int(seed)
+        if settings and not self._running:
+            # ResetWorld interrupts a running sequence; with none running, some servers (the
+            # reference-package one in tests/) still answer the next step INTERRUPTED, which
+            # no step type describes. Start one first, so every server sees the same thing.
+            world.reset()
         steps = world.reset_world(settings) if settings else world.reset()
+        self._running = True
         self.agents = list(self.possible_agents)
         return self._observations(steps), {name: {} for name in self.agents}
 
@@ -214,8 +229,9 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
           agents that were in ``agents`` before the step.
 
         Raises:
-          ArgumentValueError: an action missing for an agent in ``agents``, or given
-            for one not in it (nothing is sent).
+          ArgumentValueError: an action missing for an agent in ``agents``, given for
+            one not in it, or outside its agent's action space (nothing is sent); a
+            step before ``reset``, or on a closed env.
         """
         world = self._open()
         if not self.agents:
@@ -226,6 +242,13 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         missing = [name for name in self.agents if name not in actions]
         if missing:
             raise errors.ArgumentValueError(_MISSING.format(missing=missing))
+        for name in self.agents:
+            if not self._by_agent[name].action_space.contains(actions[name]):
+                raise errors.ArgumentValueError(
+                    _OUTSIDE.format(
+                        action=actions[name], agent=name, space=self._by_agent[name].action_space
+                    )
+                )
         wire = {
             name: self._by_agent[name].to_sdk(actions[name]) if name in actions else {}
             for name in self.possible_agents
@@ -239,6 +262,7 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         truncations = {name: ended[name] and not terminations[name] for name in live}
         infos: dict[str, dict[str, Any]] = {name: {} for name in live}
         self.agents = [name for name in live if not ended[name]]
+        self._running = not all(step.last() for step in steps.values())
         return observations, rewards, terminations, truncations, infos
 
     def render(self) -> None:
@@ -258,6 +282,7 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         state = dict(self.__dict__)
         state["_world"] = None
         state["_closed"] = False
+        state["_running"] = False
         state["agents"] = []
         return state
 
