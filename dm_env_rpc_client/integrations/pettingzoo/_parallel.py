@@ -119,7 +119,11 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
       ArgumentError: a bad argument.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"name": "dm_env_rpc_parallel_v0", "render_modes": [], "is_parallelizable": True}
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "dm_env_rpc_parallel_v0",
+        "render_modes": [],
+        "is_parallelizable": True,
+    }
 
     def __init__(
         self,
