@@ -158,7 +158,7 @@ def test_supersuit_sb3_ppo_beats_random_play(paddles):
     # (AttributeError) when PPO gets seed=...: seed SB3's RNGs here, and give PPO no seed.
     set_random_seed(0)
     try:
-        model = PPO("MlpPolicy", vec, n_steps=64, batch_size=128, verbose=0)
+        model = PPO("MlpPolicy", vec, n_steps=64, batch_size=128, learning_rate=1e-3, verbose=0)
         model.learn(6000)
     finally:
         vec.close()
