@@ -79,7 +79,9 @@ class MultiAgentRecording:
       seeds: each world's seed, for the metadata (None: none).
       writer: ``writer(agent, folder)`` makes agent ``agent``'s ``EpisodeWriter``
         for its folder (e.g. a ``MinariWriter``); None: ``.npz`` files.
-      background, flush_steps, flush_seconds: each agent's ``Recording``'s.
+      background: each agent's ``Recording``'s ``background``.
+      flush_steps: each agent's ``Recording``'s ``flush_steps``.
+      flush_seconds: each agent's ``Recording``'s ``flush_seconds``.
 
     Raises:
       RecordingError: the folder is not empty, not a folder, or cannot be created.
