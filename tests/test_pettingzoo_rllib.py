@@ -140,6 +140,7 @@ def test_rllib_multi_agent_ppo_beats_random_play(paddles, local_ray, policies):
     last = results[-1]["env_runners"]["agent_episode_returns_mean"]
     assert set(last) == {"agent_0", "agent_1"}
     learned = float(np.mean(list(last.values())))
+    print(f"RLlib PPO ({policies}): per-agent return {learned:.3f}, random {baseline:.3f}")
     assert baseline < -0.2  # random play mostly misses the ball
     assert learned > baseline + 0.3, (learned, baseline)
 
@@ -179,4 +180,5 @@ def test_supersuit_sb3_ppo_beats_random_play(paddles):
         parallel.close()
     learned = total / 200
     baseline = random_return(paddles)
+    print(f"SuperSuit+SB3 PPO: per-agent return {learned:.3f}, random {baseline:.3f}")
     assert learned > baseline + 0.3, (learned, baseline)
