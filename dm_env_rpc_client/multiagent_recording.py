@@ -45,7 +45,7 @@ import numpy as np
 from . import errors
 from ._adaptor.stacked import BatchedTimeStep, split_actions
 from ._base import checks as _checks
-from .multiagent import _take
+from ._batch.agent_actions import take_rows as _take
 from .recording import Episode, EpisodeWriter, Recording, iter_episodes, prepare_folder
 
 AGENTS_FILE = "agents.json"
