@@ -97,6 +97,7 @@ from .errors import (
 )
 from .launch import LaunchedServer, LaunchedServers, Relaunch, RelaunchPolicy, launch
 from .multiagent import MultiAgentBatch, MultiAgentWorld
+from .multiagent_recording import MultiAgentRecording, iter_agent_episodes
 from .properties import PropertiesExtension, PropertySpec
 from .random_actions import random_action, random_batch
 from .recording import Episode, EpisodeRecorder, Recording, iter_episodes, load_episode
@@ -167,6 +168,7 @@ __all__ = [
     "LaunchedServers",
     "Metadata",
     "MultiAgentBatch",
+    "MultiAgentRecording",
     "MultiAgentWorld",
     "NUMPY_TO_DATA_TYPE",
     "NotFoundError",
@@ -221,6 +223,7 @@ __all__ = [
     "dm_env_rpc_pb2_grpc",
     "dm_env_spec_to_tensor_spec",
     "get_tensor_type",
+    "iter_agent_episodes",
     "iter_episodes",
     "join_world",
     "join_world_async",

@@ -178,7 +178,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("adaptor", ["environment", "aio_environment", "properties", "_adaptor", "_adaptor.*"]),
     ("servers", ["server", "server.*", "launch", "_launch", "_launch.*"]),
     ("batch", ["batched", "multiagent", "_batch", "_batch.*"]),
-    ("tools", ["recording", "conformance", "_tools", "_tools.*"]),
+    ("tools", ["recording", "multiagent_recording", "conformance", "_tools", "_tools.*"]),
     ("stepping", ["stepping", "_stepping", "_stepping.*", "watch", "_watch", "_watch.*"]),
     ("command-line pieces", ["_cli", "_cli.run", "_cli.check", "_cli.watch"]),
     ("integrations", ["integrations", "integrations.*"]),
