@@ -41,6 +41,9 @@ TEST_REQUIRES = [
     "portpicker>=1.6",
     # A throwaway certificate authority for the TLS tests.
     "trustme>=1.1",
+    # Drives Debian's Chromium (apt-get install chromium; never a downloaded browser) through
+    # the watch page (tests/test_watch_browser.py).
+    "playwright>=1.40",
 ]
 
 # Jupyter use: a kernel and plots for docs/quickstart.ipynb.
@@ -74,6 +77,10 @@ MINARI_REQUIRES = ["minari[arrow]>=0.5.4,<0.6", "pillow>=9", *GYMNASIUM_REQUIRES
 # setuptools!=50.0.0, and integrations.rlds gives its codec NumPy 2's np.str_ as np.unicode_.
 RLDS_REQUIRES = ["envlogger==1.2"]
 
+# dm_env_rpc_client.integrations.pettingzoo: a multi-agent world as a PettingZoo ParallelEnv.
+# Tested with PettingZoo 1.27.0.
+PETTINGZOO_REQUIRES = ["pettingzoo>=1.24", *GYMNASIUM_REQUIRES]
+
 # dm_env_rpc_client.integrations.sb3: Stable-Baselines3's VecEnv over BatchedEnvironment.
 # SB3 needs torch: install torch==2.13.0 (the CPU build) first. Tested with 2.9.2.
 SB3_REQUIRES = ["stable-baselines3>=2.4", *GYMNASIUM_REQUIRES]
@@ -85,10 +92,14 @@ TRAINING_REQUIRES = [*GYMNASIUM_REQUIRES, "stable-baselines3==2.9.2", *RLLIB_REQ
 # docs/datasets.md's offline learner: TorchRL (0.14.1 resolves beside torch==2.13.0) on Minari;
 # TorchRL over the gymnasium bridge (tests/test_gym_torchrl.py) was run with these two pins.
 TRAINING_REQUIRES += [*MINARI_REQUIRES, "torchrl==0.14.1", "tensordict==0.14.3"]
+# Multi-agent learners (docs/multiagent.md): PettingZoo, and SuperSuit's route to SB3.
+TRAINING_REQUIRES += [*PETTINGZOO_REQUIRES, "supersuit==3.11.0"]
 
 # The tests run the notebook, build the site, run the Ray tests (a local Ray, about 20 s)
 # and drive the gymnasium bridge.
 TEST_REQUIRES += NOTEBOOK_REQUIRES + DOCS_REQUIRES + RAY_REQUIRES + GYMNASIUM_REQUIRES
+# PettingZoo's own API and seed tests check the PettingZoo bridge (tests/test_pettingzoo.py).
+TEST_REQUIRES += ["pettingzoo==1.27.0"]
 # Minari's own DataCollector checks the gymnasium bridge's infos (tests/test_gym_defects.py,
 # docs/gymnasium.md). Its episode buffer imports jax, which only the `create` extra installs.
 TEST_REQUIRES += ["minari[create,hdf5]==0.5.4"]
@@ -102,7 +113,7 @@ setuptools.setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["dm_env_rpc_client", "dm_env_rpc_client.*"]),
-    package_data={"dm_env_rpc_client": ["py.typed", "_proto/*.pyi"]},
+    package_data={"dm_env_rpc_client": ["py.typed", "_proto/*.pyi", "_watch/*.html"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": TEST_REQUIRES,
@@ -112,6 +123,7 @@ setuptools.setup(
         "rllib": RLLIB_REQUIRES,
         "gymnasium": GYMNASIUM_REQUIRES,
         "sb3": SB3_REQUIRES,
+        "pettingzoo": PETTINGZOO_REQUIRES,
         "training": TRAINING_REQUIRES,
         "minari": MINARI_REQUIRES,
         "rlds": RLDS_REQUIRES,

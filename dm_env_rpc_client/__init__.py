@@ -37,10 +37,14 @@ from .connection import (
     FAST_KEEPALIVE_DETECTION_S,
     FAST_KEEPALIVE_OPTIONS,
     KEEPALIVE_DETECTION_S,
+    TOKEN_ENV,
     Connection,
     ConnectionLike,
+    ConnectionType,
+    Metadata,
     connect,
     create_secure_channel_and_connect,
+    token_metadata,
 )
 from .display import show
 from .environment import (
@@ -57,6 +61,7 @@ from .errors import (
     ArgumentError,
     ArgumentTypeError,
     ArgumentValueError,
+    AuthenticationError,
     BoundsError,
     ConnectionClosedError,
     ConnectRefusedError,
@@ -76,6 +81,7 @@ from .errors import (
     RaggedArrayError,
     RecordingError,
     RequestTimeoutError,
+    ResponseTooLargeError,
     ServerLaunchError,
     ShapeError,
     SpecError,
@@ -90,6 +96,8 @@ from .errors import (
     WorldTimeoutError,
 )
 from .launch import LaunchedServer, LaunchedServers, Relaunch, RelaunchPolicy, launch
+from .multiagent import MultiAgentBatch, MultiAgentWorld
+from .multiagent_recording import MultiAgentRecording, iter_agent_episodes
 from .properties import PropertiesExtension, PropertySpec
 from .random_actions import random_action, random_batch
 from .recording import Episode, EpisodeRecorder, Recording, iter_episodes, load_episode
@@ -122,6 +130,7 @@ __all__ = [
     "ArgumentValueError",
     "AsyncConnection",
     "AsyncDmEnvAdaptor",
+    "AuthenticationError",
     "BatchedEnvironment",
     "BatchedTimeStep",
     "Bounds",
@@ -133,6 +142,7 @@ __all__ = [
     "ConnectionClosedError",
     "ConnectionLike",
     "ConnectionOptions",
+    "ConnectionType",
     "CreateAndJoinResult",
     "DATA_TYPE_TO_NUMPY",
     "DEFAULT_CONNECT_TIMEOUT",
@@ -156,6 +166,10 @@ __all__ = [
     "KEEPALIVE_DETECTION_S",
     "LaunchedServer",
     "LaunchedServers",
+    "Metadata",
+    "MultiAgentBatch",
+    "MultiAgentRecording",
+    "MultiAgentWorld",
     "NUMPY_TO_DATA_TYPE",
     "NotFoundError",
     "ObservationError",
@@ -170,6 +184,7 @@ __all__ = [
     "Relaunch",
     "RelaunchPolicy",
     "RequestTimeoutError",
+    "ResponseTooLargeError",
     "RestartPolicy",
     "RunEvent",
     "RunObserver",
@@ -180,6 +195,7 @@ __all__ = [
     "SpecError",
     "SpecManager",
     "SpecValidationError",
+    "TOKEN_ENV",
     "TensorError",
     "TensorTypeError",
     "TensorValueError",
@@ -207,6 +223,7 @@ __all__ = [
     "dm_env_rpc_pb2_grpc",
     "dm_env_spec_to_tensor_spec",
     "get_tensor_type",
+    "iter_agent_episodes",
     "iter_episodes",
     "join_world",
     "join_world_async",
@@ -225,5 +242,6 @@ __all__ = [
     "set_bounds",
     "show",
     "tensor_spec_to_dm_env_spec",
+    "token_metadata",
     "unpack_tensor",
 ]

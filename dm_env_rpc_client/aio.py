@@ -126,6 +126,7 @@ class AsyncConnection:
         "_closed_error",
         "_end_queued",
         "_limit",
+        "_max_response_bytes",
         "_owns_channel",
         "_pending",
         "_pool",
@@ -158,6 +159,7 @@ class AsyncConnection:
         self._closed_error = None
         self._close_called = False
         self._limit = max_in_flight
+        self._max_response_bytes = None  # connect_async's cap, named when gRPC hides it
         self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
         # Requests wait in a list; a writer task exists only while some wait (a parked task
         # and an asyncio.Queue per stream were about 5 KB of a world at 4,096 worlds).
@@ -171,6 +173,7 @@ class AsyncConnection:
 
     _channel: grpc.aio.Channel | None
     _owns_channel: bool
+    _max_response_bytes: int | None
     address: str | None
     _pending: messages.PendingQueue[asyncio.Future[Any] | _Callback]
     _closed_error: errors.ConnectionClosedError | None
@@ -224,7 +227,11 @@ class AsyncConnection:
                     await self._call.write(data)
         except (grpc.RpcError, asyncio.InvalidStateError) as exc:
             self._writes = []
-            self._shutdown(closed_error(exc if isinstance(exc, grpc.RpcError) else None))
+            if isinstance(exc, grpc.RpcError):
+                self._shutdown(closed_error(exc, self._max_response_bytes))
+            elif not self._call.done():
+                self._shutdown(closed_error(None))
+            # else the call has ended: the reader reads its real status and shuts down with it
 
     async def _read_loop(self) -> None:
         error: grpc.RpcError | None = None
@@ -248,7 +255,7 @@ class AsyncConnection:
             if not self._close_called:  # not by aclose(): by the end of the loop
                 await self._close_as_the_loop_ends()
             return
-        self._shutdown(closed_error(error))
+        self._shutdown(closed_error(error, self._max_response_bytes))
 
     async def _close_as_the_loop_ends(self) -> None:
         """What ``aclose`` does, when the loop cancels the reader (``asyncio.run`` returning
@@ -445,22 +452,48 @@ async def connect_async(
     insecure: bool = False,
     max_in_flight: int | None = None,
     wait_for_ready: bool = False,
+    max_response_bytes: int | None = None,
 ) -> AsyncConnection:
     """Connects to a dm_env_rpc server with asyncio (arguments as for ``connect``).
 
     A port that refuses fails at once unless ``wait_for_ready=True``, as for ``connect``.
 
+    Args:
+      address: ``host:port`` or ``unix:path``.
+      credentials: channel credentials for TLS (loopback and unix: local credentials).
+      timeout: seconds to wait for the server (default 30 s); None waits indefinitely.
+      metadata: gRPC metadata for the stream (``dmr.token_metadata(token)``).
+      options: extra gRPC channel options (override the defaults).
+      insecure: allow plaintext to a remote host.
+      max_in_flight: bound on pending requests.
+      wait_for_ready: retry a refused port until ``timeout``.
+      max_response_bytes: the largest answer taken, in bytes (None: any size,
+        the default). A larger one ends the stream: its request and every
+        pending one fail with ``ResponseTooLargeError`` (or, when a request
+        was being written as gRPC cut the stream, ``grpc.aio``'s INTERNAL: a
+        ``ConnectionClosedError`` whose message names the cap).
+
+    Returns:
+      An AsyncConnection that owns its channel.
+
     Raises:
-      ArgumentError: an address of the wrong shape, or a bad timeout.
+      ArgumentError: an address of the wrong shape, a bad timeout, or a
+        ``max_response_bytes`` that is not a whole number of at least 1.
       ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
+      AuthenticationError: the TLS handshake failed (see ``connect``).
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
     check_seconds(timeout)
     channel = create_channel(
-        address, credentials=credentials, options=options, insecure=insecure, aio=True
+        address,
+        credentials=credentials,
+        options=options,
+        insecure=insecure,
+        aio=True,
+        max_response_bytes=max_response_bytes,
     )
-    return await open_when_ready(
+    connection = await open_when_ready(
         channel,
         address,
         owns_channel=True,
@@ -468,7 +501,10 @@ async def connect_async(
         metadata=metadata,
         max_in_flight=max_in_flight,
         wait_for_ready=wait_for_ready,
+        tls=credentials is not None,
     )
+    connection._max_response_bytes = max_response_bytes
+    return connection
 
 
 async def open_when_ready(
@@ -480,8 +516,12 @@ async def open_when_ready(
     metadata: Sequence[tuple[str, str]] | None = None,
     max_in_flight: int | None = None,
     wait_for_ready: bool = True,
+    tls: bool = False,
 ) -> AsyncConnection:
     """Waits until ``channel`` is ready, then opens a stream on it.
+
+    ``tls``: the channel has TLS credentials (a server that hangs up in the handshake
+    then fails at once, ``AuthenticationError``).
 
     With ``owns_channel`` the connection closes the channel when it closes (and
     a timeout closes it at once). Without ``wait_for_ready``, a port that
@@ -492,7 +532,7 @@ async def open_when_ready(
       ConnectTimeoutError: the server did not answer within ``timeout``.
     """
     check_metadata(metadata)
-    verdict = await _ready.wait_ready_async(channel, timeout, wait_for_ready)
+    verdict = await _ready.wait_ready_async(channel, timeout, wait_for_ready, tls)
     if verdict is not None:
         error = await _ready.connect_error_async(verdict, address, timeout, channel)
         if owns_channel:

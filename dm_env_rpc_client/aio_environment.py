@@ -31,7 +31,8 @@ from typing import Any
 import dm_env
 
 from . import errors
-from ._adaptor.core import AdaptorCore, check_adaptor_kwargs, pack_settings
+from ._adaptor.core import AdaptorCore, pack_settings
+from ._adaptor.keywords import check_adaptor_kwargs
 from ._adaptor.stacked import StackedDecoder
 from ._base import checks as _checks
 from ._fastpath.wire_step import read_step
@@ -179,24 +180,41 @@ class AsyncDmEnvAdaptor(AdaptorCore):
           actions: an iterable or async iterable of actions.
           in_flight: the most steps on the wire at once.
 
+        As there, an action is taken from ``actions`` only when there is room to
+        send it; one taken that could not be sent is on the error as
+        ``unsent_action``.
+
         Raises:
           UnknownNameError: for an action name not in the specs.
           SpecValidationError: for a wrong dtype, shape or bound.
           DmEnvRpcError: the server refused a step.
+          ProtocolError: a response of a state no step type describes (the
+            steps before it are yielded first).
+          ObservationError: a response contradicts the specs (the steps before
+            it are yielded first).
           RequestTimeoutError: a step took longer than the adaptor's ``timeout``.
         """
         _checks.check_count(in_flight, "in_flight")
         decoder = StackedDecoder(self)
         window: collections.deque[tuple[str, asyncio.Future[Any]]] = collections.deque()
+        source = _aiter(actions)
         try:
-            async for action in _aiter(actions):
-                if len(window) >= in_flight:
+            while True:
+                while len(window) >= in_flight:  # an error here takes no action
                     for timestep in self._run_timesteps(await self._finished(window), decoder):
                         yield timestep
-                data, expected, name = self._step_data(action)
-                slots = self._connection._slots  # a max_in_flight of the connection's own
-                if slots is not None:
-                    await asyncio.wait_for(slots.acquire(), self._timeout)
+                try:
+                    action = await source.__anext__()
+                except StopAsyncIteration:
+                    break
+                try:
+                    data, expected, name = self._step_data(action)
+                    slots = self._connection._slots  # a max_in_flight of the connection's own
+                    if slots is not None:
+                        await asyncio.wait_for(slots.acquire(), self._timeout)
+                except BaseException as exc:
+                    exc.unsent_action = action  # type: ignore[attr-defined]
+                    raise
                 window.append((name, self._connection._submit(data, expected, None, read_step)))
             while window:
                 for timestep in self._run_timesteps(await self._finished(window), decoder):

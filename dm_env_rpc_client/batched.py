@@ -21,9 +21,9 @@ NaN, as ``step_type`` says.
 stall the others. A world may have several steps in flight.
 
 ``connect`` runs every world's stream on one background asyncio loop (one
-thread for the whole batch, one HTTP/2 connection per server address): that
-costs a fraction of the CPU per step of a reader thread per stream, which
-matters when the client, not the servers, is what limits the batch. As a
+thread for the whole batch, one HTTP/2 connection per 100 worlds of a server,
+``max_streams_per_connection``): a fraction of the CPU per step of a reader
+thread per stream, which matters when the client limits the batch. As a
 response lands the loop only moves that world's step-type state machine on;
 finished steps are handed to ``recv`` through one condition variable, so the
 calling thread wakes once per ``recv``, not once per world, and decodes all the
@@ -38,22 +38,18 @@ flight and no response (checked a few times a second), or a ``recv(env_ids=...)`
 whose ``timeout`` runs out. Its unanswered steps are dropped then, so that no
 late response can ever answer a later request. What follows is the policy's:
 
-- ``on_world_failure="raise"`` (the default): the failure is raised once as a
-  ``WorldError`` naming the world (a ``WorldTimeoutError``, also a
-  ``TimeoutError``, for a deadline), with the cause chained; steps of other
-  worlds already received stay for the next ``recv``. Sending to that world
-  again raises ``WorldError``.
-- ``on_world_failure="restart"``: the world alone is made again (``_batch.restart``);
-  its next returned step is FIRST with ``truncated`` set, answering the steps it
-  had in flight; a world that cannot be restored within the bounds is removed
-  (``live_ids``). Healthy worlds keep stepping meanwhile.
+- ``on_world_failure="raise"`` (the default): raised once as a ``WorldError``
+  naming the world (``WorldTimeoutError`` for a deadline), the cause chained;
+  sending to that world again raises ``WorldError``.
+- ``on_world_failure="restart"``: the world alone is made again
+  (``_batch.restart``); its next step is FIRST with ``truncated`` set, answering
+  the steps it had in flight; one that cannot be restored is removed.
 
 A server's error for one request (``DmEnvRpcError``) and an observation that
-cannot be decoded are not failures: they raise ``WorldError`` for that step,
-and the world goes on. Every failure is recorded in ``failures``. No step that
-was received is ever dropped: a call that raises leaves the other worlds'
-finished steps for the next ``recv``. ``send`` checks and packs every action
-before it sends any: all or nothing.
+cannot be decoded are not failures: they raise ``WorldError`` for that step, and
+the world goes on. Every failure is in ``failures``. No received step is ever
+dropped: a call that raises leaves the other worlds' steps for the next ``recv``.
+``send`` checks and packs every action before it sends any: all or nothing.
 """
 
 from __future__ import annotations
@@ -71,6 +67,7 @@ import numpy as np
 from . import errors
 from ._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
 from ._base import checks as _checks
+from ._batch.channels import DEFAULT_STREAMS_PER_CONNECTION
 from ._batch.closing import close_batch
 from ._batch.core import (
     _FAILED,
@@ -141,13 +138,16 @@ class BatchedEnvironment(BatchCore):
         step_timeout: float | None = 30.0,
         restart: RestartPolicy | None = None,
         wait_for_ready: bool = False,
+        max_streams_per_connection: int | None = DEFAULT_STREAMS_PER_CONNECTION,
+        max_response_bytes: int | None = None,
         connection: ConnectionOptions | None = None,
         failure_policy: FailurePolicy | None = None,
     ) -> BatchedEnvironment:
         """Creates and joins ``num_envs`` worlds (default: one per address), round-robin.
 
-        Every world gets its own stream; streams to the same address share one
-        channel, and all of them run on one background event loop.
+        Every world gets its own stream, all on one background event loop. All or
+        nothing: if a world cannot be opened, every world made is left and
+        destroyed (named worlds only left) before the error is raised.
 
         Seeds follow gymnasium's ``reset(seed=s)`` convention for vector envs:
         world ``i`` gets ``seed + i``, in its create settings under
@@ -167,7 +167,7 @@ class BatchedEnvironment(BatchCore):
           credentials: channel credentials for TLS (as for ``dmr.connect``).
           options: extra gRPC channel options.
           insecure: allow plaintext to a remote host.
-          metadata: gRPC metadata for every stream.
+          metadata: gRPC metadata for every stream (``dmr.token_metadata(token)``).
           seed: world ``i`` is created with ``seed + i`` under ``seed_setting``;
             None leaves the settings as they are.
           seed_setting: the create setting that carries the seed; None never sets it.
@@ -180,8 +180,11 @@ class BatchedEnvironment(BatchCore):
             found only by keepalive, within ``KEEPALIVE_DETECTION_S``).
           restart: the bounds of a restart (``RestartPolicy()`` by default).
           wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
-          connection: ``credentials``, ``options``, ``insecure``, ``metadata`` and
-            ``wait_for_ready`` as one ``dmr.ConnectionOptions`` (instead of those keywords).
+          max_streams_per_connection: the most worlds on one HTTP/2 connection (100,
+            the lowest stream limit common in the wild; see ``_batch.channels``).
+          max_response_bytes: the largest answer taken (None: any size).
+          connection: ``credentials`` to ``max_response_bytes`` (the seven keywords of
+            how to connect) as one ``dmr.ConnectionOptions`` (instead of those keywords).
           failure_policy: ``on_world_failure``, ``step_timeout`` and ``restart`` as one
             ``dmr.FailurePolicy`` (instead of those keywords).
 
@@ -205,6 +208,8 @@ class BatchedEnvironment(BatchCore):
             on_world_failure=on_world_failure,
             step_timeout=step_timeout,
             restart=restart,
+            max_streams_per_connection=max_streams_per_connection,
+            max_response_bytes=max_response_bytes,
         )
         return open_batch(
             cls,

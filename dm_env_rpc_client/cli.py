@@ -7,10 +7,13 @@ Commands:
   in this one), or ``--launch "CMD {port}" --num-servers K`` servers (``dmr.launch``). Prints a
   summary (``--json``: JSON): steps, episodes, returns, steps/s, latency, seeds, recording,
   relaunches. ``--ray [auto|ADDRESS|local] --num-shards K``: K Ray actors step the worlds.
+  ``--watch``: a live page of the run (``_cli.watch``).
 - ``specs ADDRESS``: prints the action and observation specs of a world, by name.
 - ``check ADDRESS``: checks a server against the protocol (``_cli.check``); 0 if it conforms.
 - ``serve``: serves Catch, or your own environment factory, until Ctrl-C
   (the same program as ``python -m dm_env_rpc_client.server``).
+
+Tokens: ``--token-file FILE``, ``--token`` or ``DMR_TOKEN`` (``--launch``: in ``DMR_TOKEN``).
 
 Before connecting, ``run`` and ``specs`` check each address: a host that does not resolve, or
 a port that refuses connections, fails at once saying so; a remote host needs ``--insecure`` or TLS.
@@ -45,10 +48,12 @@ from ._base.cli_args import (
     parse_setting,
     positive_float,
     positive_int,
-    tls_credentials,
+    token_flags,
 )
+from ._base.cli_args import channel_kwargs as _channel_kwargs
 from ._base.quiet import quiet_grpc_logs
 from ._cli import record as _record_cli
+from ._cli import watch as _watch_cli
 from ._cli.check import add_check_command
 from ._cli.run import launched, print_summary
 from .batched import BatchedEnvironment
@@ -78,8 +83,6 @@ _PLAINTEXT = (
     "{address} is a remote host: pass --insecure to talk to it in plaintext, or --tls / "
     "--root-certificates PEM to use TLS."
 )
-_TLS_AND_INSECURE = "--insecure and the TLS flags contradict each other; give one or the other."
-_KEY_PAIR = "--certificate and --private-key go together (client certificate for mutual TLS)."
 _SEED_TWICE = (
     "--create-setting {name}=... and --seed both set the world's seed: use --seed "
     "(world i gets seed + i), or pass --seed-setting '' to keep your own."
@@ -111,25 +114,11 @@ def _record_folder(text: str) -> str:
 # --- connecting -------------------------------------------------------------------------
 
 
-def _channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """credentials / insecure / options for the SDK, from the TLS flags."""
-    tls = bool(args.tls or args.root_certificates or args.certificate or args.private_key)
-    if tls and args.insecure:
-        raise UsageError(_TLS_AND_INSECURE)
-    if (args.certificate is None) != (args.private_key is None):
-        raise UsageError(_KEY_PAIR)
-    options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
-    make_credentials = tls_credentials(args)
-    credentials = None if make_credentials is None else make_credentials()
-    return {"credentials": credentials, "insecure": args.insecure, "options": options or None}
-
-
 def _host_port(address: str) -> tuple[str, int] | None:
     """(host, port) of a host:port address; None for other gRPC targets (unix:, dns:///...)."""
     check_no_url_scheme(address)
-    if "://" in address or address.startswith(
-        ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
-    ):
+    schemes = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")
+    if "://" in address or address.startswith(schemes):
         return None
     host, sep, port_text = address.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
@@ -258,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
                 world_names=args.world,
                 on_world_failure=args.on_failure,
                 step_timeout=args.timeout,
+                max_streams_per_connection=args.max_streams_per_connection,
                 **kwargs,
             )
         for warning in caught:  # e.g. a server that takes no seed setting
@@ -268,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
             with (
                 _stop_on_signals() as (stop, received),
                 tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
+                _watch_cli.watching(args, stop) as observers,
             ):
                 try:
                     stats = collect(
@@ -279,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
                         record=recording,
                         stop=stop,
                         progress=progress.update,
+                        observers=observers,
                     )
                 finally:
                     if recording is not None:
@@ -371,6 +363,7 @@ def _connection_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--server-name", metavar="NAME", help="TLS: the name the server's certificate holds"
     )
+    token_flags(group, "send")
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -435,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="record the episodes into DIR, which must be empty or new (see --format)",
     )
     _record_cli.add_flags(run_parser)
+    _watch_cli.add_flags(run_parser)
     run_parser.add_argument(
         "--on-failure",
         choices=("restart", "raise"),

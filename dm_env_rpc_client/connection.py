@@ -15,6 +15,9 @@ in flight::
 A server error fails only its own request (``DmEnvRpcError``). When the stream
 ends or breaks, every pending and later request fails promptly with
 ``ConnectionClosedError`` carrying the gRPC status. ``close()`` is idempotent.
+A server that requires a token (``dmr.serve(..., token=)``) takes it as metadata,
+``dmr.connect(address, metadata=dmr.token_metadata(token))``; without it, or with a
+wrong one, the first request fails with ``AuthenticationError``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from google.protobuf import message
 
 from . import errors, messages
 from ._base import checks as _checks
+from ._base.tokens import TOKEN_ENV as TOKEN_ENV
+from ._base.tokens import token_metadata as token_metadata
 from ._proto import dm_env_rpc_pb2
 from ._transport import ready as _ready
 from ._transport.channel import DEFAULT_OPTIONS as DEFAULT_OPTIONS
@@ -51,6 +56,23 @@ DEFAULT_TIMEOUT = 60.0  # seconds a request waits for its response unless told o
 _CLOSED = "The connection is closed; open a new one with dmr.connect()."
 _STREAM_ENDED = "The server ended the stream ({code}: {details}){advice}"
 _REOPEN = "; open a new connection."
+_UNAUTHENTICATED = "The server refused this client (UNAUTHENTICATED: {details}){advice}"
+# For servers whose message does not say it (the SDK's own does).
+_PASS_TOKEN = (
+    " Pass the server's token: metadata=dmr.token_metadata(token) in Python, or "
+    "--token-file FILE or the DMR_TOKEN environment variable on the command line."
+)
+_TOO_LARGE = (
+    "The server's answer is larger than this connection takes ({details}: max_response_bytes, "
+    "or the channel option grpc.max_receive_message_length), so gRPC ended the stream. Raise "
+    "max_response_bytes (None takes any size), or ask for less (requested_observations=)."
+)
+_CORE_ERROR = "Internal error from Core"  # grpc.aio's details for a write to a cut call
+_MAYBE_TOO_LARGE = (
+    " This connection takes answers of at most {cap:,} bytes (max_response_bytes), and gRPC "
+    "says only this when it cut the stream for a larger answer while a request was being "
+    "written: raise max_response_bytes (None takes any size), or ask for less."
+)
 _CHANNEL_NOT_ADDRESS = (
     "Connection(channel) wraps a grpc.Channel you opened, not the address {address!r}: "
     "to connect to an address, use dmr.connect({address!r})."
@@ -76,8 +98,9 @@ class ConnectionLike(Protocol):
 ConnectionType = ConnectionLike  # the reference's name for it, for annotations
 
 
-def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
-    """The ConnectionClosedError for a stream that ended (exc None: ended cleanly)."""
+def closed_error(exc: grpc.RpcError | None, cap: int | None = None) -> errors.ConnectionClosedError:
+    """The ConnectionClosedError for a stream that ended (exc None: ended cleanly); ``cap``, a
+    connection's max_response_bytes, is named when grpc.aio hides a cut for it as INTERNAL."""
     if exc is None:
         return errors.ConnectionClosedError(
             _STREAM_ENDED.format(code="OK", details="the server closed the stream", advice=_REOPEN),
@@ -87,13 +110,18 @@ def closed_error(exc: grpc.RpcError | None) -> errors.ConnectionClosedError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "UNKNOWN"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        advice = "" if "token_metadata" in str(details) else _PASS_TOKEN
+        message = _UNAUTHENTICATED.format(details=details, advice=advice)
+        return errors.AuthenticationError(message, code, details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
+        return errors.ResponseTooLargeError(_TOO_LARGE.format(details=details), code, details)
+    if cap is not None and code == grpc.StatusCode.INTERNAL and details == _CORE_ERROR:
+        advice = _REOPEN + _MAYBE_TOO_LARGE.format(cap=cap)
+    else:  # RESOURCE_EXHAUSTED: a new connection would be refused too, as the details say
+        advice = "." if code == grpc.StatusCode.RESOURCE_EXHAUSTED else _REOPEN
     return errors.ConnectionClosedError(
-        # RESOURCE_EXHAUSTED: a new connection would be refused too; the details say what to do.
-        _STREAM_ENDED.format(
-            code=name,
-            details=details,
-            advice="." if code == grpc.StatusCode.RESOURCE_EXHAUSTED else _REOPEN,
-        ),
+        _STREAM_ENDED.format(code=name, details=details, advice=advice),
         code,
         details,
     )
@@ -419,6 +447,7 @@ def connect(
     insecure: bool = False,
     max_in_flight: int | None = None,
     wait_for_ready: bool = False,
+    max_response_bytes: int | None = None,
 ) -> Connection:
     """Connects to a dm_env_rpc server.
 
@@ -435,12 +464,16 @@ def connect(
         local credentials by default.
       timeout: seconds to wait for the server (default ``DEFAULT_CONNECT_TIMEOUT``,
         30 s); None waits indefinitely.
-      metadata: gRPC metadata for the stream.
+      metadata: gRPC metadata for the stream; ``dmr.token_metadata(token)`` carries
+        the token of a server that requires one.
       options: extra gRPC channel options (override the defaults).
       insecure: allow plaintext to a remote host.
       max_in_flight: bound on pending requests (see ``Connection``).
       wait_for_ready: retry a refused port until ``timeout`` (gRPC's term):
         for a server that is still starting.
+      max_response_bytes: the largest answer taken, in bytes (None: any size,
+        the default). A larger one ends the stream: its request and every
+        pending one fail with ``ResponseTooLargeError``.
 
     Returns:
       A Connection that owns its channel.
@@ -450,14 +483,23 @@ def connect(
         or a timeout that is not a number of seconds above 0.
       ConnectRefusedError: nothing listens at the address (without ``wait_for_ready``).
       ConnectTimeoutError: the server did not answer within ``timeout``.
+      AuthenticationError: the TLS handshake failed: the server's certificate is not
+        trusted, or the server wants a client certificate it trusts (mutual TLS). A
+        missing or wrong token shows on the first request instead (the same error).
       DmEnvRpcConnectionError: plaintext to a remote host without ``insecure=True``.
     """
     _checks.check_seconds(timeout)
     _checks.check_metadata(metadata)
     if max_in_flight is not None:
         _checks.check_count(max_in_flight, "max_in_flight")
-    channel = create_channel(address, credentials=credentials, options=options, insecure=insecure)
-    verdict = _ready.wait_ready(channel, timeout, wait_for_ready)
+    channel = create_channel(
+        address,
+        credentials=credentials,
+        options=options,
+        insecure=insecure,
+        max_response_bytes=max_response_bytes,
+    )
+    verdict = _ready.wait_ready(channel, timeout, wait_for_ready, tls=credentials is not None)
     if verdict is not None:
         error = _ready.connect_error(verdict, address, timeout, channel)
         channel.close()

@@ -42,15 +42,17 @@ from ._adaptor.core import (
     AdaptorCore,
     State,
     StepFuture,
-    check_adaptor_kwargs,
     pack_settings,
 )
+from ._adaptor.keywords import check_adaptor_kwargs
 from ._adaptor.stacked import StackedDecoder
 from ._adaptor.world_requests import create_world, destroy_world, leave_world, reset_world
 from ._base import checks as _checks
+from ._base.futures import TimedFuture
 from ._fastpath.wire_step import read_step
 from ._proto import dm_env_rpc_pb2
 from ._transport.foreign import ForeignConnection, as_connection, compatible, note_destroyed
+from ._transport.loop import LoopConnection
 from .connection import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -65,6 +67,9 @@ from .properties import PropertiesExtension
 specs_table = specs.specs_table  # importable from here as before
 # step_iter's steps in flight: the request (or its type's name, for a timeout), its Future.
 _Window = collections.deque[tuple[message.Message | str, concurrent.futures.Future[Any]]]
+
+
+_NO_ACTION: Any = object()  # step_iter's actions ran out
 
 
 class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
@@ -187,7 +192,7 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         ``decode(response bytes)`` over a ``Connection``, else with the StepResponse. A
         replaced ``send`` gets the request (``_transport.foreign.compatible``)."""
         connection = compatible(self._connection)
-        if isinstance(connection, Connection):
+        if isinstance(connection, (Connection, LoopConnection)):  # a batch's world: the latter
             data, expected, name = self._step_data(action)
             return name, connection._submit_bytes(data, expected, decode, future)
         request = self.step_request(action)
@@ -212,13 +217,15 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         The Future fails with ``DmEnvRpcError`` (the server refused the step),
         ``ObservationError`` (the response contradicts the specs),
         ``ProtocolError`` (an impossible state transition) or
-        ``ConnectionClosedError``.
+        ``ConnectionClosedError``; its ``result(timeout)`` raises
+        ``RequestTimeoutError`` (also a ``concurrent.futures.TimeoutError``)
+        with a message when no response came within ``timeout``.
         """
         connection = compatible(self._connection)
         if isinstance(connection, Connection):
             return self._send_step(action, self._filed_step, StepFuture(self._timestep))[1]
         request = self.step_request(action)
-        result: concurrent.futures.Future[dm_env.TimeStep] = concurrent.futures.Future()
+        result: concurrent.futures.Future[dm_env.TimeStep] = TimedFuture()
         sent = connection.send_async(request)
 
         def convert(done: concurrent.futures.Future[Any]) -> None:
@@ -242,10 +249,18 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         step, while the server always has the other half to work on. The
         TimeSteps are the same as ``step`` gives.
 
+        It takes an action from ``actions`` only when there is room to send it
+        at once, so when it raises, every action it took was sent, except one
+        it could not send: that one is on the error as ``unsent_action``, and
+        the caller may send it again (an iterator passed in resumes with the
+        action after it).
+
         Raises:
           UnknownNameError: for an action name not in the specs.
           SpecValidationError: for a wrong dtype, shape or bound.
           DmEnvRpcError: the server refused a step.
+          ProtocolError: a response of a state no step type describes (the
+            steps before it are yielded first).
           ObservationError: a response contradicts the specs (the steps before
             it are yielded first).
           RequestTimeoutError: a step took longer than the adaptor's ``timeout``.
@@ -254,11 +269,19 @@ class DmEnvAdaptor(AdaptorCore, dm_env.Environment):
         decoder = StackedDecoder(self)
         window: _Window = collections.deque()
         run = max(1, in_flight // 2)
+        source = iter(actions)
         try:
-            for action in actions:
-                if len(window) >= in_flight:
+            while True:
+                while len(window) >= in_flight:  # an error here takes no action
                     yield from self._finished_steps(window, decoder, run)
-                window.append(self._send_step(action))
+                action = next(source, _NO_ACTION)
+                if action is _NO_ACTION:
+                    break
+                try:
+                    window.append(self._send_step(action))
+                except BaseException as exc:
+                    exc.unsent_action = action  # type: ignore[attr-defined]
+                    raise
             while window:
                 yield from self._finished_steps(window, decoder, run)
         finally:

@@ -25,9 +25,11 @@ so ``except ValueError`` keeps working::
     |   +-- InvalidArgumentError (ValueError)
     +-- DmEnvRpcConnectionError (ConnectionError)
     |   +-- ConnectionClosedError (grpc.RpcError)  the stream ended or broke; its gRPC status
+    |   |   +-- AuthenticationError    refused: a missing or wrong token, or a TLS handshake
+    |   |   +-- ResponseTooLargeError    an answer over max_response_bytes ended the stream
     |   +-- ConnectTimeoutError (TimeoutError)
     |   +-- ConnectRefusedError (ConnectionRefusedError)   nothing listens at the address
-    +-- RequestTimeoutError (TimeoutError)
+    +-- RequestTimeoutError (TimeoutError, and concurrent.futures' and asyncio's where they differ)
     +-- ProtocolError                  the server broke the protocol
     |   +-- ObservationError           a step response's observations contradict the specs
     +-- WorldError                     one world of a batch failed; names index and address
@@ -58,6 +60,8 @@ gRPC's errors, its ``code()`` and ``details()`` can be called.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -246,6 +250,19 @@ def _bridged(cls: type) -> type:
     return bridged
 
 
+# str() of a server error shows at most this many characters of the server's message (a server
+# may send megabytes); the whole message stays on ``.message``.
+MAX_MESSAGE_SHOWN = 2000
+_CUT = "... [{cut} more characters; the whole message is in the error's .message]"
+
+
+def _shown(message: str) -> str:
+    """``message``, cut to ``MAX_MESSAGE_SHOWN`` characters with a note of what was cut."""
+    if len(message) <= MAX_MESSAGE_SHOWN:
+        return message
+    return message[:MAX_MESSAGE_SHOWN] + _CUT.format(cut=len(message) - MAX_MESSAGE_SHOWN)
+
+
 class DmEnvRpcError(DmEnvRpcClientError):
     """The server answered a request with an error ``google.rpc.Status``.
 
@@ -253,10 +270,16 @@ class DmEnvRpcError(DmEnvRpcClientError):
     When the reference ``dm-env-rpc`` package is imported, instances are also
     instances of its ``DmEnvRpcError`` (see the module docs).
 
+    ``str(error)`` shows at most ``MAX_MESSAGE_SHOWN`` characters of the
+    message (with a note of how many more there are); ``message`` keeps it whole.
+
     Attributes:
       code: the status code, an ``ErrorCode``: equal to the ``grpc.StatusCode`` and
-        to its int (the reference's ``code``).
-      message: the server's message.
+        to its int (the reference's ``code``). A code outside gRPC's range (0-16)
+        is ``UNKNOWN`` here, as gRPC has it.
+      raw_code: the code exactly as the server sent it (an int), which differs
+        from ``code`` only for a code outside gRPC's range.
+      message: the server's message, whole.
       details: the status details (``google.protobuf.Any`` messages).
     """
 
@@ -270,28 +293,34 @@ class DmEnvRpcError(DmEnvRpcClientError):
         details: Sequence[Any] = (),
     ) -> None:
         self.code: ErrorCode = ErrorCode(_status_code(code))
+        self.raw_code = int(code.value[0] if isinstance(code, grpc.StatusCode) else code)
         self.message = message
         self.details = list(details)
         # Not super(): with the reference's class among the bases it takes other arguments.
         BaseException.__init__(self, code, message, details)
 
     def __str__(self) -> str:
-        return f"{self.code.name}: {self.message}"
+        return f"{self._code_text()}: {_shown(self.message)}"
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(code={self.code.name}, message={self.message!r})"
+        message = _shown(self.message)
+        return f"{type(self).__name__}(code={self._code_text()}, message={message!r})"
+
+    def _code_text(self) -> str:
+        if self.raw_code != int(self.code):
+            return f"{self.code.name} (the server's code {self.raw_code})"
+        return self.code.name
 
     def __reduce__(self) -> tuple[Any, ...]:
         details = [(d.type_url, d.value) for d in self.details]
         cls = getattr(type(self), "_sdk_class", type(self))  # bridged classes pickle as ours
-        return (_rebuild_server_error, (cls, self.code.value[0], self.message, details))
+        return (_rebuild_server_error, (cls, self.raw_code, self.message, details))
 
     @classmethod
     def from_status(cls, status: Any) -> DmEnvRpcError:
         """Builds the most specific error for a ``google.rpc.Status``."""
-        code = _status_code(status.code)
-        error_cls = _ERROR_BY_CODE.get(code, DmEnvRpcError)
-        return error_cls(code, status.message, list(status.details))
+        error_cls = _ERROR_BY_CODE.get(_status_code(status.code), DmEnvRpcError)
+        return error_cls(status.code, status.message, list(status.details))
 
 
 def _rebuild_server_error(
@@ -363,6 +392,26 @@ class ConnectionClosedError(DmEnvRpcConnectionError, grpc.RpcError):
         return (type(self), (self.args[0], self.code, details))
 
 
+class AuthenticationError(ConnectionClosedError):
+    """The server would not let this client in, or the TLS handshake failed.
+
+    The server ended the stream with UNAUTHENTICATED (no token, or a wrong one:
+    its message says which; ``code`` is UNAUTHENTICATED), or the connection
+    ended in its TLS handshake (``code`` is UNAVAILABLE): the server wants a
+    client certificate it trusts (mutual TLS), the client does not trust the
+    server's certificate, or one side speaks TLS and the other does not. The
+    message says what to pass. Nothing is retried: the same call fails the same way.
+    """
+
+
+class ResponseTooLargeError(ConnectionClosedError):
+    """An answer was larger than the connection's ``max_response_bytes``; gRPC ended the stream.
+
+    Its ``code`` is RESOURCE_EXHAUSTED and its ``details`` gRPC's ("Received
+    message larger than max (N vs. M)"); the message says what to change.
+    """
+
+
 class ConnectTimeoutError(DmEnvRpcConnectionError, TimeoutError):
     """The server could not be reached before the timeout."""
 
@@ -371,8 +420,20 @@ class ConnectRefusedError(DmEnvRpcConnectionError, ConnectionRefusedError):
     """Nothing accepts connections at the address (the port is closed)."""
 
 
-class RequestTimeoutError(DmEnvRpcClientError, TimeoutError):
-    """A request got no response before its timeout."""
+# Python 3.11 made concurrent.futures.TimeoutError and asyncio.TimeoutError the built-in one;
+# before, each is a class of its own, and ``except`` of either still catches this error.
+_TIMEOUTS = tuple(
+    dict.fromkeys((TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError))
+)
+
+
+class RequestTimeoutError(DmEnvRpcClientError, *_TIMEOUTS):  # type: ignore[misc]
+    """A request got no response before its timeout.
+
+    Also a ``TimeoutError``, ``concurrent.futures.TimeoutError`` and
+    ``asyncio.TimeoutError`` (one class since Python 3.11), so code that catches
+    any of them keeps working.
+    """
 
 
 class ProtocolError(DmEnvRpcClientError):

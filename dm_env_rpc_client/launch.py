@@ -33,6 +33,13 @@ and hands back their addresses::
   waited for like at launch. ``relaunches`` records each: which server, why
   (exit code and output), how long it was down. ``BatchedEnvironment`` worlds
   on it are restored there under ``on_world_failure="restart"``.
+- Strangers kept out: ``token=`` reaches each server in the environment
+  variable ``DMR_TOKEN`` (never its command line, which ``ps`` shows; a server
+  of your own reads it from there, as ``dm-env-rpc-client serve`` does), and
+  the readiness probe sends it. ``credentials=`` are the probe's channel
+  credentials for servers that serve TLS (with a client certificate for mutual
+  TLS). ``BatchedEnvironment.connect(servers, ...)`` takes both from the
+  servers unless given its own (``servers.metadata``, ``servers.credentials``).
 
 The private ``_launch.process`` forks, watches, probes and stops one process.
 """
@@ -50,11 +57,14 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple, overload
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, overload
+
+import grpc
 
 from . import errors
 from ._base import checks as _checks
+from ._base import tokens as _tokens
 from ._launch import process as _process
 
 _NO_SERVERS = "num_servers must be at least 1, not {count}."
@@ -145,6 +155,8 @@ class LaunchedServers(Sequence[str]):
     Attributes:
       servers: one ``LaunchedServer`` per server.
       relaunches: one ``Relaunch`` per server death, oldest first.
+      metadata: the metadata that carries ``launch``'s token (None without one).
+      credentials: ``launch``'s channel credentials (None without them).
     """
 
     def __init__(
@@ -155,8 +167,12 @@ class LaunchedServers(Sequence[str]):
         ready_timeout: float,
         relaunch: RelaunchPolicy | None,
         options: tuple[Mapping[str, str] | None, str | None, float] = (None, None, 5.0),
+        probe: Mapping[str, Any] | None = None,
     ) -> None:
         self.servers = servers
+        self._probe = dict(probe or {})  # connect()'s credentials and metadata, for relaunches
+        self.metadata = self._probe.get("metadata")
+        self.credentials = self._probe.get("credentials")
         self._options = options  # (env, cwd, grace) to start a server again
         self.relaunches: list[Relaunch] = []
         self._grace = grace
@@ -253,7 +269,9 @@ class LaunchedServers(Sequence[str]):
             except errors.ServerLaunchError as exc:
                 reason += f"; start {attempts}: {exc}"
                 continue
-            error = _process.wait_ready(server.process, server.address, self._ready_timeout)
+            error = _process.wait_ready(
+                server.process, server.address, self._ready_timeout, **self._probe
+            )
             if error is None:
                 outcome = "relaunched"
                 break
@@ -300,6 +318,8 @@ def launch(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     relaunch: RelaunchPolicy | None = RelaunchPolicy(),  # noqa: B008 (an immutable tuple)
+    token: str | None = None,
+    credentials: grpc.ChannelCredentials | Callable[[], grpc.ChannelCredentials] | None = None,
 ) -> LaunchedServers:
     """Starts ``num_servers`` copies of ``command`` and waits until each answers.
 
@@ -316,6 +336,12 @@ def launch(
       env: environment variables added to this process's for the servers.
       cwd: the servers' working directory.
       relaunch: the bounds of relaunching a server that exits; None never relaunches.
+      token: a shared token the servers require: each gets it in the environment
+        variable ``DMR_TOKEN`` (``dmr.TOKEN_ENV``), never in its command line; the
+        readiness probe sends it. None sends none.
+      credentials: channel credentials for servers that serve TLS (a client
+        certificate in them for mutual TLS), or a function that makes them (so
+        that they travel to Ray actors); the readiness probe uses them.
 
     Returns:
       The running servers (use as a context manager, or call ``close()``).
@@ -324,7 +350,8 @@ def launch(
       ArgumentTypeError: a command that is neither a string nor a list, a misspelled
         keyword, or a count or seconds of the wrong type.
       ArgumentValueError: ``{port}`` missing, an empty command, ``num_servers`` below 1,
-        ``ports`` not one per server, or seconds not above 0.
+        ``ports`` not one per server, seconds not above 0, or a token that cannot
+        travel as gRPC metadata.
       ServerLaunchError: a program that does not exist, a port already taken, a
         server that exited while starting or did not answer in time (naming the
         command, exit code, output tail and log file). Nothing is left running.
@@ -344,6 +371,14 @@ def launch(
         _process.check_port_free(host, port)
     folder = log_dir or tempfile.mkdtemp(prefix="dm_env_rpc_client-launch-")
     os.makedirs(folder, exist_ok=True)
+    probe: dict[str, Any] = {}
+    if token is not None:
+        env = {**(env or {}), _tokens.TOKEN_ENV: _tokens.check_token(token)}
+        probe["metadata"] = _tokens.token_metadata(token)
+    if credentials is not None:
+        probe["credentials"] = (
+            credentials if isinstance(credentials, grpc.ChannelCredentials) else credentials()
+        )
     _catch_sigterm()
     options = (env, cwd, grace)
     started: list[LaunchedServer] = []
@@ -359,7 +394,7 @@ def launch(
         deadline = time.monotonic() + ready_timeout
         for server in started:
             remaining = max(0.0, deadline - time.monotonic())
-            error = _process.wait_ready(server.process, server.address, remaining)
+            error = _process.wait_ready(server.process, server.address, remaining, **probe)
             if error is not None:
                 raise _launch_error(server, error, ready_timeout, grace)
     except BaseException:
@@ -367,7 +402,12 @@ def launch(
             _process.stop(server.process, grace)
         raise
     return LaunchedServers(
-        started, grace=grace, ready_timeout=ready_timeout, relaunch=relaunch, options=options
+        started,
+        grace=grace,
+        ready_timeout=ready_timeout,
+        relaunch=relaunch,
+        options=options,
+        probe=probe,
     )
 
 

@@ -202,17 +202,7 @@ PATHS: dict[str, Callable[[str, str], Outcome]] = {
 
 # --- what each path must get ----------------------------------------------------------------
 
-DEFECT_3 = (
-    "issue 37 defect 3: step_async(...).result(timeout) raises a bare, empty "
-    "concurrent.futures.TimeoutError, not dmr.RequestTimeoutError"
-)
-
-STEP_ITER_STATE = (
-    "found by this matrix (not among issue 37's eight): step_iter drops the good steps decoded "
-    "in one run with an answer of an invalid state: it raises the ProtocolError before "
-    "yielding them"
-)
-MARKS = {DEFECT_3: "D3", STEP_ITER_STATE: "N1"}
+MARKS: dict[str, str] = {}  # a known defect's reason -> its note in docs/faults.md ("N1")
 
 
 class Expect(NamedTuple):
@@ -237,10 +227,10 @@ class Expect(NamedTuple):
 
 
 _TIMED_OUT = Expect(dmr.RequestTimeoutError, "No response to the StepRequest request within")
-_ASYNC_TIMED_OUT = Expect(dmr.RequestTimeoutError, "within", defect=DEFECT_3)
+_ASYNC_TIMED_OUT = Expect(dmr.RequestTimeoutError, "within")
 _WORLD_TIMED_OUT = Expect(dmr.WorldTimeoutError, "no response within", dmr.RequestTimeoutError)
 _DECODE = {
-    "long-payload": "A tensor with 3 element(s) cannot have shape [2]",
+    "long-payload": "with shape [2] (2 elements) but a payload of 3 elements",
     "empty-tensor": "observation 'x' (UID 2) as no payload",
     "wrong-dtype": "observation 'x' (UID 2) as doubles (DOUBLE (float64)) but its spec says FLOAT",
     "wrong-shape": "observation 'x' (UID 2) with shape [3] but its spec says [2]",
@@ -273,8 +263,6 @@ def _expected() -> dict[str, dict[str, Expect]]:
             one = _ONE_ANSWER[mode]
             world = one if one.error is None else Expect(dmr.WorldError, one.phrase, one.error)
             table[mode] = {path: one for path in PATHS} | {"batched": world}
-    step_iter_state = Expect(dmr.ProtocolError, "invalid state 0", defect=STEP_ITER_STATE)
-    table["undefined-state"] = table["undefined-state"] | {"step_iter": step_iter_state}
     table["duplicated"] = dict.fromkeys(PATHS, _SHIFTED)
     table["missing"] = {
         "lockstep": _TIMED_OUT,

@@ -11,12 +11,17 @@ launcher must cope with:
 - ``garbage``: listens on P and answers every connection with bytes that are not HTTP/2;
 - ``slow-start``: accepts connections on P for 1.5 s without answering (a player
   still loading), then serves.
+
+``--die-after K --die-once FILE``: once the process has read K step requests, it kills
+itself with SIGKILL (with steps in flight), unless FILE exists; it creates FILE first, so
+of every process of a launch (relaunches too) sharing FILE, exactly one dies.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import os
 import signal
 import socket
@@ -65,6 +70,8 @@ def main() -> None:
     parser.add_argument("--misbehave", choices=("exit", "never-listen", "garbage", "slow-start"))
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--tag", help="ignored: lets a test find its processes")
+    parser.add_argument("--die-after", type=int, help="SIGKILL itself after this many steps")
+    parser.add_argument("--die-once", help="a file: only the process that creates it dies")
     args = parser.parse_args()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -83,6 +90,16 @@ def main() -> None:
     from _lib.foreign_server import _make_env, _Servicer
     from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc
 
+    all_steps = itertools.count(1)  # every stream's step requests, for --die-after
+
+    def die_once() -> None:
+        try:
+            os.close(os.open(args.die_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        print("stand-in: dying (--die-after)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
     class _LoggingServicer(_Servicer):
         """Prints a line per world created, so that a test can tell when worlds are up."""
 
@@ -96,6 +113,8 @@ def main() -> None:
                         steps += 1
                         if steps == 20:
                             print("stand-in: world stepping", flush=True)
+                        if next(all_steps) == args.die_after and args.die_once:
+                            die_once()
                     yield request
 
             return super().Process(logged(), context)

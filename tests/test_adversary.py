@@ -10,12 +10,15 @@ table in docs/faults.md is rendered from ``EXPECTED``, and checked here.
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
+import time
 from typing import Any
 
+import dm_env
 import numpy as np
 import pytest
-from adversary import adversary_server
+from adversary import TIMEOUT, adversary_server
 from adversary_paths import ACTIONS, EXPECTED, FOLLOW_UP, PATHS, WORLDS, Expect, Outcome, table
 from raw_stream import RawStream
 
@@ -23,7 +26,6 @@ import dm_env_rpc_client as dmr
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
 FAULTS_PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "faults.md"
-DEFECT_5 = "issue 37 defect 5: server error codes outside gRPC's range become UNKNOWN"
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +99,40 @@ def test_the_docs_table_is_the_tested_one() -> None:
     )
 
 
-@pytest.mark.xfail(strict=False, reason=DEFECT_5)
+def test_async_step_iter_yields_the_steps_before_an_undefined_state(adversary: str) -> None:
+    """asyncio ``step_iter`` decodes the answers of 102 (good) and 103 (state 0) in one run: 102
+    is yielded before the ProtocolError, and the stream goes on right (as the sync one, above)."""
+    got: list[int] = []
+    follow_up: list[Any] = []
+
+    async def main() -> None:
+        env, _ = await dmr.create_and_join_world_async(
+            adversary, {"mode": "undefined-state"}, {}, timeout=TIMEOUT
+        )
+        try:
+            await env.reset()
+
+            async def actions() -> Any:
+                for sent in ACTIONS:
+                    yield {"a": np.int32(sent)}
+                # Every answer in before step_iter takes any: one run holds the good and the bad.
+                deadline = time.monotonic() + TIMEOUT
+                while len(env.connection._pending) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+
+            with pytest.raises(dmr.ProtocolError, match="invalid state 0"):
+                async for timestep in env.step_iter(actions(), in_flight=8):
+                    got.append(int(timestep.observation["echo"]))
+            follow_up.append(await env.step({"a": np.int32(FOLLOW_UP)}))
+        finally:
+            await env.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    assert got == [ACTIONS[0]]
+    assert int(follow_up[0].observation["echo"]) == FOLLOW_UP
+    assert follow_up[0].step_type == dm_env.StepType.MID
+
+
 def test_an_odd_error_code_keeps_its_number(adversary: str) -> None:
     with dmr.connect(adversary, timeout=5) as conn:
         env, _ = dmr.create_and_join_world(conn, {"mode": "odd-error-code"}, {}, timeout=5)
@@ -106,7 +141,8 @@ def test_an_odd_error_code_keeps_its_number(adversary: str) -> None:
         with pytest.raises(dmr.DmEnvRpcError) as info:
             env.step({"a": np.int32(2)})
         env.close()
-    assert int(info.value.code) == 99
+    assert info.value.raw_code == 99 and info.value.code == 2  # UNKNOWN, as gRPC has it
+    assert "the server's code 99" in str(info.value)
 
 
 def test_the_adversary_echoes_then_misbehaves(adversary: str) -> None:

@@ -266,9 +266,9 @@ def test_tls_and_mutual_tls_end_to_end(tmp_path: pathlib.Path, served: Any) -> N
     assert _summary(result.stdout)["steps"] == 50
     specs = _run("specs", address, *ca, *client)
     assert specs.returncode == 0 and "board" in specs.stdout, specs.stderr
-    # Without a client certificate the server refuses the handshake: a bounded failure.
+    # Without a client certificate the server refuses the handshake: at once, saying why.
     refused = _run("run", "--address", address, *ca, "--timeout", "2", "--quiet")
-    assert refused.returncode == 1 and "Could not connect to" in refused.stderr
+    assert refused.returncode == 1 and "requires a client certificate it trusts" in refused.stderr
     missing = _run("run", "--address", address, "--root-certificates", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "cannot read the --root-certificates file" in missing.stderr
 

@@ -275,6 +275,28 @@ def test_the_run_command_launches_relaunches_and_lists_the_relaunch():
     assert _none_left(tag)
 
 
+def test_the_run_command_takes_its_steps_across_a_relaunch(tmp_path):
+    """Issue 37 defect 7 through the command line: one of two launched servers dies (SIGKILL,
+    by itself after 300 step requests, with steps in flight) mid-run; it is relaunched, its two
+    worlds are made again (on the other server: the test does not wait on how fast the
+    relaunch starts), the steps in flight to it are made up: ``--steps 2000`` takes exactly
+    2000 steps, and the summary lists the relaunch and the restarts."""
+    tag = _tag()
+    dies = tmp_path / "died"
+    command = " ".join(_command(tag, "--die-after", "300", "--die-once", str(dies)))
+    argv = ["run", "--launch", command, "--num-servers", "2", "--num-envs", "4"]
+    argv += ["--steps", "2000", "--json"]
+    result = run_child([sys.executable, "-m", "dm_env_rpc_client", *argv], timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert dies.exists()  # the server did die mid-run
+    summary = __import__("json").loads(result.stdout)
+    assert summary["steps"] == 2000, summary
+    assert len(summary["relaunches"]) == 1 and "killed by SIGKILL" in summary["relaunches"][0]
+    assert len(summary["restarts"]) == 2 and summary["worlds_lost"] == 0, summary
+    assert not summary["interrupted"]
+    assert _none_left(tag)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

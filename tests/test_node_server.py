@@ -28,9 +28,6 @@ from dm_env_rpc_client._proto import dm_env_rpc_pb2
 
 pytestmark = pytest.mark.skipif(NODE_SKIP_REASON is not None, reason=str(NODE_SKIP_REASON))
 
-DEFECT_1 = "issue 37 defect 1: a failed BatchedEnvironment.connect leaves its worlds on the server"
-DEFECT_2 = "issue 37 defect 2: worlds beyond a server's HTTP/2 stream limit never open"
-
 
 @pytest.fixture(scope="module")
 def node() -> Any:
@@ -173,7 +170,6 @@ def test_separate_connections_are_not_held_by_the_stream_limit() -> None:
                 conn.close()
 
 
-@pytest.mark.xfail(strict=False, raises=dmr.WorldError, reason=DEFECT_2)
 def test_a_batch_opens_more_worlds_than_the_stream_limit() -> None:
     with (
         node_server(max_concurrent_streams=100) as server,
@@ -183,7 +179,6 @@ def test_a_batch_opens_more_worlds_than_the_stream_limit() -> None:
         assert len(envs.step({"paddle": np.zeros(150, np.int8)}).env_ids) == 150
 
 
-@pytest.mark.xfail(strict=False, raises=dmr.WorldError, reason=DEFECT_1)
 def test_a_failed_batch_connect_leaves_no_world_behind() -> None:
     with node_server(max_worlds=4) as server:
         with pytest.raises(dmr.WorldError):  # the join refuses its setting, after each create

@@ -89,8 +89,11 @@ FAULTS: dict[str, tuple[Callable[[pb.StepResponse], None], str]] = {
     "unknown uid": (_unknown, "observation UID 99, which is not in the server's specs"),
     "int64 for float32": (_int64, "'board' (UID 2) as int64s (INT64 (int64)) but its spec"),
     "huge shape": (_huge_shape, "'board' (UID 2) with shape [52428800, 1] but its spec"),
-    "too few elements": (_few_elements, "'board' (UID 2), which cannot be decoded"),
-    "unknown field for the array": (_unknown_field, "'board' (UID 2), which cannot be decoded"),
+    "too few elements": (
+        _few_elements,
+        "'board' (UID 2) with shape [2, 3] (6 elements) but a payload of 5",
+    ),
+    "unknown field for the array": (_unknown_field, "(6 elements) but a payload of 0 elements"),
 }
 
 
@@ -235,7 +238,7 @@ def test_wrong_element_counts_that_add_up_are_still_refused() -> None:
         with pytest.raises(errors.WorldError) as caught:
             envs.step({"paddle": np.array([2, -1], np.int8)})
     assert caught.value.index == 0
-    _check(caught.value.__cause__, "'board' (UID 2), which cannot be decoded")  # type: ignore[arg-type]
+    _check(caught.value.__cause__, "(6 elements) but a payload of 5 elements")  # type: ignore[arg-type]
     board = pb.TensorSpec(name="board", shape=[2, 3], dtype=pb.DataType.FLOAT)
     tensors_ = [pb.Tensor(shape=[2, 3]) for _ in range(2)]
     tensors_[0].floats.array[:] = [0.0] * 5

@@ -70,3 +70,20 @@ def test_library_never_imports_the_reference_package() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_every_name_the_switch_table_lists_is_under_dmr() -> None:
+    text = (ROOT / "docs" / "index.md").read_text()
+    start = text.index("What they hold under the reference's names:")
+    paragraph = text[start : text.index("\n\n", start)]
+    assert "All of them are also under `dmr`" in paragraph
+    names = {
+        code.split("(")[0].rsplit(".", 1)[-1]
+        for code in re.findall(r"`([^`]+)`", paragraph)
+        if not code.endswith("=") and "dmr" not in code
+    }
+    names -= {"dm_env_rpc_connection", "connection"}  # the module, which is dmr.connection
+    assert {"Metadata", "ConnectionType", "DmEnvAdaptor", "PropertiesExtension"} <= names
+    missing = sorted(name for name in names if name not in dmr.__all__)
+    assert missing == []
+    assert "`dm_env_rpc_connection`, which is `dmr.connection`" in paragraph

@@ -194,6 +194,52 @@ def test_fleet_serves_tls_with_credentials_passed_through(clean_ray: None) -> No
         assert _step(fleet.addresses, 2, credentials=client_credentials) == 2
 
 
+def test_fleet_keeps_strangers_out_with_mutual_tls_and_a_token(clean_ray: None) -> None:
+    authority, stranger = trustme.CA(), trustme.CA()
+    server, client = authority.issue_cert("localhost"), authority.issue_cert("client@example")
+    server_credentials = functools.partial(
+        grpc.ssl_server_credentials,
+        [(server.private_key_pem.bytes(), server.cert_chain_pems[0].bytes())],
+        root_certificates=authority.cert_pem.bytes(),
+        require_client_auth=True,
+    )
+
+    def credentials_of(cert: Any) -> Callable[[], grpc.ChannelCredentials]:
+        """Picklable: a shard makes them (credential objects do not travel)."""
+        return functools.partial(
+            grpc.ssl_channel_credentials,
+            authority.cert_pem.bytes(),
+            private_key=cert.private_key_pem.bytes(),
+            certificate_chain=cert.cert_chain_pems[0].bytes(),
+        )
+
+    client_credentials = credentials_of(client)
+
+    with rayi.ServerFleet(
+        make_catch, 1, num_cpus=FRACTION, host="localhost", credentials=server_credentials,
+        token="fleet-token",
+    ) as fleet:  # fmt: skip
+        assert fleet.metadata == dmr.token_metadata("fleet-token")
+        assert fleet.health(credentials=client_credentials())[0].ok  # it sends the token
+        address = fleet.addresses[0]
+        with (
+            dmr.connect(address, credentials=client_credentials(), timeout=30) as conn,
+            pytest.raises(dmr.AuthenticationError, match="carries none"),
+        ):
+            conn.send(dmr.dm_env_rpc_pb2.CreateWorldRequest(), timeout=30)
+        other = credentials_of(stranger.issue_cert("client@example"))
+        with pytest.raises(dmr.AuthenticationError, match="client certificate it trusts"):
+            dmr.connect(address, credentials=other(), metadata=fleet.metadata, timeout=30)
+        run = rayi.run_sharded(  # the fleet's token, and each shard makes its credentials
+            fleet, num_worlds=2, num_shards=1, steps=20, seed=0, credentials=client_credentials
+        )
+        assert run.stats.steps == 20
+        with pytest.raises(rayi.ShardError, match="client certificate it trusts"):
+            rayi.run_sharded(
+                fleet, num_worlds=1, num_shards=1, steps=5, credentials=other, timeout=20
+            )
+
+
 def _catch_policy(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
     """Moves the paddle towards the ball: deterministic, so recorded actions can be checked."""
     boards = timestep.observation["board"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import sigstop
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client.server import Server
@@ -88,18 +89,23 @@ def test_an_observer_stops_the_run_between_steps(catch_server: Server) -> None:
     assert stats.interrupted and 50 <= stats.steps < 60
 
 
+class ActAt(Watcher):
+    """A ``Watcher`` that calls ``act()`` once, on the stepping thread, after ``at`` steps."""
+
+    def __init__(self, at: int, act: Any) -> None:
+        super().__init__()
+        self.at, self.act, self.done = at, act, False
+
+    def on_steps(self, timestep: dmr.BatchedTimeStep) -> None:
+        super().on_steps(timestep)
+        if not self.done and sum(len(b.env_ids) for b in self.batches) >= self.at:
+            self.done = True
+            self.act()
+
+
 def test_observers_hear_of_restarts(server_process: Any) -> None:
     servers = [server_process(), server_process()]
-    killed = threading.Event()
-
-    class KillAt(Watcher):
-        def on_steps(self, timestep: dmr.BatchedTimeStep) -> None:
-            super().on_steps(timestep)
-            if not killed.is_set() and sum(len(b.env_ids) for b in self.batches) >= 100:
-                killed.set()
-                servers[1].kill()  # worlds 1 and 3: made again on server 0
-
-    watcher = KillAt()
+    watcher = ActAt(100, servers[1].kill)  # worlds 1 and 3: made again on server 0
     with dmr.BatchedEnvironment.connect(
         [s.address for s in servers], 4, seed=0, on_world_failure="restart", step_timeout=5
     ) as batch:
@@ -144,3 +150,20 @@ def test_bad_arguments_are_named(catch_server: Server) -> None:
         assert dmr.collect(batch, 0).steps == 0
     with pytest.raises(dmr.ArgumentTypeError, match=r"collect\(\) steps a dmr.BatchedEnvironment"):
         dmr.collect([catch_server.address], 10)  # type: ignore[arg-type]
+
+
+def test_steps_in_flight_to_a_dead_server_are_made_up(server_process: Any) -> None:
+    """Issue 37 defect 7: the steps a restart drops (in flight to the dead server) are sent
+    again, so the run takes exactly its steps; the restarts are still listed."""
+    servers = [server_process(), server_process()]
+    # Stopped, server 1's worlds 1 and 3 get steps that no one answers, until their
+    # step_timeout; then they are made again on server 0.
+    watcher = ActAt(200, lambda: sigstop(servers[1].process))
+    with dmr.BatchedEnvironment.connect(
+        [s.address for s in servers], 4, seed=0, on_world_failure="restart", step_timeout=5
+    ) as batch:
+        stats = dmr.collect(batch, 2000, observers=[watcher], pipeline=8)
+        dropped = sum(f.steps_lost - 1 for f in batch.failures if f.steps_lost)
+    assert len(stats.restarts) == 2 and stats.worlds_lost == 0
+    assert dropped > 0, batch.failures  # steps were in flight to the dead server
+    assert stats.steps == 2000 == sum(len(b.env_ids) for b in watcher.batches)

@@ -19,9 +19,6 @@ reference package passes a server's discount through on FIRST). Override
 
 from __future__ import annotations
 
-import concurrent.futures
-import difflib
-import inspect
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -32,6 +29,7 @@ from dm_env import specs as dm_specs
 
 from .. import errors, messages, specs, tensors
 from .._base import checks as _checks
+from .._base.futures import TimedFuture
 from .._fastpath.decode import ObservationPlan
 from .._fastpath.step_encoder import ActionEncoder
 from .._proto import dm_env_rpc_pb2
@@ -103,50 +101,6 @@ def pack_settings(
     if not settings:
         return {}
     return {key: tensors.pack_tensor(value) for key, value in specs.flatten(settings).items()}
-
-
-_UNKNOWN_KEYWORD = (
-    "{caller}() got an unexpected keyword argument {name!r}{suggestion}. "
-    "{own} the DmEnvAdaptor keywords: {known}."
-)
-_OWN = "Its own arguments are {own}; it also takes"
-# The helpers' own arguments (async ones too), suggested for a misspelled keyword.
-_OWN_ARGUMENTS = {
-    "join_world": ("connection", "world_name", "join_world_settings"),
-    "create_and_join_world": ("connection", "create_world_settings", "join_world_settings"),
-}
-# What the helpers set themselves, never from adaptor_kwargs.
-_HELPER_SET = ("connection", "specs", "world_name", "destroy_on_close")
-
-
-def check_adaptor_kwargs(caller: str, adaptor_kwargs: Mapping[str, Any], adaptor: type) -> None:
-    """Refuses keywords ``adaptor`` does not take, before anything is sent.
-
-    Args:
-      caller: the world helper's name, for the message; its own arguments are
-        suggested too (``create_world_setting`` is a misspelled ``create_world_settings``).
-      adaptor_kwargs: the keywords given for the adaptor.
-      adaptor: the adaptor class they go to.
-
-    Raises:
-      ArgumentTypeError: naming the keyword, the closest known one, and all of them.
-    """
-    known = [name for name in inspect.signature(adaptor).parameters if name not in _HELPER_SET]
-    own = _OWN_ARGUMENTS.get(caller.removesuffix("_async"), ())
-    if "timeout" in adaptor_kwargs:
-        _checks.check_seconds(adaptor_kwargs["timeout"])
-    for name in adaptor_kwargs:
-        if name not in known:
-            close = difflib.get_close_matches(name, [*own, *known], n=1)
-            raise errors.ArgumentTypeError(
-                _UNKNOWN_KEYWORD.format(
-                    caller=caller,
-                    name=name,
-                    suggestion=f" (did you mean {close[0]!r}?)" if close else "",
-                    own=_OWN.format(own=", ".join(own)) if own else "It takes",
-                    known=", ".join(known),
-                )
-            )
 
 
 class AdaptorCore:
@@ -276,12 +230,35 @@ class AdaptorCore:
 
         Moves the state machine on by all of them first; a run of several is
         decoded at once by ``decoder`` (a ``_adaptor.stacked.StackedDecoder`` of this
-        adaptor). If a response contradicts the specs, the steps before it are
-        yielded, then its ``ObservationError`` is raised.
+        adaptor). If a response has a state no step type describes, or contradicts
+        the specs, the steps before it are yielded, then its ``ProtocolError`` (or
+        ``ObservationError``) is raised: no good step is lost. The responses after
+        it still move the state machine on, as the steps left in flight do.
         """
-        step_types = [self._advance(response.state) for response in responses]
-        if len(responses) == 1:
-            yield self._timestep(step_types[0], responses[0])
+        step_types: list[dm_env.StepType] = []
+        bad_state: errors.ProtocolError | None = None
+        for response in responses:
+            try:
+                step_type = self._advance(response.state)
+            except errors.ProtocolError as exc:
+                bad_state = bad_state or exc  # the first; the state machine stays where it was
+                continue
+            if bad_state is None:
+                step_types.append(step_type)
+        yield from self._decoded(step_types, responses[: len(step_types)], decoder)
+        if bad_state is not None:
+            raise bad_state
+
+    def _decoded(
+        self,
+        step_types: Sequence[dm_env.StepType],
+        responses: Sequence[dm_env_rpc_pb2.StepResponse],
+        decoder: Any,
+    ) -> Iterator[dm_env.TimeStep]:
+        """The TimeSteps of responses whose step types are known (``_run_timesteps``)."""
+        if len(responses) <= 1:
+            for step_type, response in zip(step_types, responses, strict=True):
+                yield self._timestep(step_type, response)
             return
         try:
             columns = decoder.columns(responses)
@@ -464,7 +441,7 @@ class AdaptorCore:
         return self._observations
 
 
-class StepFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+class StepFuture(TimedFuture):
     """The Future of ``step_async``: its TimeStep is made on the first ``result()``.
 
     The reader thread files each response as ``(step type, response)``, moving
@@ -477,6 +454,8 @@ class StepFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     ``ObservationError`` all the same (``result()`` raises it, ``exception()``
     returns it).
     """
+
+    what = "step"
 
     def __init__(self, make: Callable[[Any, Any], dm_env.TimeStep]) -> None:
         super().__init__()

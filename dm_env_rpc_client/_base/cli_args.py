@@ -16,6 +16,8 @@ from typing import Any
 import grpc
 
 _BAD_FILE = "cannot read the {flag} file ({error}); give a readable PEM file."
+_TLS_AND_INSECURE = "--insecure and the TLS flags contradict each other; give one or the other."
+_KEY_PAIR = "--certificate and --private-key go together (client certificate for mutual TLS)."
 _SCHEME = (
     "--address {address!r} has a URL scheme: gRPC addresses have none. Give {bare!r}; for "
     "TLS add --tls (or --root-certificates PEM), for plaintext to a remote host --insecure."
@@ -129,7 +131,15 @@ def tls_credentials(args: argparse.Namespace) -> Callable[[], grpc.ChannelCreden
 
 
 def launch_flags(parser: argparse.ArgumentParser) -> None:
-    """``--launch COMMAND`` and ``--num-servers K`` (the ``run`` command's launched servers)."""
+    """The ``run`` command's server flags: ``--launch COMMAND`` and ``--num-servers K`` (its
+    launched servers), ``--max-streams-per-connection N`` (``BatchedEnvironment.connect``'s)."""
+    parser.add_argument(
+        "--max-streams-per-connection",
+        type=positive_int,
+        metavar="N",
+        help="worlds on one HTTP/2 connection; more get more connections (default: "
+        "BatchedEnvironment.connect's, 100, the stream limit of many proxies)",
+    )
     parser.add_argument(
         "--launch",
         metavar="COMMAND",
@@ -150,3 +160,68 @@ def check_launch_flags(args: argparse.Namespace) -> None:
         raise UsageError("give --launch or --address, not both")
     if args.num_servers is not None and not args.launch:
         raise UsageError("--num-servers goes with --launch")
+
+
+def token_flags(parser: Any, side: str) -> None:
+    """``--token`` and ``--token-file`` on ``parser`` (a parser or an argument group);
+    ``side``: what the token does there ("require" for a server, "send" for a client)."""
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help=f"{side} the shared token in FILE (default: the DMR_TOKEN environment variable)",
+    )
+    parser.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help=f"{side} this shared token (other users see it in ps: prefer --token-file)",
+    )
+
+
+def token(args: argparse.Namespace) -> str | None:
+    """The token of ``--token``, ``--token-file`` or ``DMR_TOKEN`` (None without any).
+
+    Raises:
+      UsageError: both flags, an unreadable or empty file, or a token that is not
+        printable ASCII without spaces (the token is not shown).
+    """
+    from .tokens import resolve_token
+
+    try:
+        return resolve_token(args.token, args.token_file)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def token_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...] | None:
+    """The metadata that sends ``token(args)`` (None without a token).
+
+    Raises:
+      UsageError: as ``token``.
+    """
+    from .tokens import token_metadata as metadata
+
+    sent = token(args)
+    return None if sent is None else metadata(sent)
+
+
+def channel_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``credentials`` / ``insecure`` / ``options`` / ``metadata`` for the SDK, from the TLS
+    flags and the token (``--token``, ``--token-file``, ``DMR_TOKEN``).
+
+    Raises:
+      UsageError: TLS flags with ``--insecure``, half a client key pair, an unreadable
+        PEM file, or a token that cannot be used.
+    """
+    tls = bool(args.tls or args.root_certificates or args.certificate or args.private_key)
+    if tls and args.insecure:
+        raise UsageError(_TLS_AND_INSECURE)
+    if (args.certificate is None) != (args.private_key is None):
+        raise UsageError(_KEY_PAIR)
+    options = [("grpc.ssl_target_name_override", args.server_name)] if args.server_name else []
+    make_credentials = tls_credentials(args)
+    return {
+        "credentials": None if make_credentials is None else make_credentials(),
+        "insecure": args.insecure,
+        "options": options or None,
+        "metadata": token_metadata(args),
+    }

@@ -1,14 +1,19 @@
 """Opening a batch for ``BatchedEnvironment.connect``: one loop, streams, worlds, the watchdog.
 
 Every world gets its own stream on one background event loop; streams to the
-same address share one channel. ``open_worlds`` opens the streams and creates
+same address share a channel, at most ``max_streams_per_connection`` streams to
+a channel (``_batch.channels``), so a server or proxy that limits the streams
+of one HTTP/2 connection takes all the worlds. ``open_worlds`` opens the streams and creates
 (or joins) the worlds all at once on the loop, up to ``OPENING_PER_SERVER`` at a
 time per server, so connecting takes about as long as the slowest server needs
 for its share, not one round trip per world after another. Worlds whose specs
 are alike share one adaptor's spec machinery (``_adaptor_like``). Before
 anything is opened, ``check_descriptors`` makes sure the process may open a
-connection to every server. All or nothing: on any failure everything opened so
-far is shut down before the error is raised.
+connection to every server. All or nothing: on any failure every world made so
+far is left and destroyed (a joined named world only left), then every stream
+is shut down, before the error is raised; a world whose CreateWorldRequest went
+out is waited for (within ``timeout``) rather than cancelled, so its name is
+known and it can be destroyed.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from .. import errors, messages, tensors
+from .. import errors, tensors
 from .._adaptor.core import pack_settings
 from .._adaptor.stacked import StackedDecoder
 from .._base import checks as _checks
@@ -33,14 +38,16 @@ from .._fastpath.step_encoder import StepEncoder
 from .._proto import dm_env_rpc_pb2
 from .._transport.loop import LoopConnection, LoopThread
 from ..aio import AsyncConnection
-from ..connection import _REQUEST_TIMEOUT, create_channel
+from ..connection import create_channel
 from ..environment import DmEnvAdaptor
 from ..launch import LaunchedServers
 from . import restart as _restart
 from .balance import Balancer
+from .channels import DEFAULT_STREAMS_PER_CONNECTION, ChannelPool, Slot, connections_needed
 from .closing import shut_down
 from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED, BatchCore
 from .restart import RestartPolicy
+from .undo import Made, ask, undo_worlds
 
 try:
     import resource
@@ -65,10 +72,20 @@ _TOO_MANY_SERVERS = (
     "({suggest}, hard)) in Python; or use fewer servers per client."
 )
 _STREAM_LIMIT = (
-    "{error} ({answered} other streams to {address} were answered, so the server is up: it "
-    "likely serves at most that many streams at once, one per world; a sync gRPC server as "
-    "many as its thread pool's max_workers, the SDK's server its --max-workers. Start it with "
-    "room for {wanted} streams, or spread the worlds over more servers.)"
+    "{error} ({answered} other streams on the same HTTP/2 connection to {address} were "
+    "answered, so the server is up but this stream was not taken: the server, or a proxy in "
+    "front of it, likely allows at most {answered} streams at once per connection (its HTTP/2 "
+    "SETTINGS_MAX_CONCURRENT_STREAMS: 100 behind Google front ends, 128 with nginx or AWS ALB). "
+    "Pass max_streams_per_connection={answered} or lower (run --max-streams-per-connection) "
+    "so the worlds spread over more connections. If the server serves only that many streams "
+    "in all (a sync gRPC server as many as its thread pool's max_workers, the SDK's server "
+    "its --max-workers), start it with room for {wanted} or spread the worlds over more "
+    "servers.)"
+)
+_SERVER_FULL = (
+    "{error} (the server at {address} is full: it refused a world after making {answered} of "
+    "the {wanted} asked of it. Free worlds there, start it with room for more, or spread the "
+    "worlds over more servers.)"
 )
 _SEED_REFUSED = (
     "The server at {address} refused the create setting {name!r} ({error}); the worlds are "
@@ -101,6 +118,8 @@ def open_batch(
     step_timeout: float | None,
     restart: RestartPolicy | None,
     wait_for_ready: bool = False,
+    max_streams_per_connection: int | None = DEFAULT_STREAMS_PER_CONNECTION,
+    max_response_bytes: int | None = None,
 ) -> Batch:
     """``BatchedEnvironment.connect`` (its arguments and errors are documented there)."""
     _restart.check_policy(on_world_failure)
@@ -109,6 +128,9 @@ def open_batch(
     requested = None if requested_observations is None else tuple(requested_observations)
     servers = addresses if isinstance(addresses, LaunchedServers) else None
     if isinstance(addresses, LaunchedServers):
+        # Launched servers hand over what reaches them (dmr.launch's token and credentials).
+        metadata = addresses.metadata if metadata is None else metadata
+        credentials = addresses.credentials if credentials is None else credentials
         addresses = addresses.addresses
     elif isinstance(addresses, str):
         addresses = [addresses]
@@ -117,6 +139,11 @@ def open_batch(
     if num_envs is not None:
         _checks.check_count(num_envs, "num_envs")
     _checks.check_seconds(timeout)
+    if max_response_bytes is not None:
+        _checks.check_count(max_response_bytes, "max_response_bytes")
+    if max_streams_per_connection is None:  # the default (the command line's, unless given)
+        max_streams_per_connection = DEFAULT_STREAMS_PER_CONNECTION
+    per_connection = _checks.check_count(max_streams_per_connection, "max_streams_per_connection")
     # Checked once, here, by packing them (before anything opens): open_worlds sends these.
     packed = (
         pack_settings(create_world_settings, "create_world_settings"),
@@ -141,34 +168,54 @@ def open_batch(
     batch_options = list(options or ())
     if not any(name == _NO_RETRIES[0] for name, _ in batch_options):
         batch_options.insert(0, _NO_RETRIES)
-    check_descriptors(addresses)  # before gRPC or the loop open any (gRPC aborts without them)
+    # before gRPC or the loop open any (gRPC aborts without them)
+    check_descriptors(addresses, connections_needed(addresses, count, per_connection))
     runner = LoopThread(name="dm_env_rpc_client-batched")
     channels: dict[str, grpc.aio.Channel] = {}
+
+    def make_channel(address: str, extra: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
+        opts = [*batch_options, *extra]
+        return create_channel(
+            address,
+            credentials=credentials,
+            options=opts,
+            insecure=insecure,
+            aio=True,
+            max_response_bytes=max_response_bytes,
+        )
+
+    pool = ChannelPool(make_channel, per_connection, channels)
 
     async def open_stream(
         address: str, wait: float | None = timeout, *, first: bool = False
     ) -> LoopConnection:
         """A stream to ``address``; a world's first (``first``) fails at once on a refusing port
         unless ``wait_for_ready``; a restart's waits for its server to come back."""
-        channel = channels.get(address)
-        if channel is None:
-            channel = channels[address] = create_channel(
-                address, credentials=credentials, options=batch_options, insecure=insecure, aio=True
-            )
-        if channel.get_state() == grpc.ChannelConnectivity.READY:  # no wait for each stream
-            connection = await AsyncConnection.open(channel, metadata)
-            connection.address = address
-            return LoopConnection(runner, connection)
-        return await LoopConnection.open(
-            runner,
-            address,
-            channel=channel,
-            timeout=wait,
-            metadata=metadata,
-            wait_for_ready=wait_for_ready or not first,
-        )
+        channel, slot = pool.acquire(address)
+        try:
+            if channel.get_state() == grpc.ChannelConnectivity.READY:  # no wait for each stream
+                connection = await AsyncConnection.open(channel, metadata)
+                connection.address = address
+                opened = LoopConnection(runner, connection)
+            else:
+                opened = await LoopConnection.open(
+                    runner,
+                    address,
+                    channel=channel,
+                    timeout=wait,
+                    metadata=metadata,
+                    wait_for_ready=wait_for_ready or not first,
+                    tls=credentials is not None,
+                )
+        except BaseException:
+            slot.released = True
+            raise
+        slot.connection = opened
+        opened.slot = slot  # type: ignore[attr-defined]
+        return opened
 
     connections: list[LoopConnection] = []
+    made: dict[int, Made] = {}
     try:
         with collector.paused():  # its collections would scan every world's objects, in vain
             opened = open_worlds(
@@ -182,8 +229,10 @@ def open_batch(
                 timeout,
                 seed,
                 seed_setting,
+                made,
             )
     except BaseException:
+        undo_worlds(runner, made, timeout)
         shut_down(runner, connections, channels)
         raise
     envs, used, recipes, seeds = opened
@@ -191,19 +240,11 @@ def open_batch(
     batch.world_seeds = seeds
     if seed is not None:
         batch._actions_rng = np.random.default_rng(seed)
-    batch._runner, batch._channels = runner, channels
-    batch._streams = [conn.async_connection for conn in connections]
-    for stream in batch._streams:  # one pool of writer tasks for all (_transport.writers)
-        stream._pool = batch._writers
-    batch._joined_specs = [env._wire_specs for env in envs]
-    if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
-        batch._decoder = StackedDecoder(envs[0])
-        batch._encoder = StepEncoder(envs[0])
+    equip(batch, runner, channels, connections, open_stream)
     batch._policy = on_world_failure
     batch._restart_policy = restart or RestartPolicy()
     batch._step_timeout = step_timeout
     batch._recipes = recipes
-    batch._open_stream = open_stream
     if servers is not None:
         batch.servers, batch.relaunches = servers, servers.relaunches
     if on_world_failure == _restart.RESTART:
@@ -216,11 +257,33 @@ def open_batch(
     return batch
 
 
-def check_descriptors(addresses: Sequence[str]) -> None:
-    """Raises ``DmEnvRpcConnectionError`` if the process may not open a connection per server.
+def equip(
+    batch: BatchCore,
+    runner: LoopThread,
+    channels: dict[str, grpc.aio.Channel],
+    connections: Sequence[LoopConnection],
+    open_stream: Callable[..., Any],
+) -> None:
+    """Puts a batch made of opened worlds on its loop: streams, the shared writer pool, and the
+    batch-at-once encoder and decoder when every world's specs are alike."""
+    envs = batch.envs
+    batch._runner, batch._channels = runner, channels
+    batch._streams = [conn.async_connection for conn in connections]
+    for stream in batch._streams:  # one pool of writer tasks for all (_transport.writers)
+        stream._pool = batch._writers
+    batch._joined_specs = [env._wire_specs for env in envs]
+    if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
+        batch._decoder = StackedDecoder(envs[0])
+        batch._encoder = StepEncoder(envs[0])
+    batch._open_stream = open_stream
 
-    Streams to one server share its connection, so the worlds do not count,
-    only the distinct servers. Checked where the limit can be read (Unix).
+
+def check_descriptors(addresses: Sequence[str], connections: int | None = None) -> None:
+    """Raises ``DmEnvRpcConnectionError`` if the process may not open its connections.
+
+    Streams to one server share its connections, so the worlds count only as
+    ``connections`` (default: one per distinct server). Checked where the limit
+    can be read (Unix).
     """
     if resource is None:
         return
@@ -231,7 +294,7 @@ def check_descriptors(addresses: Sequence[str]) -> None:
         already = len(os.listdir("/proc/self/fd"))
     except OSError:  # no /proc (macOS): count none open
         already = 0
-    servers = len(set(addresses))
+    servers = len(set(addresses)) if connections is None else connections
     needed = servers * DESCRIPTORS_PER_SERVER + DESCRIPTORS_SPARE
     if already + needed > soft:
         suggest = already + needed if hard == resource.RLIM_INFINITY else hard
@@ -285,12 +348,17 @@ def open_worlds(
     timeout: float | None,
     seed: int | None,
     seed_setting: str | None,
+    made_worlds: dict[int, Made],
 ) -> tuple[list[DmEnvAdaptor], list[str], list[_restart.WorldRecipe], list[int | None]]:
     """Creates (or joins) the batch's worlds, all at once; returns envs, addresses, recipes, seeds.
 
     World ``i`` goes to ``addresses[i % len(addresses)]``. Every stream opened is
     put in ``connections`` (in world order once all are open; as opened if one
-    fails), so the caller can close them all if a world fails.
+    fails), so the caller can close them all if a world fails; every world
+    created or joined is put in ``made_worlds``, so the caller can undo it
+    (``undo_worlds``). Once one world fails, the worlds whose CreateWorldRequest
+    has not gone out are cancelled; the others are let finish (each call is
+    bounded by ``timeout``), so that no world is made whose name is not known.
 
     ``settings_of`` is (create settings, join settings, world names, requested observations);
     ``packed`` the create and join settings as ``pack_settings`` gave them (checked there).
@@ -306,6 +374,8 @@ def open_worlds(
     made: list[dict[str, Any] | None] = [None] * count
     refused: list[BaseException] = []  # the seed setting's refusal, once it came
     answered = dict.fromkeys(where, 0)  # streams per server whose world was made
+    on_channel: dict[str, int] = {}  # the same, per channel (``Slot.key``)
+    channel_of: list[str | None] = [None] * count
     packed_create, join_request = packed  # the create settings: only the seed differs per world
     opened: list[LoopConnection | None] = [None] * count
 
@@ -323,28 +393,36 @@ def open_worlds(
     async def open_one(index: int, gate: asyncio.Semaphore) -> tuple[str, Any]:
         async with gate:
             conn = opened[index] = await open_stream(where[index], first=True)
+            slot: Slot | None = getattr(conn, "slot", None)
+            channel_of[index] = None if slot is None else slot.key
             stream = conn.async_connection
+            record = made_worlds[index] = Made(conn)  # from here on, never cancelled
             if world_names is not None:
                 name = world_names[index]
             else:
                 try:
-                    name = (await _ask(stream, create_request(index), timeout)).world_name
+                    name = (await ask(stream, create_request(index), timeout)).world_name
                 except errors.InvalidArgumentError as exc:
                     if seeds[index] is None or repr(seed_setting) not in str(exc):
                         raise
                     refused.append(exc)
-                    name = (await _ask(stream, create_request(index), timeout)).world_name
+                    name = (await ask(stream, create_request(index), timeout)).world_name
+                record.created = name
             request = dm_env_rpc_pb2.JoinWorldRequest(world_name=name, settings=join_request)
-            joined = await _ask(stream, request, timeout)
+            record.joining = True
+            joined = await ask(stream, request, timeout)
             answered[where[index]] += 1
+            if slot is not None:
+                on_channel[slot.key] = on_channel.get(slot.key, 0) + 1
             return name, joined.specs
 
     async def open_all() -> list[Any]:
         gates = {address: asyncio.Semaphore(OPENING_PER_SERVER) for address in answered}
         tasks = [asyncio.ensure_future(open_one(i, gates[where[i]])) for i in range(count)]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in tasks:
-            task.cancel()
+        for index, task in enumerate(tasks):
+            if index not in made_worlds:  # nothing asked of the server yet: safe to cancel
+                task.cancel()
         return await asyncio.gather(*tasks, return_exceptions=True)
 
     try:
@@ -355,7 +433,9 @@ def open_worlds(
         (i for i, o in enumerate(outcomes) if isinstance(o, errors.DmEnvRpcClientError)), None
     )
     if failed is not None:
-        raise _open_error(failed, where, outcomes[failed], answered, count)
+        key = channel_of[failed]
+        on_its_channel = 0 if key is None else on_channel.get(key, 0)
+        raise _open_error(failed, where, outcomes[failed], (answered, on_its_channel), count)
     for outcome in outcomes:
         if isinstance(outcome, BaseException):  # cancelled, or not the SDK's: as it is
             raise outcome
@@ -396,36 +476,28 @@ def open_worlds(
     return envs, where, recipes, seeds
 
 
-async def _ask(stream: AsyncConnection, request: Any, timeout: float | None) -> Any:
-    """``stream.send(request, timeout)`` with less around it (no shield: the future is
-    the request's own, and a request that timed out leaves its answer unread)."""
-    data, expected = messages.envelope(request)
-    try:
-        return await asyncio.wait_for(stream._submit(data, expected), timeout)
-    except asyncio.TimeoutError as exc:
-        if isinstance(exc, errors.DmEnvRpcClientError):  # the request's own error: keep it
-            raise
-        name = type(request).__name__
-        raise errors.RequestTimeoutError(
-            _REQUEST_TIMEOUT.format(expected=name, timeout=timeout)
-        ) from None
-
-
 def _open_error(
     index: int,
     where: Sequence[str],
     error: BaseException,
-    answered: Mapping[str, int],
+    answered: tuple[Mapping[str, int], int],
     count: int,
 ) -> errors.WorldError:
-    """The ``WorldError`` for world ``index`` that could not be opened; a timeout on a server
-    that answered other streams says what most likely hit: the server's stream limit."""
+    """The ``WorldError`` for world ``index`` that could not be opened.
+
+    ``answered`` is (worlds made per server, worlds made on the failed world's
+    connection). A timeout on a connection that answered other streams says what
+    most likely hit: a limit of streams per connection; a RESOURCE_EXHAUSTED
+    says the server is full, and how many worlds it made."""
     address = where[index]
     text = str(error)
-    if isinstance(error, errors.RequestTimeoutError) and answered[address]:
-        wanted = sum(1 for other in where[:count] if other == address)
-        text = _STREAM_LIMIT.format(
-            error=text, answered=answered[address], address=address, wanted=wanted
+    per_server, on_channel = answered
+    wanted = sum(1 for other in where[:count] if other == address)
+    if isinstance(error, errors.RequestTimeoutError) and on_channel:
+        text = _STREAM_LIMIT.format(error=text, answered=on_channel, address=address, wanted=wanted)
+    elif getattr(error, "code", None) == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        text = _SERVER_FULL.format(
+            error=text, address=address, answered=per_server[address], wanted=wanted
         )
     world_error = errors.WorldError(
         _WORLD_FAILED.format(index=index, address=address, error=text), index, address

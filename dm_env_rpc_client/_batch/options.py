@@ -1,9 +1,10 @@
 """``BatchedEnvironment.connect``'s keywords in two groups: how to connect, what a failure does.
 
 ``ConnectionOptions`` (``credentials``, ``options``, ``insecure``, ``metadata``,
-``wait_for_ready``) and ``FailurePolicy`` (``on_world_failure``, ``step_timeout``,
-``restart``) hold keywords that go together, so that one object can be made once
-and passed to every batch::
+``wait_for_ready``, ``max_streams_per_connection``, ``max_response_bytes``) and
+``FailurePolicy`` (``on_world_failure``, ``step_timeout``, ``restart``) hold
+keywords that go together, so that one object can be made once and passed to
+every batch::
 
     tls = dmr.ConnectionOptions(credentials=grpc.ssl_channel_credentials(), metadata=[...])
     keep_going = dmr.FailurePolicy("restart", step_timeout=10.0)
@@ -23,6 +24,7 @@ import grpc
 
 from .. import errors
 from .._base import checks as _checks
+from .channels import DEFAULT_STREAMS_PER_CONNECTION
 from .restart import RAISE, RestartPolicy
 
 _TWICE = (
@@ -41,6 +43,9 @@ class ConnectionOptions(NamedTuple):
       insecure: allow plaintext to a remote host.
       metadata: gRPC metadata for every stream.
       wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
+      max_streams_per_connection: the most worlds on one HTTP/2 connection; more
+        get more connections (see ``_batch.channels``).
+      max_response_bytes: the largest answer a world takes, in bytes (None: any).
     """
 
     credentials: grpc.ChannelCredentials | None = None
@@ -48,6 +53,8 @@ class ConnectionOptions(NamedTuple):
     insecure: bool = False
     metadata: Sequence[tuple[str, str]] | None = None
     wait_for_ready: bool = False
+    max_streams_per_connection: int | None = DEFAULT_STREAMS_PER_CONNECTION
+    max_response_bytes: int | None = None
 
 
 class FailurePolicy(NamedTuple):

@@ -82,7 +82,8 @@ def _reset_pipelined(core: BatchCore, ids: list[int], timeout: float | None) -> 
             outcome[index] = exc
     steps = {index: core.envs[index]._send_step({}) for index in resets if index not in outcome}
     started = time.monotonic()
-    for index, (step, future) in steps.items():
+    for index in list(steps):
+        step, future = steps.pop(index)  # its answer's bytes go once decoded, not at the end
         env = core.envs[index]
         wait = _remaining(started, env._timeout if timeout is None else timeout)
         try:

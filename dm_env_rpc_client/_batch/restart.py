@@ -180,35 +180,56 @@ async def reopen(
             if connection is not None:
                 with contextlib.suppress(Exception):
                     await connection.async_connection.aclose()
-        if attempt < policy.attempts:
-            delay = min(policy.max_backoff, policy.backoff * 2 ** (attempt - 1))
-            delay *= rng.uniform(0.5, 1.0)
-            await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+        await back_off(policy, attempt, deadline, rng)
     raise GaveUp(attempt, last_error)
+
+
+async def back_off(
+    policy: RestartPolicy, attempt: int, deadline: float, rng: random.Random
+) -> None:
+    """Sleeps the backoff after failed attempt number ``attempt`` (none after the last one),
+    at most until ``deadline`` (``time.monotonic()``); see the module docs."""
+    if attempt < policy.attempts:
+        delay = min(policy.max_backoff, policy.backoff * 2 ** (attempt - 1))
+        delay *= rng.uniform(0.5, 1.0)
+        await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
 
 
 async def _make_world(
     connection: LoopConnection, recipe: WorldRecipe, timeout: float, first_step: bool
 ) -> tuple[DmEnvAdaptor, dm_env_rpc_pb2.StepResponse | None]:
+    """Creates (or takes the named world) and joins it, and takes the first step if asked; if
+    any of it fails, leaves and destroys (a named world: only leaves) what it made, then raises
+    the failure (never an error of that cleanup)."""
     stream = connection.async_connection
     world_name = recipe.world_name
     destroy = world_name is None
     if world_name is None:
         request = dm_env_rpc_pb2.CreateWorldRequest(settings=pack_settings(recipe.create_settings))
         world_name = (await stream.send(request, timeout)).world_name
-    join = dm_env_rpc_pb2.JoinWorldRequest(
-        world_name=world_name, settings=pack_settings(recipe.join_settings)
-    )
-    response = await stream.send(join, timeout)
-    env = DmEnvAdaptor(
-        connection,
-        response.specs,
-        world_name=world_name,
-        destroy_on_close=destroy,
-        timeout=recipe.timeout,
-        requested_observations=recipe.requested_observations,
-    )
-    first = None
-    if first_step:
-        first = await stream.send(env.step_request(None), timeout)
+    try:
+        join = dm_env_rpc_pb2.JoinWorldRequest(
+            world_name=world_name, settings=pack_settings(recipe.join_settings)
+        )
+        response = await stream.send(join, timeout)
+        env = DmEnvAdaptor(
+            connection,
+            response.specs,
+            world_name=world_name,
+            destroy_on_close=destroy,
+            timeout=recipe.timeout,
+            requested_observations=recipe.requested_observations,
+        )
+        first = None
+        if first_step:
+            first = await stream.send(env.step_request(None), timeout)
+    except BaseException:
+        with contextlib.suppress(Exception):  # a no-op refusal unless the join went through
+            await stream.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout)
+        if destroy:
+            with contextlib.suppress(Exception):
+                await stream.send(
+                    dm_env_rpc_pb2.DestroyWorldRequest(world_name=world_name), timeout
+                )
+        raise
     return env, first

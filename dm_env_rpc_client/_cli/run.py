@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._base.cli_args import check_launch_flags
+from .._base.cli_args import check_launch_flags, token
 from ..launch import LaunchedServers, launch
 from ..stepping import RunStats
 
@@ -27,7 +27,12 @@ def launched(args: Any) -> LaunchedServers | None:
     check_launch_flags(args)
     if not args.launch:
         return None
-    return launch(args.launch, args.num_servers or 1, ready_timeout=max(60.0, args.timeout))
+    return launch(
+        args.launch,
+        args.num_servers or 1,
+        ready_timeout=max(60.0, args.timeout),
+        token=token(args),
+    )
 
 
 def summary(stats: RunStats) -> dict[str, Any]:

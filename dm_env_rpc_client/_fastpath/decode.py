@@ -90,6 +90,11 @@ _WRONG_SHAPE = (
     "{where} carries observation {name!r} (UID {uid}) with shape {actual} but its spec says "
     "{expected}. The server's step code and its specs disagree: fix the server."
 )
+_BAD_COUNT = (
+    "{where} carries observation {name!r} (UID {uid}) with shape {shape} ({count:,} elements) "
+    "but a payload of {found:,} elements; refused before anything was decoded. The server's "
+    "step code builds a malformed tensor: fix the server."
+)
 _UNREADABLE = (
     "{where} carries observation {name!r} (UID {uid}), which cannot be decoded ({error}); "
     "fix the server."
@@ -192,7 +197,10 @@ class ObservationPlan:
         """Checks one tensor's payload type and declared shape; True if exactly the spec's shape.
 
         A declared shape with a -1 (inferred from the element count) is checked
-        once decoded (``_unpack``).
+        once decoded (``_unpack``). A payload whose element count contradicts the
+        shape (and is not one element, a broadcast) is refused here, before
+        anything is decoded, where its length is known without decoding: a
+        walked payload, or a parsed float or double one.
         """
         which: str | None = tensor.WhichOneof("payload")
         if which != column.field:
@@ -202,14 +210,29 @@ class ObservationPlan:
             raise self._error(
                 _WRONG_DTYPE, position, column, actual=actual, expected=_type_name(column.data_type)
             )
-        if not column.variable and tensor.shape == column.shape_list:
-            return True
-        shape = list(tensor.shape)
-        if -1 not in shape and not _fits(column.shape, shape):
+        if tensor.__class__ is WireTensor and tensor.bad is not None:
+            shape = list(tensor.shape)
+            found = tensor.bad if tensor.bad % 1 else int(tensor.bad)
             raise self._error(
-                _WRONG_SHAPE, position, column, actual=shape, expected=column.shape_list
+                _BAD_COUNT, position, column, shape=shape, count=math.prod(shape), found=found
             )
-        return False
+        exact = not column.variable and tensor.shape == column.shape_list
+        if not exact:
+            shape = list(tensor.shape)
+            if -1 not in shape and not _fits(column.shape, shape):
+                raise self._error(
+                    _WRONG_SHAPE, position, column, actual=shape, expected=column.shape_list
+                )
+        if column.fixed is not None and tensor.__class__ is not WireTensor:
+            # A parsed float/double payload's length is at hand: refuse a wrong one here.
+            found = len(getattr(tensor, which).array)  # type: ignore[arg-type]
+            count = column.fixed[2]
+            if found != count and found != 1:  # not a broadcast either
+                shape = list(tensor.shape)
+                raise self._error(
+                    _BAD_COUNT, position, column, shape=shape, count=count, found=found
+                )
+        return exact
 
     def _unpack(
         self, column: _Column, tensor: dm_env_rpc_pb2.Tensor, position: int | None, exact: bool

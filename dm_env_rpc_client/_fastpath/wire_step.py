@@ -18,6 +18,12 @@ length): the next responses of that length whose tags, lengths, UIDs and shapes
 are the same bytes are read by slicing at the template's offsets, which gives
 exactly what the walk would.
 
+A walked payload whose length contradicts its declared shape (neither the
+shape's element count nor one element, a broadcast) becomes a ``WireTensor``
+marked ``bad`` (the elements it holds) and nothing of it is copied: the plan
+(``_fastpath.decode``) refuses it, naming the observation, before it would be
+decoded. Such a response is never kept as a template.
+
 Responses under ``LARGE`` bytes, and any response in an encoding the walk does
 not expect (an error, another payload, unknown or repeated fields, unpacked
 repeated values, a shape with -1 or a broadcast), are parsed by protobuf as
@@ -63,11 +69,13 @@ class WireTensor:
     """A fixed-width or byte Tensor payload still in the response's bytes.
 
     Answers what ``ObservationPlan`` asks of a Tensor (``WhichOneof`` and
-    ``shape``); ``array()`` copies the payload out once, or views it. Only made
-    for an exact, fully known shape whose element count matches the payload.
+    ``shape``); ``array()`` copies the payload out once, or views it. Made for
+    a fully known shape whose element count matches the payload, or marked
+    ``bad`` (the payload's element count, a float for a partial element) when
+    it matches neither that nor a broadcast: then nothing may decode it.
     """
 
-    __slots__ = ("_data", "_native", "_offset", "_wire", "count", "field", "shape")
+    __slots__ = ("_data", "_native", "_offset", "_wire", "bad", "count", "field", "shape")
 
     def __init__(
         self, data: bytes, field: str, wire: np.dtype, native: np.dtype, offset: int, count: int
@@ -79,6 +87,7 @@ class WireTensor:
         self._offset = offset
         self.count = count
         self.shape: list[int] = []
+        self.bad: float | None = None
 
     def WhichOneof(self, oneof: str) -> str:  # the protobuf Message method it stands in for
         del oneof
@@ -131,7 +140,8 @@ def read_step(data: bytes) -> Any:
         except (_Unexpected, IndexError):
             pass
         else:
-            if len(data) in _TEMPLATES or len(_TEMPLATES) < _MAX_TEMPLATES:
+            bad = any(getattr(t, "bad", None) is not None for t in step.observations.values())
+            if not bad and (len(data) in _TEMPLATES or len(_TEMPLATES) < _MAX_TEMPLATES):
                 _TEMPLATES[len(data)] = _Template(data, varying)
             return step
     return messages.unwrap(data, "step")
@@ -296,8 +306,10 @@ def _tensor(data: bytes, start: int, end: int) -> Any:
         if pos != end:
             raise _Unexpected
     count, remainder = divmod(body_length, wire.itemsize)
-    if remainder or count != math.prod(shape):  # a broadcast or a bad count: left to protobuf
-        raise _Unexpected
     tensor = WireTensor(data, field, wire, native, body, count)
     tensor.shape = shape
+    if remainder or count != math.prod(shape):
+        if count == 1 and not remainder:  # a broadcast: left to protobuf
+            raise _Unexpected
+        tensor.bad = body_length / wire.itemsize  # refused by the plan, never decoded
     return tensor

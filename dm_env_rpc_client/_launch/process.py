@@ -19,8 +19,10 @@ The machinery of ``launch`` (the public face):
   group, waits ``grace`` seconds and SIGKILLs what is left.
 - ``wait_ready(...)``: polls, with a deadline, until the server answers the
   protocol: a stream opens and a ``LeaveWorldRequest`` gets an answer (an
-  error status counts: the server spoke dm_env_rpc). A server that accepts
-  connections before it can serve is simply polled again.
+  error status counts: the server spoke dm_env_rpc, and so does UNAUTHENTICATED,
+  a server that wants a token the probe lacks). A server that accepts
+  connections before it can serve is simply polled again. The probe takes
+  ``connect``'s ``credentials`` and ``metadata`` (a TLS server, a token).
 - ``stop(...)``: SIGTERM to the process group, ``grace`` seconds, then SIGKILL.
 """
 
@@ -39,6 +41,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
+
+import grpc
 
 from .. import errors
 from .._proto import dm_env_rpc_pb2
@@ -258,22 +262,29 @@ def stop(process: subprocess.Popen[bytes], grace: float) -> int | None:
     return process.poll()
 
 
-def answers(address: str, timeout: float) -> BaseException | None:
-    """None if the server at ``address`` answers a request within ``timeout``; else the error."""
+def answers(address: str, timeout: float, **probe: Any) -> BaseException | None:
+    """None if the server at ``address`` answers a request within ``timeout``; else the error.
+
+    ``probe``: more arguments for ``connect`` (``credentials``, ``metadata``).
+    """
     deadline = time.monotonic() + timeout
     try:
-        with connect(address, timeout=timeout) as conn:
+        with connect(address, timeout=timeout, **probe) as conn:
             remaining = max(0.05, deadline - time.monotonic())
             # An error status is an answer too: the server speaks the protocol.
             with contextlib.suppress(errors.DmEnvRpcError):
                 conn.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout=remaining)
         return None
+    except errors.AuthenticationError as exc:
+        # UNAUTHENTICATED is an answer (the server is up; the client will hear why);
+        # a failed TLS handshake is not.
+        return None if exc.code == grpc.StatusCode.UNAUTHENTICATED else exc
     except errors.DmEnvRpcClientError as exc:
         return exc
 
 
 def wait_ready(
-    process: subprocess.Popen[bytes], address: str, timeout: float
+    process: subprocess.Popen[bytes], address: str, timeout: float, **probe: Any
 ) -> BaseException | None:
     """Polls until the server answers or ``timeout`` passes (see the module docs).
 
@@ -289,7 +300,7 @@ def wait_ready(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return last or TimeoutError(f"no answer within {timeout} s")
-        last = answers(address, min(1.0, remaining))
+        last = answers(address, min(1.0, remaining), **probe)
         if last is None:
             if process.poll() is not None:  # someone else answered on that port
                 return ChildProcessError(process.returncode)

@@ -23,6 +23,9 @@ public face; the command line's ``run``, the Ray shards and ``bench/`` call it):
   received is counted and recorded, and ``interrupted`` is set.
 - A stall raises ``RequestTimeoutError`` after ``timeout`` seconds without a
   step, naming every world that has steps in flight and its address.
+- A world restarted (its server died, or was relaunched) has its steps that
+  were in flight answered by one FIRST step (truncating its episode); the
+  others are sent again, so the run still takes exactly ``steps`` steps.
 - A world removed from the batch (its restarts failed) stops taking steps: its
   cut episode is recorded truncated, its unanswered steps are not sent again,
   and the other worlds go on. ``restarts`` and ``worlds_lost`` list the
@@ -159,10 +162,17 @@ class _Loop:
         started = time.perf_counter()
         if self.policy is not None:
             self._reset()
-        stats, batch, stop = self.stats, self.batch, self.stop
+        stats, batch, stop, tally, watch = self.stats, self.batch, self.stop, self.tally, self.watch
+        send = self._send_random if self.policy is None else self._send_chosen
+        count, failures, removed = len(batch.envs), batch.failures, tally.removed
+        observed = bool(watch.observers)
+        # Each pass costs what it sends and receives: a look at every world only after a failure.
         while stats.steps < self.steps and not stop.is_set():
-            self._look()
-            sent = self._send_random() if self.policy is None else self._send_chosen()
+            if len(failures) != self.failures or count - len(self.live) > len(removed):
+                self._look()
+            if observed:
+                watch.poll()
+            sent = send()
             if sent is None:
                 continue  # a world was removed meanwhile: choose again without it
             if not sent and not batch.pending():  # (a step just sent is pending)
@@ -175,9 +185,20 @@ class _Loop:
             if result is None:
                 break  # stopped
             assert isinstance(result, BatchedTimeStep)
-            self._take(result)
-        self.watch.poll()
-        self.tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
+            # Steps a restart dropped (in flight to a dead server) are made up: sent again.
+            for world, lost in tally.take(result, self.progress).items():
+                if self.left is not None:
+                    self.left[world] += lost
+                else:
+                    self.requested -= lost
+            if observed:
+                watch.steps(result)
+            if self.left is not None:
+                self.wanting.update(result.env_ids.tolist())
+            else:
+                self.ready = result
+        watch.poll()
+        tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
         return stats
 
     def _reset(self) -> None:
@@ -190,15 +211,10 @@ class _Loop:
 
     def _look(self) -> None:
         """After a failure (or while a removed world is not let go of): looks at every world."""
-        batch, tally = self.batch, self.tally
-        if len(batch.failures) != self.failures or len(batch.envs) - len(self.live) > len(
-            tally.removed
-        ):
-            self.failures, self.live = len(batch.failures), set(batch.live_ids)
-            for world in tally.let_go_of_removed(self.live):
-                if self.left is not None:
-                    self.left[world] = 0
-        self.watch.poll()
+        self.failures, self.live = len(self.batch.failures), set(self.batch.live_ids)
+        for world in self.tally.let_go_of_removed(self.live):
+            if self.left is not None:
+                self.left[world] = 0
 
     def _send_random(self) -> list[int] | None:
         """Sends random actions to the worlds that want them; returns the worlds sent to."""
@@ -262,14 +278,6 @@ class _Loop:
                 raise
             self.failures = -1
             return _REMOVED
-
-    def _take(self, result: BatchedTimeStep) -> None:
-        self.tally.take(result, self.progress)
-        self.watch.steps(result)
-        if self.policy is None:
-            self.wanting.update(result.env_ids.tolist())
-        else:
-            self.ready = result
 
 
 def _rows(timestep: BatchedTimeStep, positions: Sequence[int]) -> BatchedTimeStep:

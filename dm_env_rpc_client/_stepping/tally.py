@@ -147,21 +147,33 @@ class EpisodeTally:
                 self.recording.truncate(world)
         return gone
 
-    def take(self, result: BatchedTimeStep, progress: Callable[[int], Any] | None = None) -> None:
+    def take(
+        self, result: BatchedTimeStep, progress: Callable[[int], Any] | None = None
+    ) -> dict[int, int]:
         """Counts (and records) every step of ``result``.
 
         Args:
           result: steps received, each answering the oldest action in ``sent``.
           progress: called with the number of steps counted, or None.
+
+        Returns:
+          For each restarted world, the steps it had in flight that no server
+          answered and this result does not count (its FIRST step answers the
+          oldest of them): the caller sends that many more, so the run still
+          takes all its steps.
         """
         sent, in_episode, running = self.sent, self.in_episode, self.running
         actions: list[Any] = []
+        dropped: dict[int, int] = {}
         for position, world in enumerate(result.env_ids.tolist()):
             if result.truncated is not None and result.truncated[position]:
                 # Restarted: this FIRST step answers every step the world had in flight
-                # (the others are counted in the failure's steps_lost, not sent again).
-                for _ in range(_steps_lost(self.batch, world) - 1):
+                # (the others are counted in the failure's steps_lost, and made up).
+                lost = _steps_lost(self.batch, world) - 1
+                for _ in range(lost):
                     sent[world].popleft()
+                if lost:
+                    dropped[world] = dropped.get(world, 0) + lost
                 in_episode[world] = False
             action = sent[world].popleft()
             step_type = int(result.step_type[position])
@@ -179,6 +191,7 @@ class EpisodeTally:
         self.stats.steps += len(actions)
         if progress is not None:
             progress(len(actions))
+        return dropped
 
     def finish(self, elapsed: float, *, interrupted: bool) -> None:
         """Fills the run's totals: time, unfinished episodes, returns (by world), latencies,

@@ -83,16 +83,23 @@ def create_channel(
     options: Sequence[tuple[str, Any]] | None = None,
     insecure: bool = False,
     aio: bool = False,
+    max_response_bytes: int | None = None,
 ) -> Any:
     """Opens a gRPC channel with the SDK's defaults (see the module docs).
 
     Loopback and ``unix:`` addresses get local credentials; ``credentials``
     give TLS; a remote host in plaintext needs ``insecure=True``.
+    ``max_response_bytes`` caps an answer's size (``grpc.max_receive_message_length``);
+    None leaves any size (or what ``options`` say).
 
     Raises:
+      ArgumentError: ``max_response_bytes`` is not a whole number of at least 1.
       DmEnvRpcConnectionError: for plaintext to a remote host without ``insecure=True``.
     """
     _checks.check_address(address)
+    if max_response_bytes is not None:
+        _checks.check_count(max_response_bytes, "max_response_bytes")
+        options = [*(options or ()), ("grpc.max_receive_message_length", max_response_bytes)]
     if credentials is not None and not isinstance(credentials, grpc.ChannelCredentials):
         what = "gRPC channel credentials (e.g. grpc.ssl_channel_credentials()) or None"
         _checks.check_type(credentials, grpc.ChannelCredentials, "credentials", what)

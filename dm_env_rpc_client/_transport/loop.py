@@ -233,6 +233,7 @@ class LoopConnection:
         insecure: bool = False,
         metadata: Any = None,
         wait_for_ready: bool = True,
+        tls: bool = False,
     ) -> LoopConnection:
         """Opens a stream (on ``channel`` if given, which the caller keeps owning).
 
@@ -252,6 +253,7 @@ class LoopConnection:
             timeout=timeout,
             metadata=metadata,
             wait_for_ready=wait_for_ready,
+            tls=tls or credentials is not None,
         )
         return cls(runner, connection)
 
@@ -274,6 +276,27 @@ class LoopConnection:
     ) -> None:
         sent = self._connection._submit(data, expected, response_type)
         sent.add_done_callback(functools.partial(_copy_outcome, result))
+
+    def _submit_bytes(
+        self,
+        data: bytes,
+        expected: str,
+        decode: Callable[[bytes], Any],
+        future: concurrent.futures.Future[Any] | None = None,
+    ) -> concurrent.futures.Future[Any]:
+        """Sends envelope bytes; a Future (``future`` if given) of ``decode(response bytes)``,
+        as ``Connection._submit_bytes`` (a step's answer walked by ``read_step``, not parsed)."""
+        result: concurrent.futures.Future[Any] = future or concurrent.futures.Future()
+
+        def submit() -> None:
+            sent = self._connection._submit(data, expected, None, decode)
+            sent.add_done_callback(functools.partial(_copy_outcome, result))
+
+        try:
+            self._runner.call(submit)
+        except errors.ConnectionClosedError as exc:
+            result.set_exception(exc)
+        return result
 
     def send_async(
         self, request: message.Message, *, response_type: type | None = None

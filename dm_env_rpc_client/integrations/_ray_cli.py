@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from .._base.cli_args import UsageError, check_launch_flags, tls_credentials
+from .._base.cli_args import UsageError, check_launch_flags, tls_credentials, token
 from ..server.catch import Catch
 from ..specs import unflatten
 from ..stepping import RunStats
@@ -35,6 +35,7 @@ from .ray import init_ray
 LOCAL = "local"
 _MIN_WORKERS = 64  # streams each fleet server serves at least
 _NO_WORLDS = "--ray creates its worlds; it cannot join existing ones (--world). Drop one of them."
+_NO_WATCH = "--watch watches a run stepped in this process; it does not go with --ray."
 _TOO_MANY_SHARDS = "--num-shards {shards} is more than the {worlds} worlds; give at most {worlds}."
 
 
@@ -62,6 +63,8 @@ def run_on_ray(
     """
     if args.world:
         raise UsageError(_NO_WORLDS)
+    if getattr(args, "watch", False):
+        raise UsageError(_NO_WATCH)
     check_launch_flags(args)
     worlds = args.num_envs or 4
     if args.num_shards > worlds:
@@ -74,7 +77,7 @@ def run_on_ray(
         launched = None
         if args.launch:  # each shard launches its own servers, on its node
             source: Any = ["(launched by the shard)"]
-            launched = (args.launch, args.num_servers or 1)
+            launched = (args.launch, args.num_servers or 1, token(args))
         elif args.address:
             source = list(args.address)
         else:
@@ -83,6 +86,7 @@ def run_on_ray(
                 servers,
                 max_workers=max(_MIN_WORKERS, worlds),
                 timeout=max(60.0, args.timeout),
+                token=token(args),
             )
             source = fleet
         seen = [0]
@@ -107,10 +111,12 @@ def run_on_ray(
             connect_options={
                 "seed_setting": args.seed_setting or None,
                 "options": channel_kwargs["options"],
+                "metadata": channel_kwargs["metadata"],
                 # As a local run: a world whose server dies or stalls is made again
                 # (or the run stops, with raise); a stall is --timeout without a step.
                 "on_world_failure": args.on_failure,
                 "step_timeout": args.timeout,
+                "max_streams_per_connection": args.max_streams_per_connection,
                 **({"launch": launched} if launched else {}),
             },
             progress=advance,

@@ -17,6 +17,11 @@ asks its actors each time, so it never hands out a stale address for long).
 
 ``close()`` stops every server, kills the actors and frees the placement group;
 it is idempotent and bounded.
+
+Strangers kept out: ``token=`` makes every server require that token (it travels
+to the actors as an argument, never on a command line), and ``fleet.metadata``
+carries it to clients (``run_sharded`` and ``health`` send it themselves);
+``credentials=`` serve TLS, mutual TLS with ``require_client_auth=True``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from .. import errors
 from .._base import checks as _checks
+from .._base import tokens as _tokens
 from .._proto import dm_env_rpc_pb2
 from ..connection import connect
 from ..server import MakeEnv, Server, check_factory, serve
@@ -107,8 +113,10 @@ class _ServerHost:
         host: str | None,
         credentials: Callable[[], grpc.ServerCredentials] | None,
         max_workers: int,
+        token: str | None = None,
     ) -> None:
         self._index = index
+        self._token = token
         self._host = host or ray.util.get_node_ip_address()
         # A restart on the same node binds the old port again when it is free.
         self._memo = pathlib.Path(tempfile.gettempdir()) / f"{_MEMO}-{fleet_id}-{index}"
@@ -130,6 +138,7 @@ class _ServerHost:
             f"{self._host}:{port}",
             credentials=None if credentials is None else credentials(),
             max_workers=max_workers,
+            token=self._token,
         )
         self._memo.write_text(server.address.rsplit(":", 1)[1])
         return server
@@ -166,6 +175,12 @@ class ServerFleet:
         ``functools.partial(grpc.ssl_server_credentials, [(key, cert)])`` does).
       max_workers: streams each server serves at once (as for ``dmr.serve``).
       timeout: seconds to wait for the placement and for every server to start.
+      token: a shared token every server requires (as for ``dmr.serve``); clients
+        send ``fleet.metadata``.
+
+    Attributes:
+      metadata: the gRPC metadata that carries ``token`` (None without one): pass
+        it as ``metadata=`` to ``dmr.connect`` or ``BatchedEnvironment.connect``.
 
     Raises:
       FleetError: Ray is not initialized, the servers could not be placed, or a
@@ -185,8 +200,11 @@ class ServerFleet:
         credentials: Callable[[], grpc.ServerCredentials] | None = None,
         max_workers: int = 64,
         timeout: float = 60.0,
+        token: str | None = None,
     ) -> None:
         check_factory(make_env)
+        self.metadata = None if token is None else _tokens.token_metadata(token)
+        self._token = token
         _checks.check_count(num_servers, "num_servers")
         if strategy not in STRATEGIES:
             raise errors.ArgumentValueError(
@@ -237,7 +255,7 @@ class ServerFleet:
         """The actor's arguments for server ``index``; ``given``: make_env, host, credentials,
         max_workers."""
         make_env, host, credentials, max_workers = given
-        return (make_env, index, self._fleet_id, host, credentials, max_workers)
+        return (make_env, index, self._fleet_id, host, credentials, max_workers, self._token)
 
     def servers(self, timeout: float | None = None) -> list[ServerInfo]:
         """Asks every actor where its server runs now; waits for restarting ones.
@@ -312,9 +330,8 @@ class ServerFleet:
             except (ray.exceptions.RayError, TimeoutError) as exc:
                 results.append(ServerHealth(index, None, False, _first_line(exc)))
                 continue
-            results.append(
-                ServerHealth(index, address, *_probe(address, timeout, credentials, insecure))
-            )
+            probed = _probe(address, timeout, credentials, insecure, self.metadata)
+            results.append(ServerHealth(index, address, *probed))
         return results
 
     def close(self, timeout: float = 10.0) -> None:
@@ -378,10 +395,15 @@ def _probe(
     timeout: float,
     credentials: grpc.ChannelCredentials | None,
     insecure: bool,
+    metadata: tuple[tuple[str, str], ...] | None = None,
 ) -> tuple[bool, str | None]:
     try:
         with connect(
-            address, timeout=timeout, credentials=credentials, insecure=insecure and not credentials
+            address,
+            timeout=timeout,
+            credentials=credentials,
+            insecure=insecure and not credentials,
+            metadata=metadata,
         ) as conn:
             conn.send(dm_env_rpc_pb2.LeaveWorldRequest(), timeout=timeout)
     except errors.DmEnvRpcError:

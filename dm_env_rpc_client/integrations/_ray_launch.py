@@ -62,6 +62,8 @@ class LaunchedFleet(ServerFleet):
       num_servers: how many servers (one actor each).
       strategy, num_cpus, host, max_restarts, timeout: as for ``ServerFleet``.
       ready_timeout, grace, env, cwd, relaunch: as for ``dmr.launch``, per server.
+      token: a shared token for the servers, as for ``dmr.launch`` (each server
+        gets it in ``DMR_TOKEN``); clients send ``fleet.metadata``.
 
     Raises:
       FleetError: Ray is not initialized, the actors could not be placed, or a
@@ -86,6 +88,7 @@ class LaunchedFleet(ServerFleet):
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         relaunch: RelaunchPolicy | None = RelaunchPolicy(),  # noqa: B008 (an immutable tuple)
+        token: str | None = None,
     ) -> None:
         from .._launch.process import command_line
 
@@ -97,6 +100,7 @@ class LaunchedFleet(ServerFleet):
             "env": env,
             "cwd": cwd,
             "relaunch": relaunch,
+            "token": token,
         }
         super().__init__(
             _launched_env,  # never called: the actors launch the command
@@ -106,6 +110,7 @@ class LaunchedFleet(ServerFleet):
             host=host,
             max_restarts=max_restarts,
             timeout=max(timeout, ready_timeout),
+            token=token,
         )
 
     def _host_args(self, index: int, given: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -114,7 +114,8 @@ def rllib_env_config(
         an observation Box that is neither 1-D nor 3-D, naming the fix, since
         RLlib's default encoders fail on it with an ``IndexError``.
       **vector_kwargs: more ``GymnasiumVectorEnv`` arguments (``seed_setting``,
-        ``connect_kwargs``).
+        ``connect_kwargs``). A ``ServerFleet`` with a token adds its
+        ``metadata`` to ``connect_kwargs`` unless they have their own.
 
     Returns:
       A plain, picklable dict; it names a slot counter actor this call starts
@@ -124,6 +125,10 @@ def rllib_env_config(
     slots: Any = ray.remote(_Slots).options(name=name, namespace=_NAMESPACE, num_cpus=0).remote()
     ray.get(slots.__ray_ready__.remote(), timeout=60)
     _LIVE_SLOTS[name] = slots  # an actor without a handle left is ended by Ray
+    if isinstance(source, ServerFleet) and source.metadata is not None:
+        connect_kwargs = dict(vector_kwargs.get("connect_kwargs") or {})
+        connect_kwargs.setdefault("metadata", source.metadata)  # the fleet's token
+        vector_kwargs["connect_kwargs"] = connect_kwargs
     return {
         "addresses": fleet_addresses(source),
         "seed": seed,

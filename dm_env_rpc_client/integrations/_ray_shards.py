@@ -194,8 +194,12 @@ class _Shard:
         if credentials is not None:
             options["credentials"] = credentials()
         self._seed = None if seed is None else seed + worlds[0]  # world i: seed + i overall
-        launched = options.pop("launch", None)  # (command, servers): this shard's own servers
-        self._servers = launch(launched[0], launched[1]) if launched else None
+        # (command, servers[, token]): this shard's own servers
+        launched = options.pop("launch", None)
+        self._servers = None
+        if launched:
+            token = launched[2] if len(launched) > 2 else None
+            self._servers = launch(launched[0], launched[1], token=token)
         try:
             self._batch = BatchedEnvironment.connect(
                 self._servers or addresses, len(addresses), seed=self._seed, **options
@@ -312,7 +316,9 @@ def run_sharded(
         fleet, called in each shard (credential objects do not pickle).
       insecure: allow plaintext to non-loopback addresses (a fleet's servers
         listen on their node's IP; default True).
-      connect_options: more keyword arguments for ``BatchedEnvironment.connect``.
+      connect_options: more keyword arguments for ``BatchedEnvironment.connect``
+        (``metadata``: by default a ``ServerFleet``'s own, ``fleet.metadata``,
+        which carries its token).
       num_cpus: CPUs reserved per shard (fractions allowed).
       progress: called in this process with the total steps received so far,
         about four times a second.
@@ -345,6 +351,8 @@ def run_sharded(
         "insecure": insecure,
         **(connect_options or {}),
     }
+    if options.get("metadata") is None and isinstance(source, ServerFleet):
+        options["metadata"] = source.metadata  # the fleet's token
     shard_class = ray.remote(_Shard).options(
         num_cpus=num_cpus, max_concurrency=3, scheduling_strategy="SPREAD"
     )

@@ -45,6 +45,12 @@ Behaviour, in the protocol's terms:
 - Every stream is served on one ``grpc.aio`` event loop in a background thread;
   environments are stepped there, one request at a time. A multi-agent step that
   waits holds up only its own stream.
+- Strangers kept out: with ``token=``, a stream whose metadata lacks
+  ``authorization: Bearer <token>`` (``dmr.token_metadata(token)``) is ended with
+  UNAUTHENTICATED and a message saying what is missing, or that the token is wrong
+  (never repeating it); tokens are compared in constant time. With ``credentials=
+  grpc.ssl_server_credentials(..., root_certificates=CA, require_client_auth=True)``,
+  only clients with a certificate signed by CA get through the TLS handshake.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ import grpc
 
 from .. import errors
 from .._base import checks as _checks
+from .._base import tokens as _tokens
 from .._proto import dm_env_rpc_pb2
 from .._transport.loop import LoopThread
 from ._registry import DEFAULT_AGENT_TIMEOUT, Registry
@@ -129,6 +136,15 @@ def _serialize(response: Any) -> bytes:
     return response.SerializeToString()
 
 
+async def _refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    """Ends the stream with ``code``: raises, as ``context.abort`` does."""
+    # Take the client's first request before refusing: a client whose write fails
+    # on the aborted stream sees "Internal error from Core" instead of this status.
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(context.read(), _REFUSE_READ)
+    await context.abort(code, message)
+
+
 class Server:
     """A running dm_env_rpc server; a context manager that stops it on exit.
 
@@ -148,11 +164,13 @@ class Server:
         credentials: grpc.ServerCredentials | None = None,
         max_workers: int = 64,
         agent_timeout: float = DEFAULT_AGENT_TIMEOUT,
+        token: str | None = None,
     ) -> None:
         check_factory(make_env)
         _checks.check_address(address, listen=True)
         _checks.check_count(max_workers, "max_workers")
         _checks.check_seconds(agent_timeout, "agent_timeout", allow_none=False)
+        self._token = None if token is None else _tokens.check_token(token)
         self._registry = Registry(_factory(make_env), agent_timeout)
         self._stopped = False
         self._max_streams = max_workers
@@ -202,12 +220,13 @@ class Server:
         answers the requests a pipelining client has already sent, so their
         answers are ready when the send is done.
         """
+        if self._token is not None:
+            refusal = _tokens.refusal(context.invocation_metadata(), self._token)
+            if refusal is not None:
+                await _refuse(context, grpc.StatusCode.UNAUTHENTICATED, refusal)
         if self._streams >= self._max_streams:
-            # Take the client's first request before refusing: a client whose write fails
-            # on the aborted stream sees "Internal error from Core" instead of this status.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(context.read(), _REFUSE_READ)
-            await context.abort(
+            await _refuse(
+                context,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 _TOO_MANY_STREAMS.format(limit=self._max_streams),
             )
@@ -285,6 +304,7 @@ def serve(
     credentials: grpc.ServerCredentials | None = None,
     max_workers: int = 64,
     agent_timeout: float = DEFAULT_AGENT_TIMEOUT,
+    token: str | None = None,
 ) -> Server:
     """Starts a dm_env_rpc server for environments made by ``make_env``.
 
@@ -295,11 +315,15 @@ def serve(
         Raise TypeError or ValueError for bad settings. Or an environment
         class, called as ``make_env(**settings)``.
       address: ``host:port`` to listen on; port 0 picks a free port.
-      credentials: server credentials for TLS; None serves plaintext.
+      credentials: server credentials for TLS; None serves plaintext. For mutual
+        TLS, ``grpc.ssl_server_credentials([(key, cert)], root_certificates=CA,
+        require_client_auth=True)``: only clients whose certificate CA signed get in.
       max_workers: the most streams (worlds) served at once; a stream beyond
         them fails with RESOURCE_EXHAUSTED, whose message says what to do.
       agent_timeout: seconds a multi-agent step waits for the other agents (or its
         turn) before it is answered DEADLINE_EXCEEDED, naming them, unapplied.
+      token: require this shared token of every stream (see the module docs);
+        printable ASCII without spaces. None lets in anyone who reaches the port.
 
     Returns:
       The running Server (use it as a context manager, or call ``stop()``).
@@ -308,7 +332,8 @@ def serve(
       ArgumentTypeError: ``make_env`` is not callable (an environment instance,
         where its class or a factory goes), or ``max_workers`` is not a whole number.
       ArgumentValueError: ``address`` is not ``host:port``, ``max_workers`` < 1, or
-        ``agent_timeout`` is not above 0.
+        ``agent_timeout`` is not above 0, or a ``token`` that cannot travel as gRPC
+        metadata (empty, spaces, non-ASCII).
       OSError: the address cannot be bound.
     """
     return Server(
@@ -317,6 +342,7 @@ def serve(
         credentials=credentials,
         max_workers=max_workers,
         agent_timeout=agent_timeout,
+        token=token,
     )
 
 

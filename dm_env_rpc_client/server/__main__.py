@@ -9,6 +9,11 @@ with the settings as keyword arguments). Before serving it
 makes one environment with no settings, to refuse flags the environment
 rejects (``--skip-check`` for a factory that needs settings).
 
+Strangers kept out: ``--token-file FILE`` (or ``--token``, or the ``DMR_TOKEN``
+environment variable) makes every stream carry that token; ``--client-ca CA``
+with ``--certificate``/``--private-key`` admits only clients with a certificate
+CA signed (mutual TLS).
+
 Prints one line, ``Serving <env> on <host:port>``, then serves until Ctrl-C
 (exit code 130) or SIGTERM (exit code 0). Errors print one line and exit with 1
 (2 for bad flags); ``--debug`` shows tracebacks and gRPC's own log lines.
@@ -29,7 +34,15 @@ from typing import Any
 import dm_env
 import grpc
 
-from .._base.cli_args import UsageError, port, positive_float, positive_int, read_pem
+from .._base.cli_args import (
+    UsageError,
+    port,
+    positive_float,
+    positive_int,
+    read_pem,
+    token,
+    token_flags,
+)
 from .._base.quiet import quiet_grpc_logs
 from . import _factory, serve
 from ._registry import DEFAULT_AGENT_TIMEOUT
@@ -131,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             error = f"{type(exc).__name__}: {exc}"
             raise UsageError(_BAD_FLAGS.format(env=args.env, error=error)) from exc
     credentials = _credentials(args)
+    required = token(args)
     stop = threading.Event()
     code = [0]
 
@@ -154,9 +168,11 @@ def run(args: argparse.Namespace) -> int:
         credentials=credentials,
         max_workers=args.max_workers,
         agent_timeout=args.agent_timeout,
+        token=required,
     ) as server:
-        tls = " (TLS)" if credentials is not None else ""
-        _say(f"Serving {args.env} on {server.address}{tls}")
+        mutual = args.client_ca is not None
+        tls = " (mutual TLS)" if mutual else " (TLS)" if credentials is not None else ""
+        _say(f"Serving {args.env} on {server.address}{tls}{' (token)' if required else ''}")
         while not stop.wait(0.5):
             pass
     _say("Stopped.")
@@ -208,6 +224,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         metavar="PEM",
         help="mutual TLS: require client certificates signed by this CA",
     )
+    token_flags(parser, "require")
     parser.add_argument(
         "--skip-check", action="store_true", help="do not make one environment at start"
     )

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-_ADDRESS = re.compile(r"^Serving \S+ on (\S+)$")
+_ADDRESS = re.compile(r"^Serving \S+ on (\S+)")
 _NO_START = (
     "The embedded {env} server process did not start{detail}. Its error output: {stderr!r}. "
     "Start a server yourself (python -m dm_env_rpc_client.server) and pass --address."

@@ -1,0 +1,159 @@
+"""Faults of multi-agent worlds: a dying agent stream, a barrier that never completes, a barrier
+that gives up, and the parent SIGKILLed, against the foreign server (``ma_foreign_server``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from conftest import process_gone, wait_for
+from ma_foreign_server import ForeignServer, foreign_server
+
+import dm_env_rpc_client as dmr
+
+SETTINGS = {"num_agents": 2, "seed": 3}
+ACTIONS = {"agent_0": {"paddle": 1}, "agent_1": {"paddle": 0}}
+
+
+@pytest.fixture
+def server() -> Iterator[ForeignServer]:
+    with foreign_server(barrier_timeout=30.0) as running:
+        yield running
+
+
+def _nothing_left(server: ForeignServer) -> bool:
+    return server.servicer.active_streams == 0 and not server.servicer.worlds
+
+
+# --- one agent's stream dies mid-episode -------------------------------------------------------
+
+
+def test_an_agent_stream_that_dies_fails_its_world_with_a_named_error(server):
+    with dmr.MultiAgentWorld.connect(server.address, 2, create_world_settings=SETTINGS) as world:
+        world.reset()
+        world.step(ACTIONS)
+        server.servicer.abort_agent = 1
+        with pytest.raises(
+            dmr.WorldError, match=r"World 0 \(agent agent_1\).*UNAVAILABLE"
+        ) as caught:
+            world.step(ACTIONS)
+        assert caught.value.index == 0
+        with pytest.raises(dmr.WorldError, match="failed before"):
+            world.step(ACTIONS)
+        assert [f.outcome for f in world.batch.failures] == ["raised", "raised"]
+    assert wait_for(lambda: _nothing_left(server))  # the failed world destroyed on close
+
+
+def test_a_failed_world_does_not_fail_the_batch(server):
+    with dmr.MultiAgentBatch.connect(server.address, 2, 2, create_world_settings=SETTINGS) as batch:
+        batch.reset_agents()
+        server.servicer.abort_agent = 1  # the first agent 1 to step: world 0's or world 1's
+        actions = {agent: {"paddle": np.zeros(2, np.int8)} for agent in batch.agents}
+        with pytest.raises(dmr.WorldError) as caught:
+            batch.step_agents(actions)
+        healthy = 1 - caught.value.index
+        for _ in range(3):
+            steps = batch.step_agents_of(
+                {agent: [{"paddle": 1}] for agent in batch.agents}, [healthy], None
+            )
+            assert steps["agent_1"].env_ids.tolist() == [healthy]
+    assert wait_for(lambda: _nothing_left(server))
+
+
+def test_under_restart_the_world_is_made_again_and_every_agent_rejoins(server):
+    policy = dmr.RestartPolicy(attempts=3, backoff=0.05)
+    with dmr.MultiAgentWorld.connect(
+        server.address,
+        2,
+        create_world_settings=SETTINGS,
+        on_world_failure="restart",
+        restart=policy,
+    ) as world:
+        world.reset()
+        world.step(ACTIONS)
+        old_name = world.world_name
+        server.servicer.abort_agent = 0
+        steps = world.step(ACTIONS)  # answered by the new world's FIRST step of every agent
+        assert all(step.first() for step in steps.values())
+        assert world.world_name != old_name
+        (failure,) = world.batch.failures
+        assert failure.outcome == "restarted" and failure.steps_lost == 2
+        assert wait_for(lambda: list(server.servicer.worlds) == [world.world_name])
+        assert server.servicer.worlds[world.world_name].joined == {0, 1}
+        for _ in range(3):
+            assert all(step.mid() for step in world.step(ACTIONS).values())
+    assert wait_for(lambda: _nothing_left(server))
+
+
+# --- a barrier that never completes; a barrier that gives up -----------------------------------
+
+
+def test_a_server_that_never_completes_the_barrier_gets_a_bounded_named_timeout(server):
+    with dmr.MultiAgentWorld.connect(
+        server.address, 2, create_world_settings=SETTINGS, step_timeout=0.5
+    ) as world:
+        world.reset()
+        server.servicer.stall = True
+        with pytest.raises(dmr.WorldTimeoutError, match=r"World 0 \(agent agent_\d\).*0.5 s"):
+            world.step(ACTIONS)
+    server.servicer.stall = False
+    assert wait_for(lambda: server.servicer.active_streams == 0)
+
+
+def test_the_servers_barrier_timeout_names_the_agent_that_did_not_act():
+    with foreign_server(barrier_timeout=1.0) as server, dmr.connect(server.address) as third:
+        world = dmr.MultiAgentWorld.connect(
+            server.address, 2, create_world_settings={"num_agents": 3}
+        )
+        with world:
+            dmr.join_world(third, world.world_name, {"agent": 2})  # joined, never steps
+            with pytest.raises(dmr.WorldError, match="did not act: agent_2"):
+                world.reset()
+            third.send(dmr.dm_env_rpc_pb2.LeaveWorldRequest())
+            assert all(step.first() for step in world.reset().values())  # the world goes on
+
+
+# --- the parent SIGKILLed ----------------------------------------------------------------------
+
+_CHILD = textwrap.dedent(
+    """
+    import sys
+    import dm_env_rpc_client as dmr
+    world = dmr.MultiAgentWorld.connect(sys.argv[1], 2, world_name=sys.argv[2])
+    print("joined", flush=True)
+    world.reset()  # waits in the barrier for the third agent, which never acts
+    """
+)
+
+
+def test_a_sigkilled_parent_leaves_nothing_running(server):
+    with dmr.connect(server.address) as matchmaker:
+        name = dmr.create_world(matchmaker, {"num_agents": 3})
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, server.address, name],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "joined"
+            world = server.servicer.worlds[name]
+            assert wait_for(lambda: server.servicer.steps_received >= 2, timeout=30)
+            assert world.joined == {0, 1}
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+            assert process_gone(child.pid)
+            # Its agents' streams ended on the server, the barrier waiters woke and left.
+            assert wait_for(lambda: server.servicer.active_streams == 1, timeout=15)
+            assert world.joined == set()
+        finally:
+            child.kill()
+            if child.stdout is not None:
+                child.stdout.close()
+        dmr.destroy_world(matchmaker, name)
+    assert wait_for(lambda: _nothing_left(server))

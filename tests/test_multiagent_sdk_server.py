@@ -1,0 +1,64 @@
+"""``dmr.MultiAgentWorld`` and ``dmr.MultiAgentBatch`` against the SDK's own multi-agent server
+(``server/paddles.py``, CONTRACTS.md section 2); skipped until that server is in the tree."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import dm_env
+import numpy as np
+import pytest
+
+import dm_env_rpc_client as dmr
+
+paddles = pytest.importorskip(
+    "dm_env_rpc_client.server.paddles", reason="the SDK's multi-agent server (branch ma-server)"
+)
+
+
+@pytest.fixture
+def server() -> Iterator[dmr.Server]:
+    with dmr.serve(paddles.Paddles) as running:
+        yield running
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "turns"])
+def test_a_world_of_the_sdks_server_steps_every_agent_at_once(server, mode):
+    settings = {"seed": 1, "num_agents": 3, "mode": mode}
+    with dmr.MultiAgentWorld.connect(server.address, 3, create_world_settings=settings) as world:
+        paddle = world.action_spec()["agent_2"]["paddle"]
+        assert paddle.dtype == np.int8 and (paddle.minimum, paddle.maximum) == (-1, 1)
+        assert world.observation_spec()["agent_0"]["board"].dtype == np.float32
+        assert all(step.first() for step in world.reset().values())
+        kinds = set()
+        for _ in range(40):
+            steps = world.step({agent: {"paddle": 1} for agent in world.agents})
+            kinds |= {step.step_type for step in steps.values()}
+            if mode == "lockstep":  # the agents agree (in turns, each sees the end at its turn)
+                assert len({step.step_type for step in steps.values()}) == 1
+        assert dm_env.StepType.MID in kinds
+        assert all(step.first() for step in world.reset_world({"seed": 2}).values())
+
+
+def test_picked_agents_and_a_matchmakers_world(server):
+    with dmr.connect(server.address, timeout=10) as matchmaker:
+        name = dmr.create_world(matchmaker, {"seed": 1, "num_agents": 2})
+        joins = [{"agent": "agent_1"}, {"agent": 0}]
+        with dmr.MultiAgentWorld.connect(
+            server.address, 2, world_name=name, join_world_settings=joins
+        ) as world:
+            assert world.agents == ["agent_1", "agent_0"]
+            assert all(step.first() for step in world.reset().values())
+            world.step({"agent_0": {"paddle": 0}, "agent_1": {"paddle": 0}})
+        dmr.destroy_world(matchmaker, name)
+
+
+def test_a_batch_of_the_sdks_worlds_and_collect(server):
+    with dmr.MultiAgentBatch.connect(
+        server.address, 3, 2, create_world_settings={"num_agents": 2}, seed=5
+    ) as batch:
+        batch.reset_agents()
+        actions = {agent: {"paddle": np.ones(3, np.int8)} for agent in batch.agents}
+        steps = batch.step_agents(actions)
+        assert steps["agent_1"].env_ids.tolist() == [0, 1, 2]
+        assert dmr.collect(batch, steps=6 * 20, seed=0).steps == 120
