@@ -58,7 +58,7 @@ import collections
 import functools
 import operator
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -71,7 +71,6 @@ from ._batch.channels import DEFAULT_STREAMS_PER_CONNECTION
 from ._batch.closing import close_batch
 from ._batch.core import (
     _FAILED,
-    _NO_WAITER,
     _REMOVED_STATE,
     BatchCore,
     _call,
@@ -401,22 +400,6 @@ class BatchedEnvironment(BatchCore):
     def in_flight(self, index: int) -> int:
         """The number of steps sent to world ``index`` and not yet received."""
         return self._in_flight[index] + self._auto_sent[index]
-
-    def _wait(self, ready: Callable[[], bool], wanted: int, timeout: float | None) -> bool:
-        # The loop notifies once as _ready reaches _want, and clears _want (not once per step
-        # filed while this thread waits for the GIL); each wait here sets it again.
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while not ready():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._want = wanted
-                try:
-                    self._cond.wait(left)
-                finally:
-                    self._want = _NO_WAITER
-            return True
 
     def recv(
         self,

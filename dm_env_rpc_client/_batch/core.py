@@ -402,6 +402,22 @@ class BatchCore:
                 self._want = _NO_WAITER  # notified once; recv sets it again if it waits on
                 self._cond.notify()
 
+    def _wait(self, ready: Callable[[], bool], wanted: int, timeout: float | None) -> bool:
+        # The loop notifies once as _ready reaches _want, and clears _want (not once per step
+        # filed while this thread waits for the GIL); each wait here sets it again.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not ready():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._want = wanted
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._want = _NO_WAITER
+            return True
+
     def _count(self, index: int, steps: int) -> None:
         """World ``index`` has ``steps`` more steps sent and not received (fewer if negative)."""
         self._in_flight[index] += steps
