@@ -65,6 +65,16 @@ def _int_scalar(space: gymnasium.Space[Any]) -> bool:
     )
 
 
+def _same_discrete(learner: Any, world: Any) -> bool:
+    both = isinstance(learner, spaces.Discrete) and isinstance(world, spaces.Discrete)
+    return both and learner.n == world.n
+
+
+def _same_box(learner: Any, world: Any) -> bool:
+    both = isinstance(learner, spaces.Box) and isinstance(world, spaces.Box)
+    return both and learner.shape == world.shape and np.dtype(world.dtype).kind == "f"
+
+
 class SpaceBridge:
     """The worlds' spaces against the learner's (see the module docs).
 
@@ -134,12 +144,9 @@ class SpaceBridge:
             if high - low + 1 == int(learner.n):
                 return low - int(learner.start)
             self._mismatch("action", learner, world, f"gymnasium.spaces.Discrete({high - low + 1})")
-        discrete = isinstance(learner, spaces.Discrete) and isinstance(world, spaces.Discrete)
-        if discrete and learner.n == world.n:  # type: ignore[attr-defined]
-            return int(world.start) - int(learner.start)  # type: ignore[attr-defined]
-        boxes = isinstance(learner, spaces.Box) and isinstance(world, spaces.Box)
-        same_shape = boxes and learner.shape == world.shape  # type: ignore[union-attr]
-        if same_shape and np.dtype(world.dtype).kind == "f":
+        if _same_discrete(learner, world):
+            return int(world.start) - int(learner.start)  # type: ignore[attr-defined,union-attr]
+        if _same_box(learner, world):
             return None
         hint = repr(world)
         if _int_scalar(world):
