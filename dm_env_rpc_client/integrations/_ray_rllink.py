@@ -55,6 +55,7 @@ from .._adaptor.stacked import BatchedTimeStep
 from .._cli.run import recv_until_stopped, send_unless_removed
 from ..batched import BatchedEnvironment
 from ._ray_rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook
+from ._ray_rllink_module import ModuleActor
 from ._ray_rllink_spaces import SpaceBridge
 from ._ray_rllink_wire import (
     EPISODES,
@@ -63,17 +64,12 @@ from ._ray_rllink_wire import (
     LearnerUnreachableError,
     Link,
     LinkDroppedError,
-    SpaceMismatchError,
 )
 
 Policy = Callable[[BatchedTimeStep], Mapping[str, Any]]
+RANDOM = "random"
 _NO_LINKS = "run_rllink needs at least one RLlib address (rllib=['HOST:PORT'])."
-_BAD_WEIGHTS = (
-    "The learner's weights do not fit the RLModule its config builds for the worlds' spaces "
-    "(observation space {obs}, action space {act}): {error}. Check that the learner's "
-    "observation_space and action_space are the ones it trained with."
-)
-_GONE = "the RLlib learner at {address} is gone: {error}"
+_BAD_POLICY = "policy={policy!r}: give a callable, 'random', or None (the learner's RLModule)."
 
 
 @dataclasses.dataclass
@@ -92,6 +88,8 @@ class RLlinkStats:
       unshipped_steps: env steps recorded and not shipped when the run ended.
       weight_updates: new weights loaded.
       truncated_by_failure: episodes cut by a world's failure (shipped truncated).
+      cut_after_ship: episodes cut by a failure right after their chunk was shipped
+        (no step left to mark truncated; see ``_ray_rllink_episodes``).
       reconnects: one line per RLlib connection made again.
       restarts: one line per world restarted by the batch.
       worlds_lost: worlds removed from the batch.
@@ -111,6 +109,7 @@ class RLlinkStats:
     unshipped_steps: int = 0
     weight_updates: int = 0
     truncated_by_failure: int = 0
+    cut_after_ship: int = 0
     reconnects: list[str] = dataclasses.field(default_factory=list)
     restarts: list[str] = dataclasses.field(default_factory=list)
     worlds_lost: int = 0
@@ -126,64 +125,6 @@ class RLlinkStats:
         data["return_mean"] = round(float(np.mean(returns)), 3) if returns else None
         data["steps_per_second"] = round(self.steps / self.elapsed, 1) if self.elapsed else None
         return data
-
-
-class _ModuleActor:
-    """The learner's RLModule, built here from its config, acting on a batch at once."""
-
-    def __init__(self, config: Any, bridge: SpaceBridge) -> None:
-        import torch
-        from ray.rllib.core.columns import Columns
-
-        self._torch, self._columns, self._bridge = torch, Columns, bridge
-        spec = config.get_rl_module_spec(inference_only=True)
-        self.module = spec.build()
-        self._dist = self.module.get_exploration_action_dist_cls()
-
-    def load(self, state: Mapping[str, Any]) -> None:
-        """Loads the weights of a ``SET_STATE``.
-
-        Raises:
-          SpaceMismatchError: they do not fit the module (the message names both spaces).
-        """
-        weights = state.get("rl_module", state)
-        if isinstance(weights, Mapping) and "default_policy" in weights:
-            weights = weights["default_policy"]
-        try:
-            self.module.set_state(weights)
-        except (RuntimeError, KeyError, ValueError) as exc:
-            raise SpaceMismatchError(
-                _BAD_WEIGHTS.format(
-                    obs=self._bridge.observation_space, act=self._bridge.action_space, error=exc
-                )
-            ) from exc
-
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, list[dict[str, Any]]]:
-        """Actions (learner space) for ``obs`` ``[B, ...]``, one forward pass; their outputs."""
-        torch, columns = self._torch, self._columns
-        with torch.no_grad():
-            out = self.module.forward_exploration({columns.OBS: torch.from_numpy(obs)})
-            if columns.ACTIONS in out:  # the module sampled (an epsilon-greedy Q module)
-                actions = out[columns.ACTIONS]
-                logp = out.get(columns.ACTION_LOGP)
-                inputs = None
-            else:
-                inputs = out[columns.ACTION_DIST_INPUTS]
-                dist = self._dist.from_logits(inputs)
-                actions = dist.sample()
-                logp = dist.logp(actions)
-        actions_np = actions.numpy()
-        logp_np = None if logp is None else logp.numpy().astype(np.float32)
-        inputs_np = None if inputs is None else inputs.numpy()
-        extras = []
-        for row in range(len(actions_np)):
-            extra: dict[str, Any] = {}
-            if logp_np is not None:
-                extra[columns.ACTION_LOGP] = logp_np[row]
-            if inputs_np is not None:
-                extra[columns.ACTION_DIST_INPUTS] = inputs_np[row]
-            extras.append(extra)
-        return actions_np, extras
 
 
 def _subset(timestep: BatchedTimeStep, positions: Sequence[int]) -> BatchedTimeStep:
@@ -214,7 +155,7 @@ class _Run:
         batch: BatchedEnvironment,
         links: list[Link],
         *,
-        policy: Policy | None,
+        policy: Policy | str | None,
         steps_per_send: int | None,
         timeout: float,
         wait: float,
@@ -222,14 +163,17 @@ class _Run:
         stop: threading.Event,
         say: Callable[[str], None],
     ) -> None:
-        self.batch, self.links, self.policy = batch, links, policy
+        self.batch, self.links = batch, links
+        self.policy: Policy | None = None if isinstance(policy, str) else policy
         self.timeout, self.wait, self.learner_timeout = timeout, wait, learner_timeout
         self.stop, self.say = stop, say
         config = links[0].config(timeout)
         self.bridge = SpaceBridge(batch, config.observation_space, config.action_space)
-        self.actor: _ModuleActor | None = None
+        self.actor: ModuleActor | None = None
+        if isinstance(policy, str):  # "random": uniform, seeded by the batch's seed
+            self.policy = lambda timestep: batch.random_actions(env_ids=timestep.env_ids.tolist())
         if policy is None:
-            self.actor = _ModuleActor(config, self.bridge)
+            self.actor = ModuleActor(config, self.bridge)
             self.actor.load(links[0].state(timeout))
         count = len(batch.envs)
         total = steps_per_send or config.total_train_batch_size
@@ -325,23 +269,35 @@ class _Run:
         link.open(self.wait)  # LearnerUnreachableError: gone for good
         self.stats.reconnects.append(f"{link.address}: {why}")
 
+    def _deliver(self, link: Link, kind: str, payload: list[Any], steps: int) -> None:
+        """Sends one batch whole, reconnecting first if the learner hung up.
+
+        A message cut short by a broken connection is discarded by the server,
+        so it is sent again on the new connection; one sent whole is not.
+        """
+        while True:
+            if link.peer_closed():
+                self._reconnect(link, "it hung up")
+            try:
+                link.send(kind, self.timeout, episodes=payload, timesteps=steps)
+                return
+            except LinkDroppedError as exc:
+                self._reconnect(link, str(exc))
+
     def _ship(self) -> None:
         chunks = self.book.ship()
         on_policy = self.actor is not None
         kind = EPISODES_AND_GET_STATE if on_policy else EPISODES
         delivered: list[tuple[Link, int]] = []
-        for link, episodes in zip(self.links, chunks, strict=True):
-            steps = sum(len(e) for e in episodes)
+        sizes = [sum(len(e) for e in episodes) for episodes in chunks]
+        for index, (link, episodes) in enumerate(zip(self.links, chunks, strict=True)):
             payload = [e.get_state() for e in episodes]
-            while True:
-                if link.peer_closed():
-                    self._reconnect(link, "it hung up")
-                try:
-                    link.send(kind, self.timeout, episodes=payload, timesteps=steps)
-                    break
-                except LinkDroppedError as exc:  # cut short: the server discards it
-                    self._reconnect(link, str(exc))
-            delivered.append((link, steps))
+            try:
+                self._deliver(link, kind, payload, sizes[index])
+            except LearnerUnreachableError:
+                self.stats.unshipped_steps += sum(sizes[index:])  # taken from the book, not sent
+                raise
+            delivered.append((link, sizes[index]))
         states = []
         for link, steps in delivered:
             if not on_policy:
@@ -391,8 +347,9 @@ class _Run:
         stats.elapsed = elapsed
         stats.returns = list(book.returns)
         stats.episodes = len(book.returns)
-        stats.unshipped_steps = book.unshipped_steps()
+        stats.unshipped_steps += book.unshipped_steps()
         stats.truncated_by_failure = book.truncated_by_failure
+        stats.cut_after_ship = book.cut_after_ship
         failures = self.batch.failures
         stats.restarts = [
             f"world {f.index}: {f.address} -> {f.new_address} ({type(f.cause).__name__})"
@@ -417,7 +374,7 @@ def run_rllink(
     rllib: str | Sequence[str],
     *,
     num_envs: int | None = None,
-    policy: Policy | None = None,
+    policy: Policy | str | None = None,
     rounds: int | None = None,
     steps_per_send: int | None = None,
     seed: int | None = 0,
@@ -439,7 +396,7 @@ def run_rllink(
       num_envs: how many worlds (default one per address).
       policy: None: the learner's RLModule acts (on-policy, for PPO and the
         like); else ``policy(timestep) -> actions`` acts (off-policy data, for
-        DQN, SAC and offline RL).
+        DQN, SAC and offline RL); ``"random"``: uniform random actions.
       rounds: ship this many batches of episodes, then stop (None: until the
         learner is gone or ``stop`` is set).
       steps_per_send: env steps per round over all links (default the learner's
@@ -465,6 +422,8 @@ def run_rllink(
         does not fit the worlds'; the message says which.
       WorldError: a world could not be created, or failed under ``"raise"``.
     """
+    if isinstance(policy, str) and policy != RANDOM:
+        raise errors.ArgumentValueError(_BAD_POLICY.format(policy=policy))
     ports = [rllib] if isinstance(rllib, str) else list(rllib)
     if not ports:
         raise errors.ArgumentValueError(_NO_LINKS)

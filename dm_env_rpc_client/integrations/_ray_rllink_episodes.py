@@ -12,7 +12,11 @@ action, and the extra model outputs PPO needs, ``action_logp`` and
   by the world, as the protocol says, and is not recorded);
 - a FIRST step with ``truncated`` set (the batch restarted a failed world)
   closes the world's open episode as truncated: the steps it had are kept, the
-  step lost with the failure is not recorded, nothing is recorded twice;
+  step lost with the failure is not recorded, nothing is recorded twice. (If
+  the failure came right after a shipment, the open chunk has no step, and
+  RLlib has no zero-step chunk: the chunk shipped last stays not done, which a
+  learner bootstraps from its last observation just as for a truncation;
+  ``cut_after_ship`` counts these.);
 - ``let_go(world)`` closes the open episode of a world removed from the batch,
   truncated.
 
@@ -51,6 +55,10 @@ class EpisodeBook:
       recorded: env steps recorded per link since the last ``ship``.
       returns: the return of every episode that reached its LAST step.
       last_obs: each world's latest observation (learner space), None before its first.
+      truncated_by_failure: episodes cut by a failure and shipped truncated.
+      cut_after_ship: episodes cut by a failure with no step since their last chunk was
+        shipped (RLlib has no zero-step chunk): that chunk went out not done, which
+        RLlib's learners bootstrap from its last observation, as for a truncation.
     """
 
     def __init__(self, worlds: int, links: int, behavior: str) -> None:
@@ -62,6 +70,7 @@ class EpisodeBook:
         self.returns: list[float] = []
         self.last_obs: list[Any] = [None] * worlds
         self.truncated_by_failure = 0
+        self.cut_after_ship = 0
 
     def _start(self, world: int, obs: Any) -> None:
         episode = SingleAgentEpisode(observations=[obs], len_lookback_buffer=0)
@@ -77,6 +86,15 @@ class EpisodeBook:
             episode.is_truncated = True
         if len(episode):
             self.done[world % self.links].append(episode)
+
+    def _count_cut(self, world: int) -> None:
+        episode = self.open[world]
+        if episode is None:
+            return
+        if len(episode):
+            self.truncated_by_failure += 1
+        elif episode.t_started > 0:
+            self.cut_after_ship += 1
 
     def acted(self, world: int, action: Any, extras: dict[str, Any]) -> None:
         """Notes the action sent to ``world`` (learner space) and its model outputs."""
@@ -98,8 +116,8 @@ class EpisodeBook:
             sent, self.pending[world] = self.pending[world], None
             step_type = int(timestep.step_type[position])
             if step_type == 0:
-                if truncated is not None and truncated[position] and self.open[world] is not None:
-                    self.truncated_by_failure += 1
+                if truncated is not None and truncated[position]:
+                    self._count_cut(world)
                 self._close(world, truncated=True)
                 self._start(world, obs)
                 continue
@@ -127,8 +145,7 @@ class EpisodeBook:
 
     def let_go(self, world: int) -> None:
         """Closes the open episode of a world removed from the batch, truncated."""
-        if self.open[world] is not None and len(self.open[world]):  # type: ignore[arg-type]
-            self.truncated_by_failure += 1
+        self._count_cut(world)
         self._close(world, truncated=True)
         self.pending[world] = None
 
