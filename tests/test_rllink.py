@@ -193,8 +193,9 @@ def test_a_restarted_worlds_cut_episode_is_shipped_truncated(server_process: Any
     def policy(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
         nonlocal calls
         calls += 1
-        if calls == 40:
-            servers[0].kill()
+        mid_episode = [int(t) for w, t in zip(timestep.env_ids, timestep.step_type) if w == 0]
+        if calls >= 40 and mid_episode == [1] and servers[0].process.poll() is None:
+            servers[0].kill()  # world 0 has steps in its open episode: they go out truncated
         return {"paddle": np.zeros(len(timestep.env_ids), np.int8)}
 
     try:
@@ -210,8 +211,8 @@ def test_a_restarted_worlds_cut_episode_is_shipped_truncated(server_process: Any
     finally:
         learner.close()
     assert len(stats.restarts) == 2 and stats.worlds_lost == 0  # worlds 0 and 2
-    assert stats.truncated_by_failure + stats.cut_after_ship == 2
-    assert stats.truncated_by_failure >= 1
+    # World 0's episode is cut with steps in it; world 2 may be between episodes.
+    assert 1 <= stats.truncated_by_failure <= stats.truncated_by_failure + stats.cut_after_ship <= 2
     cut = [e for e in learner.episodes if e.is_truncated]
     assert len(cut) == stats.truncated_by_failure and all(len(e) for e in cut)
     assert stats.steps_shipped == sum(len(e) for e in learner.episodes)
