@@ -16,6 +16,7 @@ No RLlib training runs: it is the learner's side of the socket only.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import socket
 import threading
@@ -98,8 +99,6 @@ class FakeLearner:
     def close(self) -> None:
         """Stops listening (idempotent)."""
         self._closed.set()
-        try:
+        with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._listener.close()

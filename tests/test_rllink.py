@@ -24,8 +24,8 @@ from dm_env_rpc_client.server.catch import Catch
 pytest.importorskip("ray.rllib", reason="needs RLlib: pip install -e '.[rllib]'")
 gymnasium = pytest.importorskip("gymnasium")
 rayi = pytest.importorskip("dm_env_rpc_client.integrations.ray")
-from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
 from conftest import run_child, wait_for  # noqa: E402
+from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
 from rllink_peer import FakeLearner  # noqa: E402
 
 from dm_env_rpc_client.integrations._ray_rllink_spaces import SpaceBridge  # noqa: E402
@@ -75,7 +75,9 @@ def test_spaces_that_fit_convert_and_others_name_the_space(catch: Any) -> None:
         wrong_board = gymnasium.spaces.Box(0.0, 1.0, (40,), np.float32)
         with pytest.raises(rayi.SpaceMismatchError, match=r"observation space .*'board'.*\(50,\)"):
             SpaceBridge(batch, wrong_board, MOVES)
-        with pytest.raises(rayi.SpaceMismatchError, match=r"action space .*'paddle'.*Discrete\(3\)"):
+        with pytest.raises(
+            rayi.SpaceMismatchError, match=r"action space .*'paddle'.*Discrete\(3\)"
+        ):
             SpaceBridge(batch, BOARD, gymnasium.spaces.Discrete(4))
 
 
@@ -193,7 +195,9 @@ def test_a_restarted_worlds_cut_episode_is_shipped_truncated(server_process: Any
     def policy(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
         nonlocal calls
         calls += 1
-        mid_episode = [int(t) for w, t in zip(timestep.env_ids, timestep.step_type) if w == 0]
+        mid_episode = [
+            int(t) for w, t in zip(timestep.env_ids, timestep.step_type, strict=True) if w == 0
+        ]
         if calls >= 40 and mid_episode == [1] and servers[0].process.poll() is None:
             servers[0].kill()  # world 0 has steps in its open episode: they go out truncated
         return {"paddle": np.zeros(len(timestep.env_ids), np.int8)}
@@ -224,8 +228,19 @@ def test_the_cli_runs_for_a_learner_and_prints_the_summary(catch: Any) -> None:
     learner = FakeLearner(ppo_config())
     try:
         done = run_child(
-            [*CLI, "run", "--address", catch.address, "--num-envs", "4", "--json"]
-            + ["--rllib-server", learner.address, "--rllib-rounds", "2"],
+            [
+                *CLI,
+                "run",
+                "--address",
+                catch.address,
+                "--num-envs",
+                "4",
+                "--json",
+                "--rllib-server",
+                learner.address,
+                "--rllib-rounds",
+                "2",
+            ],
             timeout=100,
         )
     finally:
@@ -239,8 +254,16 @@ def test_the_cli_runs_for_a_learner_and_prints_the_summary(catch: Any) -> None:
 
 def test_the_cli_refuses_a_bad_policy_flag(catch: Any) -> None:
     done = run_child(
-        [*CLI, "run", "--address", catch.address, "--rllib-server", "127.0.0.1:1"]
-        + ["--rllib-policy", "no_colon_here"],
+        [
+            *CLI,
+            "run",
+            "--address",
+            catch.address,
+            "--rllib-server",
+            "127.0.0.1:1",
+            "--rllib-policy",
+            "no_colon_here",
+        ],
         timeout=60,
     )
     assert done.returncode == 2 and "MODULE:FUNCTION" in done.stderr

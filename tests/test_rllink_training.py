@@ -137,8 +137,9 @@ def test_ppo_learns_remote_catch_through_a_client_process(
     )
     algo = config.build_algo()
     try:
-        with client(tmp_path, catch_address, port, "--num-envs", "16", "--rllib-rounds",
-                    str(rounds)) as process:
+        with client(
+            tmp_path, catch_address, port, "--num-envs", "16", "--rllib-rounds", str(rounds)
+        ) as process:
             returns = [
                 algo.train()["env_runners"].get("episode_return_mean") for _ in range(rounds)
             ]
