@@ -231,7 +231,10 @@ def test_dqn_learns_catch_from_random_policy_episodes(
                 algo.train()
             process.terminate()  # SIGTERM: stops between steps, prints its summary
             assert process.wait(timeout=60) == 143
-        learned = _greedy_return(algo.get_module(), worlds)
+        # The learner's own module (algo.get_module() would ask the remote EnvRunner's copy).
+        module = config.get_rl_module_spec().build()
+        module.set_state(algo.learner_group.get_weights()["default_policy"])
+        learned = _greedy_return(module, worlds)
     finally:
         algo.stop()
     summary = json.loads((tmp_path / "client.out").read_text())
