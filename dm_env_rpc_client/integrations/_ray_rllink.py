@@ -162,6 +162,7 @@ class _Run:
         learner_timeout: float,
         stop: threading.Event,
         say: Callable[[str], None],
+        torch_threads: int | None,
     ) -> None:
         self.batch, self.links = batch, links
         self.policy: Policy | None = None if isinstance(policy, str) else policy
@@ -173,7 +174,7 @@ class _Run:
         if isinstance(policy, str):  # "random": uniform, seeded by the batch's seed
             self.policy = lambda timestep: batch.random_actions(env_ids=timestep.env_ids.tolist())
         if policy is None:
-            self.actor = ModuleActor(config, self.bridge)
+            self.actor = ModuleActor(config, self.bridge, torch_threads)
             self.actor.load(links[0].state(timeout))
         count = len(batch.envs)
         total = steps_per_send or config.total_train_batch_size
@@ -384,6 +385,7 @@ def run_rllink(
     learner_timeout: float = 600.0,
     stop: threading.Event | None = None,
     say: Callable[[str], None] | None = None,
+    torch_threads: int | None = 1,
     **connect_kwargs: Any,
 ) -> RLlinkStats:
     """Steps dm_env_rpc worlds for RLlib learners reached over RLlink; see the module docs.
@@ -409,6 +411,8 @@ def run_rllink(
       learner_timeout: seconds to wait for new weights after shipping (a training step).
       stop: set it to end the run between steps (what is unshipped is dropped).
       say: where progress notes go (default: stderr).
+      torch_threads: ``torch.set_num_threads`` for the module's forward passes (default 1,
+        as Ray's EnvRunners; None leaves this process's setting alone).
       **connect_kwargs: more ``BatchedEnvironment.connect`` arguments
         (``create_world_settings``, ``requested_observations``, ``insecure``, ...).
 
@@ -452,6 +456,7 @@ def run_rllink(
             learner_timeout=learner_timeout,
             stop=stop or threading.Event(),
             say=say,
+            torch_threads=torch_threads,
         )
         return run.run(rounds)
     finally:

@@ -34,10 +34,16 @@ class ModuleActor:
     Args:
       config: the learner's ``AlgorithmConfig`` (its ``GET_CONFIG``).
       bridge: the worlds' spaces against the learner's (named in errors).
+      torch_threads: ``torch.set_num_threads`` for this process (None: leave it). One
+        thread, as Ray gives its EnvRunners: small forward passes gain nothing from more,
+        and on a busy machine their threads wait on each other (tens of ms a pass).
     """
 
-    def __init__(self, config: Any, bridge: SpaceBridge) -> None:
+    def __init__(self, config: Any, bridge: SpaceBridge, torch_threads: int | None = 1) -> None:
         import torch
+
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
         from ray.rllib.core.columns import Columns
 
         self._torch, self._columns, self._bridge = torch, Columns, bridge
