@@ -51,7 +51,7 @@ from ._cli.args import (
     tls_credentials,
 )
 from ._cli.check import add_check_command
-from ._cli.rllink import add_rllib_flags, run_rllink
+from ._cli.rllink import add_rllib_flags
 from ._cli.run import RunStats, launched, print_summary, step_worlds
 from .batched import BatchedEnvironment
 from .connection import connect, is_local
@@ -196,9 +196,6 @@ def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[lis
         yield [server.address]
 
 
-# --- commands ---------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[tuple[threading.Event, list[int]]]:
     """Ctrl-C and SIGTERM set the event instead of ending us: the loop ends between steps.
@@ -233,8 +230,6 @@ def run(args: argparse.Namespace) -> int:
     create_settings = _settings(args.create_setting)
     if seed_setting is not None and seed_setting in create_settings and not args.world:
         raise UsageError(_SEED_TWICE.format(name=seed_setting))
-    if args.rllib_server:  # for an RLlib learner over RLlink: needs the rllib extra
-        return run_rllink(args, kwargs, create_settings, _addresses, _stop_on_signals)
     if args.ray is not None:  # sharded on Ray: needs the ray extra, so imported only here
         from .integrations._ray_cli import run_on_ray
 
@@ -465,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="with --ray: shard actors, each stepping its share of the worlds (default: 2)",
     )
-    add_rllib_flags(run_parser)
+    add_rllib_flags(run_parser, _addresses, _stop_on_signals, _channel_kwargs)
     launch_flags(run_parser)
     _connection_flags(run_parser)
     run_parser.set_defaults(handler=run)

@@ -17,12 +17,37 @@ from .. import specs
 from .args import positive_float, positive_int
 
 
-def add_rllib_flags(parser: argparse.ArgumentParser) -> None:
-    """Adds ``run``'s RLlink flags (``--rllib-server`` and its options) to ``parser``."""
+def add_rllib_flags(
+    parser: argparse.ArgumentParser,
+    addresses: Callable[..., Any],
+    stop_on_signals: Callable[[], Any],
+    channel_kwargs: Callable[[argparse.Namespace], dict[str, Any]],
+) -> None:
+    """Adds ``run``'s RLlink flags (``--rllib-server`` and its options) to ``parser``.
+
+    Given ``--rllib-server``, the parsed arguments' ``handler`` becomes ``run_rllink``
+    (with the three ``cli`` helpers bound), so ``cli.run`` needs no branch for it.
+
+    Args:
+      parser: the ``run`` command's parser.
+      addresses: ``cli._addresses`` (the servers, or the embedded one).
+      stop_on_signals: ``cli._stop_on_signals``.
+      channel_kwargs: ``cli._channel_kwargs`` (TLS and ``--insecure``).
+    """
+
+    def handler(args: argparse.Namespace) -> int:
+        create = specs.unflatten(dict(args.create_setting or ()))
+        return run_rllink(args, channel_kwargs(args), create, addresses, stop_on_signals)
+
+    class _Servers(argparse._AppendAction):
+        def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+            super().__call__(parser, namespace, values, option)
+            namespace.handler = handler
+
     group = parser.add_argument_group("RLlib learners over RLlink (docs/rllink.md; rllib extra)")
     group.add_argument(
         "--rllib-server",
-        action="append",
+        action=_Servers,
         metavar="HOST:PORT",
         help="step the worlds for the RLlib EnvRunnerServerForExternalInference at HOST:PORT "
         "(repeat for several runners); ships episodes, takes weights",
