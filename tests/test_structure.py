@@ -181,7 +181,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("tools", ["recording", "conformance", "_tools", "_tools.*"]),
     ("command-line pieces", ["_cli", "_cli.args", "_cli.run", "_cli.check"]),
     ("integrations", ["integrations", "integrations.*"]),
-    ("programs", ["cli", "__main__", "server.__main__", "_cli.record"]),
+    ("programs", ["cli", "__main__", "server.__main__", "_cli.record", "_cli.rllink"]),
     ("the package", [""]),
 ]
 
