@@ -65,8 +65,10 @@ RAY_REQUIRES = ["ray>=2.40"]
 # dm_env_rpc_client.integrations.gymnasium; 1.2.2 is the version RLlib pins.
 GYMNASIUM_REQUIRES = ["gymnasium>=1.2.2"]
 
-# RLlib's env creator (integrations.ray.rllib_env_creator): RLlib over the gymnasium bridge.
-RLLIB_REQUIRES = ["ray[rllib]>=2.40", *GYMNASIUM_REQUIRES]
+# RLlib's env creator (integrations.ray.rllib_env_creator): RLlib over the gymnasium bridge;
+# and the RLlink client (integrations.ray.run_rllink): RLlink's messages are msgpack with
+# msgpack-numpy's arrays, which Ray's EnvRunnerServerForExternalInference needs but does not list.
+RLLIB_REQUIRES = ["ray[rllib]>=2.40", "msgpack>=1.0", "msgpack-numpy>=0.4.8", *GYMNASIUM_REQUIRES]
 
 # Datasets (docs/datasets.md). Minari's arrow storage, not [create,hdf5]: [create] pulls in
 # jax, and an HDF5 file killed mid-write can be unreadable, while arrow keeps one folder per

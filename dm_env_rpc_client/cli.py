@@ -55,6 +55,7 @@ from ._base.quiet import quiet_grpc_logs
 from ._cli import record as _record_cli
 from ._cli import watch as _watch_cli
 from ._cli.check import add_check_command
+from ._cli.rllink import add_rllib_flags
 from ._cli.run import launched, print_summary
 from .batched import BatchedEnvironment
 from .connection import connect, is_local
@@ -182,9 +183,6 @@ def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[lis
     # A child process: the server gets a core (and a GIL) of its own, about twice the steps/s.
     with server_subprocess("catch", max_workers=workers) as server:
         yield [server.address]
-
-
-# --- commands ---------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -456,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="with --ray: shard actors, each stepping its share of the worlds (default: 2)",
     )
+    add_rllib_flags(run_parser, _addresses, _stop_on_signals, _channel_kwargs)
     launch_flags(run_parser)
     _connection_flags(run_parser)
     run_parser.set_defaults(handler=run)

@@ -182,7 +182,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("stepping", ["stepping", "_stepping", "_stepping.*", "watch", "_watch", "_watch.*"]),
     ("command-line pieces", ["_cli", "_cli.run", "_cli.check", "_cli.watch"]),
     ("integrations", ["integrations", "integrations.*"]),
-    ("programs", ["cli", "__main__", "server.__main__", "_cli.record"]),
+    ("programs", ["cli", "__main__", "server.__main__", "_cli.record", "_cli.rllink"]),
     ("the package", [""]),
 ]
 

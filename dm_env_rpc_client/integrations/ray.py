@@ -14,6 +14,10 @@ package never imports this module. Three pieces, each in a private module:
   API stack under ``VECTOR_ENTRY_POINT``: each EnvRunner gets a
   ``GymnasiumVectorEnv`` over worlds of its own (needs the ``gymnasium`` extra
   and RLlib).
+- ``run_rllink`` (``_ray_rllink``): the other direction, RLlib's RLlink: this
+  machine steps the worlds and runs the learner's RLModule, and ships episodes
+  to RLlib ``EnvRunnerServerForExternalInference`` ports (needs the ``rllib``
+  extra; imported on first use). ``docs/rllink.md``.
 - ``init_ray(target)``: starts or joins Ray the way the command line's
   ``run --ray`` does.
 
@@ -31,7 +35,7 @@ package never imports this module. Three pieces, each in a private module:
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import ray
@@ -51,6 +55,41 @@ from ._ray_rllib import (
     runner_slot,
 )
 from ._ray_shards import ShardedRun, ShardError, ShardStats, run_sharded, split, summarize
+
+if TYPE_CHECKING:  # imported on first use (__getattr__): they need the rllib extra
+    from ._ray_rllink import RLlinkStats, run_rllink
+    from ._ray_rllink_wire import (
+        LearnerUnreachableError,
+        LinkDroppedError,
+        RLlinkError,
+        SpaceMismatchError,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """The RLlink client's names, imported on first use: they need RLlib (the rllib extra)."""
+    if name in _RLLINK:
+        try:
+            from . import _ray_rllink, _ray_rllink_wire
+        except ImportError as exc:
+            raise ImportError(
+                f"dm_env_rpc_client.integrations.ray.{name} needs RLlib and msgpack-numpy: "
+                "pip install 'dm_env_rpc_client[rllib]'"
+            ) from exc
+        for module in (_ray_rllink, _ray_rllink_wire):
+            if hasattr(module, name):
+                return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_RLLINK = (
+    "LearnerUnreachableError",
+    "LinkDroppedError",
+    "RLlinkError",
+    "RLlinkStats",
+    "SpaceMismatchError",
+    "run_rllink",
+)
 
 LOCAL = "local"
 AUTO = "auto"
@@ -89,17 +128,23 @@ __all__ = [
     "FleetError",
     "LOCAL",
     "LaunchedFleet",
+    "LearnerUnreachableError",
+    "LinkDroppedError",
+    "RLlinkError",
+    "RLlinkStats",
     "ServerFleet",
     "ServerHealth",
     "ServerInfo",
     "ShardError",
     "ShardStats",
     "ShardedRun",
+    "SpaceMismatchError",
     "free_rllib_env_config",
     "init_ray",
     "register_rllib_env",
     "rllib_env_config",
     "rllib_env_creator",
+    "run_rllink",
     "run_sharded",
     "runner_slot",
     "split",

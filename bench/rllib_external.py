@@ -1,0 +1,180 @@
+"""RLlib fed from outside (the RLlink client) against RLlib's EnvRunners over the Gymnasium bridge.
+
+Run: ``python bench/rllib_external.py [--worlds 8 64 256] [--iters 3] [--batch 2048]``. It
+starts a local Ray (``num_cpus=2``, no dashboard, loopback) and one SDK Catch server in a
+child process (room for every world), then, for each world count, trains the same PPO
+(one EnvRunner, ``train_batch_size_per_learner=--batch``, one epoch of one minibatch, so
+that sampling dominates) two ways:
+
+- **(a) RLlink client**: the EnvRunner is an ``EnvRunnerServerForExternalInference``; the
+  client (``dm-env-rpc-client run --rllib-server``) is a separate process stepping the N
+  worlds, one forward pass per ``recv``, shipping episodes and taking weights each round;
+- **(b) bridge**: the EnvRunner steps a ``GymnasiumVectorEnv`` of N worlds
+  (``rllib_env_creator``, ``VECTOR_ENTRY_POINT``, ``FlattenObservations``).
+
+After one warm-up iteration it times ``--iters`` iterations: **env steps/s** is the env steps
+the learner got over their wall time, **learner steps/s** the env steps it trained on over the
+same time (on-policy PPO trains on what it samples, so the two are close; they differ when an
+iteration samples more than it trains). The ratio is (a) over (b) at the same world count.
+
+Numbers on a shared 2-core machine are noisy (the client, the server, the EnvRunner and the
+learner share the cores, and other work runs beside them): read the ratios, taken in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopback
+
+import gymnasium
+import numpy as np
+import ray
+from _common import print_table
+
+from dm_env_rpc_client.integrations import ray as rayi
+from dm_env_rpc_client.server._subprocess import server_subprocess
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the wrap travels by value
+BOARD = gymnasium.spaces.Box(0.0, 1.0, (50,), np.float32)
+MOVES = gymnasium.spaces.Discrete(3)
+
+
+def paddle_moves(envs: Any) -> Any:
+    """Catch's int8 paddle move (-1, 0, 1) as a Discrete(3) action."""
+    from gymnasium.wrappers.vector import TransformAction
+
+    return TransformAction(
+        envs, lambda moves: (np.asarray(moves) - 1).astype(np.int8), single_action_space=MOVES
+    )
+
+
+def _ppo(batch: int) -> Any:
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    return (
+        PPOConfig()
+        .training(train_batch_size_per_learner=batch, minibatch_size=batch, num_epochs=1)
+        .learners(num_learners=0)
+        .debugging(seed=0)
+    )
+
+
+def _timed(algo: Any, iters: int) -> tuple[float, float]:
+    algo.train()  # warm-up: connections, first weights
+    sampled = trained = 0.0
+    started = time.perf_counter()
+    for _ in range(iters):
+        result = algo.train()
+        sampled += result["env_runners"]["num_env_steps_sampled"]
+        modules = result["learners"].get("__all_modules__", {})
+        trained += modules.get(
+            "num_env_steps_trained", result["env_runners"]["num_env_steps_sampled"]
+        )
+    elapsed = time.perf_counter() - started
+    return sampled / elapsed, trained / elapsed
+
+
+def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[float, float, float]:
+    """(a): env steps/s, learner steps/s, and the client's own steps/s."""
+    from ray.rllib.env.external.env_runner_server_for_external_inference import (
+        EnvRunnerServerForExternalInference,
+    )
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = (
+        _ppo(batch)
+        .environment(observation_space=BOARD, action_space=MOVES, env_config={"port": port - 1})
+        .env_runners(
+            env_runner_cls=EnvRunnerServerForExternalInference,
+            num_env_runners=1,
+            create_local_env_runner=False,
+            num_cpus_per_env_runner=0,
+        )
+    )
+    algo = config.build_algo()
+    command = [sys.executable, "-m", "dm_env_rpc_client", "run", "--address", address]
+    command += ["--num-envs", str(worlds), "--rllib-server", f"127.0.0.1:{port}", "--json"]
+    command += ["--rllib-rounds", str(iters + 1)]
+    with tempfile.TemporaryFile("w+") as out:
+        client = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, text=True)
+        try:
+            sampled, trained = _timed(algo, iters)
+            client.wait(timeout=120)
+        finally:
+            if client.poll() is None:
+                client.kill()
+            algo.stop()
+        out.seek(0)
+        summary = json.loads(out.read() or "{}")
+    return sampled, trained, float(summary.get("steps_per_second") or 0.0)
+
+
+def bridge(address: str, worlds: int, batch: int, iters: int) -> tuple[float, float]:
+    """(b): env steps/s and learner steps/s with EnvRunners over the Gymnasium bridge."""
+    from ray.rllib.connectors.env_to_module import FlattenObservations
+
+    env_config = rayi.rllib_env_config(
+        [address], seed=0, wrap=paddle_moves, connector_flattens=True
+    )
+    config = (
+        _ppo(batch)
+        .environment(env=rayi.register_rllib_env(), env_config=env_config)
+        .env_runners(
+            num_env_runners=1,
+            num_envs_per_env_runner=worlds,
+            num_cpus_per_env_runner=0,
+            gym_env_vectorize_mode=gymnasium.VectorizeMode.VECTOR_ENTRY_POINT,
+            env_to_module_connector=lambda env, spaces=None, device=None: FlattenObservations(),
+        )
+    )
+    algo = config.build_algo()
+    try:
+        return _timed(algo, iters)
+    finally:
+        algo.stop()
+        rayi.free_rllib_env_config(env_config)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=2048)
+    args = parser.parse_args()
+    rayi.init_ray("local", num_cpus=2, log_to_driver=False)
+    rows = []
+    with server_subprocess("catch", max_workers=2 * max(args.worlds) + 16) as server:
+        for worlds in args.worlds:
+            a_env, a_learn, client = rllink(server.address, worlds, args.batch, args.iters)
+            b_env, b_learn = bridge(server.address, worlds, args.batch, args.iters)
+            rows.append([worlds, a_env, a_learn, client, b_env, b_learn, f"{a_env / b_env:.2f}x"])
+            print(rows[-1], file=sys.stderr, flush=True)
+    print_table(
+        f"PPO on Catch, one EnvRunner, train batch {args.batch}, {args.iters} iterations timed",
+        [
+            "worlds",
+            "(a) RLlink env steps/s",
+            "(a) learner steps/s",
+            "(a) client's own steps/s",
+            "(b) bridge env steps/s",
+            "(b) learner steps/s",
+            "(a)/(b) env steps/s",
+        ],
+        rows,
+    )
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

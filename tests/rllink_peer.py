@@ -1,0 +1,104 @@
+"""A stand-in RLlib learner that speaks RLlink on a loopback port, for the RLlink client's tests.
+
+It answers the way Ray's ``EnvRunnerServerForExternalInference`` does (framing
+and messages from ``ray.rllib.env.external.rllink``): ``PONG`` to ``PING``,
+``SET_CONFIG`` (a pickled ``AlgorithmConfig``) to ``GET_CONFIG``, ``SET_STATE``
+(an RLModule's weights) to ``GET_STATE`` and ``EPISODES_AND_GET_STATE``, nothing
+to ``EPISODES``; it keeps every episode it receives. It misbehaves on purpose:
+
+- ``drop_after=N``: after taking the N-th batch of episodes it hangs up instead
+  of answering (then listens again);
+- ``gone_after=N``: after answering the N-th batch it hangs up and stops listening;
+- ``weights``: the weights it sends (default those of the config's module).
+
+No RLlib training runs: it is the learner's side of the socket only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import socket
+import threading
+from typing import Any
+
+from ray.rllib.core import COMPONENT_RL_MODULE
+from ray.rllib.env.external.rllink import get_rllink_message, send_rllink_message
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+
+class FakeLearner:
+    """See the module docs. ``address`` is where it listens; ``close()`` ends it."""
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        weights: Any = None,
+        drop_after: int | None = None,
+        gone_after: int | None = None,
+    ) -> None:
+        self.config = config
+        self.weights = (
+            weights
+            if weights is not None
+            else config.get_rl_module_spec(inference_only=True).build().get_state()
+        )
+        self.drop_after, self.gone_after = drop_after, gone_after
+        self.episodes: list[SingleAgentEpisode] = []
+        self.batches = 0
+        self.connections = 0
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(1)
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with client:
+                try:
+                    self._talk(client)
+                except ConnectionError:
+                    continue
+
+    def _talk(self, client: socket.socket) -> None:
+        while True:
+            kind, body = get_rllink_message(client)
+            if kind.name == "PING":
+                send_rllink_message(client, {"type": "PONG"})
+            elif kind.name == "GET_CONFIG":
+                send_rllink_message(
+                    client, {"type": "SET_CONFIG", "config": pickle.dumps(self.config)}
+                )
+            elif kind.name == "GET_STATE":
+                self._state(client)
+            elif kind.name in ("EPISODES", "EPISODES_AND_GET_STATE"):
+                self.episodes.extend(SingleAgentEpisode.from_state(s) for s in body["episodes"])
+                self.batches += 1
+                if self.batches == self.drop_after:
+                    return  # hangs up with the episodes taken, unanswered
+                if kind.name == "EPISODES_AND_GET_STATE":
+                    self._state(client)
+                if self.batches == self.gone_after:
+                    self.close()
+                    return
+
+    def _state(self, client: socket.socket) -> None:
+        state = {COMPONENT_RL_MODULE: self.weights, "weights_seq_no": self.batches}
+        send_rllink_message(client, {"type": "SET_STATE", "state": state})
+
+    def close(self) -> None:
+        """Stops listening (idempotent)."""
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
