@@ -79,8 +79,8 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 
 import ray
 
-from dm_env_rpc_client.integrations._ray_shards import _Shard
 from dm_env_rpc_client.integrations.ray import ServerFleet, init_ray, run_sharded
+from dm_env_rpc_client.integrations.ray._shards import _Shard
 from dm_env_rpc_client.server.catch import Catch
 
 WORLDS = 16

@@ -178,7 +178,8 @@ def _report(title: str, rounds: Any, sizes: dict[str, list[float]]) -> None:
 def _writers_alone(episodes: list[Any], spaces_of: Any) -> None:
     from envlogger.converters import codec
 
-    from dm_env_rpc_client.integrations import _rlds_steps, rlds
+    from dm_env_rpc_client.integrations import rlds
+    from dm_env_rpc_client.integrations.rlds import _steps as _rlds_steps
 
     steps = sum(len(e.step_type) for e in episodes)
     rows = []

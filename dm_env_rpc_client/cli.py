@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     if seed_setting is not None and seed_setting in create_settings and not args.world:
         raise UsageError(_SEED_TWICE.format(name=seed_setting))
     if args.ray is not None:  # sharded on Ray: needs the ray extra, so imported only here
-        from .integrations._ray_cli import run_on_ray
+        from .integrations.ray._cli import run_on_ray
 
         for address in dict.fromkeys(args.address or ()):
             check_address(address, kwargs, args.timeout, args.quiet or args.json)

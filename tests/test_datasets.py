@@ -187,7 +187,7 @@ def _episode_rows(lengths: list[int]):  # type: ignore[no-untyped-def]
     """A record batch of episodes of ``lengths`` rows (an image, a vector, a Discrete action)."""
     from gymnasium import spaces
 
-    from dm_env_rpc_client.integrations import _minari_arrow
+    from dm_env_rpc_client.integrations.minari import _arrow as _minari_arrow
 
     rng = np.random.default_rng(0)
     observations = spaces.Dict(
@@ -213,7 +213,7 @@ def test_minari_episode_files_are_pyarrows_own_bytes() -> None:
     """``IpcFiles`` (files assembled from a template) writes what ``pa.ipc.new_file`` writes."""
     import pyarrow as pa
 
-    from dm_env_rpc_client.integrations._minari_arrow import IpcFiles
+    from dm_env_rpc_client.integrations.minari._arrow import IpcFiles
 
     batch, starts = _episode_rows([2, 11, 3, 40, 2, 7])
     files = IpcFiles()
@@ -233,7 +233,7 @@ def test_minari_episode_files_fall_back_to_pyarrow_when_the_template_does_not_ma
 ) -> None:
     import pyarrow as pa
 
-    from dm_env_rpc_client.integrations import _minari_arrow
+    from dm_env_rpc_client.integrations.minari import _arrow as _minari_arrow
 
     real = _minari_arrow._template
 
@@ -259,10 +259,10 @@ def _as_proto(data):  # type: ignore[no-untyped-def]
 
 
 def test_rlds_steps_are_envloggers_own_encoding_for_every_dtype() -> None:
-    """The reused templates of ``_rlds_steps`` give the protos ``codec.encode`` gives."""
+    """The reused templates of ``rlds._steps`` give the protos ``codec.encode`` gives."""
     from envlogger.converters import codec
 
-    from dm_env_rpc_client.integrations._rlds_steps import SerializedData, StepEncoder, step
+    from dm_env_rpc_client.integrations.rlds._steps import SerializedData, StepEncoder, step
 
     rng = np.random.default_rng(0)
     rows = 5

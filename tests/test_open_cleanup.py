@@ -88,7 +88,7 @@ def test_bridges_leave_no_world_when_opening_fails(bridge: str) -> None:
 
                 BatchedVecEnv(addresses=kept.address, num_envs=5, timeout=10)
             else:
-                from dm_env_rpc_client.integrations._ray_shards import _Shard
+                from dm_env_rpc_client.integrations.ray._shards import _Shard
 
                 _Shard(0, list(range(5)), [kept.address] * 5, None, {"timeout": 10})
         assert kept.worlds == 0

@@ -28,7 +28,7 @@ from conftest import run_child, wait_for  # noqa: E402
 from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
 from rllink_peer import FakeLearner  # noqa: E402
 
-from dm_env_rpc_client.integrations._ray_rllink_spaces import SpaceBridge  # noqa: E402
+from dm_env_rpc_client.integrations.ray._rllink_spaces import SpaceBridge  # noqa: E402
 
 BOARD = gymnasium.spaces.Box(0.0, 1.0, (50,), np.float32)  # Catch's 10 x 5 board, flattened
 MOVES = gymnasium.spaces.Discrete(3)  # Catch's paddle move -1, 0, 1 as 0, 1, 2

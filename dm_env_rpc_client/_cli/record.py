@@ -7,7 +7,7 @@
 when their format is asked for. The run's settings go in the dataset's metadata.
 
 On Ray (``sharded``), every shard records its worlds' episodes as ``.npz``
-parts, which come back to the driver (``_ray_shards``); the driver then writes
+parts, which come back to the driver (``ray._shards``); the driver then writes
 them, world by world and episode by episode, into one dataset in ``DIR``. The
 spaces and specs come from one world made on the first server (or on an
 embedded Catch, which the fleet runs) before the run.

@@ -1,7 +1,7 @@
 """``run --rllib-server HOST:PORT``: the run's flags and entry for RLlib learners over RLlink.
 
 The flags live here, so that ``cli.py`` only adds them; ``run_rllink`` imports
-the RLlink client (``integrations._ray_rllink_cli``, the ``rllib`` extra) only
+the RLlink client (``integrations.ray._rllink_cli``, the ``rllib`` extra) only
 when ``--rllib-server`` is given, and says which extra to install if it is missing.
 """
 
@@ -92,7 +92,7 @@ def run_rllink(
       stop_on_signals: ``cli._stop_on_signals``.
     """
     try:
-        from ..integrations import _ray_rllink_cli as rllink
+        from ..integrations.ray import _rllink_cli as rllink
     except ImportError as exc:
         print(
             f"error: --rllib-server needs RLlib: pip install 'dm_env_rpc_client[rllib]' ({exc})",

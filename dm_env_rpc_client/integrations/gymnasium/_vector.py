@@ -8,7 +8,7 @@ the FIRST step of its next sequence, and that step's action is ignored. So a
 world that ended is carried into its next episode by the next ``step``, with no
 extra round trip, and that step reports reward 0 and neither terminated nor
 truncated. ``autoreset_mode=AutoresetMode.SAME_STEP`` or ``DISABLED`` give
-gymnasium's other two modes (``_gym_autoreset``), and
+gymnasium's other two modes (``gymnasium._autoreset``), and
 ``reset(options={"reset_mask": mask})`` resets only the masked worlds.
 
 Each world's ``terminated`` is its server state TERMINATED, ``truncated`` its
@@ -17,7 +17,7 @@ state INTERRUPTED. ``infos`` follow gymnasium's vector format: ``discount``
 by ``_discount``, False only for a world without a step) and ``env_id`` (the
 world's index in the batch) with its ``_env_id`` mask.
 
-No step a world answered is lost (``_gym_uneven``):
+No step a world answered is lost (``gymnasium._uneven``):
 
 - when the batch restarted a failed world (``on_world_failure="restart"`` in
   ``connect_kwargs``), that world's step is ``truncated`` (its episode was cut
@@ -48,13 +48,13 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from .. import errors, specs
-from .._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
-from .._proto import dm_env_rpc_pb2
-from ..batched import BatchedEnvironment
-from . import _gym_autoreset as autoreset
-from ._gym_spaces import AnyText, SpaceAdapter, leaf
-from ._gym_uneven import Uneven
+from ... import errors, specs
+from ..._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
+from ..._proto import dm_env_rpc_pb2
+from ...batched import BatchedEnvironment
+from . import _autoreset as autoreset
+from ._spaces import AnyText, SpaceAdapter, leaf
+from ._uneven import Uneven
 from ._vector_batch import open_batch, receive_firsts, reset_world
 
 State = dm_env_rpc_pb2.EnvironmentStateType
@@ -420,7 +420,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
     def _uneven_step(
         self, rows: Any, failed: dict[int, errors.WorldError], first: errors.WorldError | None
     ) -> VectorStep:
-        """A vector step world by world (``_gym_uneven``); raises if a world has none."""
+        """A vector step world by world (``gymnasium._uneven``); raises if a world has none."""
         out = self._uneven.assemble(rows, failed)
         batch = batch_of(out.timesteps, self._ids)._replace(state=out.states)
         observations, rewards, terminations, truncations, infos = self._vector_step(batch)
@@ -477,7 +477,7 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
     def _same_step(
         self, observations: Any, infos: dict[str, Any], ended: list[int]
     ) -> tuple[Any, dict[int, errors.WorldError]]:
-        """SAME_STEP: the ended worlds' next FIRST steps replace their rows (``_gym_autoreset``).
+        """SAME_STEP: the ended worlds' next FIRST steps replace their rows (``gymnasium._autoreset``).
 
         A world whose autoreset step failed keeps its LAST row; it is returned with its error.
         """

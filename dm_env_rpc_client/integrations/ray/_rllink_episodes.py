@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from .._adaptor.stacked import BatchedTimeStep
+from ..._adaptor.stacked import BatchedTimeStep
 
 BEHAVIOR = "behavior"
 ON_POLICY, OFF_POLICY = "rl_module", "external"

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import errors
+from ... import errors
 
 HEADER = 8  # ASCII digits of the body's length
 PING, PONG = "PING", "PONG"

@@ -33,7 +33,7 @@ from typing import Any
 
 import ray
 
-from ._ray_fleet import ServerFleet, fleet_addresses
+from ._fleet import ServerFleet, fleet_addresses
 
 ENV_NAME = "dm_env_rpc"
 _SLOTS = "slots"
@@ -187,7 +187,7 @@ def rllib_env_creator(env_config: Mapping[str, Any]) -> Any:
         observation is 2-D with no flattening (each message names the setting).
       WorldError: a world could not be created.
     """
-    from .gymnasium import GymnasiumVectorEnv
+    from ..gymnasium import GymnasiumVectorEnv
 
     config = dict(env_config)
     addresses = list(config.pop("addresses", None) or ())

@@ -46,8 +46,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without env
 
 import numpy as np
 
-from .. import recording
-from ._rlds_steps import StepEncoder
+from ... import recording
+from ._steps import StepEncoder
 
 STAGING = ".staging"
 WRITER_OPTIONS = "zstd:1,chunk_size:1M"

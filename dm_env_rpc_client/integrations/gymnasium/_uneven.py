@@ -31,10 +31,10 @@ from typing import Any, NamedTuple
 import dm_env
 import numpy as np
 
-from .. import errors
-from .._adaptor.stacked import BatchedTimeStep
-from .._proto import dm_env_rpc_pb2
-from ..batched import BatchedEnvironment
+from ... import errors
+from ..._adaptor.stacked import BatchedTimeStep
+from ..._proto import dm_env_rpc_pb2
+from ...batched import BatchedEnvironment
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _REMOVED = (

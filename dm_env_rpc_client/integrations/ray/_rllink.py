@@ -1,9 +1,9 @@
 """The RLlink client: dm_env_rpc worlds stepped here, for an RLlib learner elsewhere.
 
 ``run_rllink(addresses, rllib=[...])`` connects to one or more RLlib
-``EnvRunnerServerForExternalInference`` ports (``_ray_rllink_wire``), takes the
+``EnvRunnerServerForExternalInference`` ports (``ray._rllink_wire``), takes the
 learner's config (its spaces, checked against the worlds' by
-``_ray_rllink_spaces``) and weights, builds the RLModule here, and steps the
+``ray._rllink_spaces``) and weights, builds the RLModule here, and steps the
 worlds through one ``BatchedEnvironment``, one step in flight per world, in
 rounds:
 
@@ -13,7 +13,7 @@ rounds:
    distribution with its ``action_logp`` and ``action_dist_inputs`` kept for PPO;
 2. a round ends when each link's worlds have recorded its share of env steps
    (``steps_per_send``, by default the learner's train batch split over the
-   links) and nothing is in flight; the episodes (``_ray_rllink_episodes``) go
+   links) and nothing is in flight; the episodes (``ray._rllink_episodes``) go
    to each link with ``EPISODES_AND_GET_STATE``, all links first, then the
    client waits for every ``SET_STATE`` (the learner trains meanwhile) and
    loads the newest weights: the next round is on-policy.
@@ -50,14 +50,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import errors
-from .._adaptor.stacked import BatchedTimeStep
-from .._stepping.loop import recv_until_stopped, send_unless_removed
-from ..batched import BatchedEnvironment
-from ._ray_rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook
-from ._ray_rllink_module import ModuleActor
-from ._ray_rllink_spaces import SpaceBridge
-from ._ray_rllink_wire import (
+from ... import errors
+from ..._adaptor.stacked import BatchedTimeStep
+from ..._stepping.loop import recv_until_stopped, send_unless_removed
+from ...batched import BatchedEnvironment
+from ._rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook
+from ._rllink_module import ModuleActor
+from ._rllink_spaces import SpaceBridge
+from ._rllink_wire import (
     EPISODES,
     EPISODES_AND_GET_STATE,
     SET_STATE,
@@ -89,7 +89,7 @@ class RLlinkStats:
       weight_updates: new weights loaded.
       truncated_by_failure: episodes cut by a world's failure (shipped truncated).
       cut_after_ship: episodes cut by a failure right after their chunk was shipped
-        (no step left to mark truncated; see ``_ray_rllink_episodes``).
+        (no step left to mark truncated; see ``ray._rllink_episodes``).
       reconnects: one line per RLlib connection made again.
       restarts: one line per world restarted by the batch.
       worlds_lost: worlds removed from the batch.

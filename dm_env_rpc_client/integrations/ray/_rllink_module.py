@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ._ray_rllink_spaces import SpaceBridge
-from ._ray_rllink_wire import SpaceMismatchError
+from ._rllink_spaces import SpaceBridge
+from ._rllink_wire import SpaceMismatchError
 
 _BAD_WEIGHTS = (
     "The learner's weights do not fit the RLModule its config builds for the worlds' spaces "

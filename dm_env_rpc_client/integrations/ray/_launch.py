@@ -22,8 +22,8 @@ from typing import Any
 
 import ray
 
-from ..launch import LaunchedServers, Relaunch, RelaunchPolicy, launch
-from ._ray_fleet import ServerFleet, ServerInfo
+from ...launch import LaunchedServers, Relaunch, RelaunchPolicy, launch
+from ._fleet import ServerFleet, ServerInfo
 
 
 def _launched_env(settings: Any) -> Any:
@@ -90,7 +90,7 @@ class LaunchedFleet(ServerFleet):
         relaunch: RelaunchPolicy | None = RelaunchPolicy(),  # noqa: B008 (an immutable tuple)
         token: str | None = None,
     ) -> None:
-        from .._launch.process import command_line
+        from ..._launch.process import command_line
 
         command_line(command, "127.0.0.1", 0)  # a bad template fails here, not in every actor
         self._command = command

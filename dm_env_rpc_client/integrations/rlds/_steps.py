@@ -41,7 +41,7 @@ from envlogger import step_data
 from envlogger.converters import codec
 from envlogger.proto import storage_pb2
 
-from .. import recording, specs
+from ... import recording, specs
 
 # dtype -> (Values field, big-endian dtype): codec stores these as bytes.
 _BYTES = {

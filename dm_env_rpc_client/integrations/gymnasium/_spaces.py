@@ -19,8 +19,8 @@ import numpy as np
 from dm_env import specs as dm_specs
 from gymnasium import spaces
 
-from .. import errors, specs, tensors
-from .._proto import dm_env_rpc_pb2
+from ... import errors, specs, tensors
+from ..._proto import dm_env_rpc_pb2
 
 TensorSpec = dm_env_rpc_pb2.TensorSpec
 

@@ -9,7 +9,7 @@ with its Arrow storage)::
     dataset = minari.MinariDataset("datasets/catch-random-v0/data")
 
 - Layout: ``DIR/data/metadata.json`` plus one Arrow folder per episode (Minari's
-  ``arrow`` storage; ``_minari_arrow`` has the columns). Record into
+  ``arrow`` storage; ``minari._arrow`` has the columns). Record into
   ``$MINARI_DATASETS_PATH/<dataset id>`` (default ``~/.minari/datasets``) and
   ``minari.load_dataset(<dataset id>)`` finds it.
 - Spaces: the Gymnasium bridge's (``spaces_from_specs``), so
@@ -53,10 +53,10 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without min
         "pip install 'dm_env_rpc_client[minari]'"
     ) from exc
 
-from .. import errors, recording, specs
-from .._tools.npz_file import write_parts
-from . import _minari_arrow
-from ._gym_spaces import spaces_from_specs
+from ... import errors, recording, specs
+from ..._tools.npz_file import write_parts
+from ..gymnasium._spaces import spaces_from_specs
+from . import _arrow as _minari_arrow
 
 METADATA = "metadata.json"
 ENTRY_POINT = "dm_env_rpc_client.integrations.gymnasium:GymnasiumEnv"

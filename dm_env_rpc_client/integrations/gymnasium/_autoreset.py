@@ -42,8 +42,8 @@ from gymnasium import Space
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
-from .. import errors
-from ..batched import BatchedEnvironment
+from ... import errors
+from ...batched import BatchedEnvironment
 
 _LAST = 2  # dm_env.StepType.LAST
 Row = tuple[dm_env.TimeStep, int, bool]  # a world's step, its server state, restart flag

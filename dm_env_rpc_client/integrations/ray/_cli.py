@@ -24,13 +24,13 @@ from typing import Any
 
 import ray
 
-from .._base.cli_args import UsageError, check_launch_flags, tls_credentials, token
-from ..server.catch import Catch
-from ..specs import unflatten
-from ..stepping import RunStats
-from ._ray_fleet import ServerFleet
-from ._ray_shards import run_sharded
-from .ray import init_ray
+from ..._base.cli_args import UsageError, check_launch_flags, tls_credentials, token
+from ...server.catch import Catch
+from ...specs import unflatten
+from ...stepping import RunStats
+from ._api import init_ray
+from ._fleet import ServerFleet
+from ._shards import run_sharded
 
 LOCAL = "local"
 _MIN_WORKERS = 64  # streams each fleet server serves at least

@@ -51,13 +51,13 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without gym
 
 import numpy as np
 
-from .. import errors, specs
-from .._base import checks as _checks
-from .._proto import dm_env_rpc_pb2
-from ..connection import Connection, connect
-from ..environment import DmEnvAdaptor, create_and_join_world
-from ._gym_spaces import AnyText, SpaceAdapter, leaf, space_from_spec, spaces_from_specs
-from ._gym_vector import GymnasiumVectorEnv
+from ... import errors, specs
+from ..._base import checks as _checks
+from ..._proto import dm_env_rpc_pb2
+from ...connection import Connection, connect
+from ...environment import DmEnvAdaptor, create_and_join_world
+from ._spaces import AnyText, SpaceAdapter, leaf, space_from_spec, spaces_from_specs
+from ._vector import GymnasiumVectorEnv
 from ._vector_batch import refused_setting
 
 State = dm_env_rpc_pb2.EnvironmentStateType

@@ -72,13 +72,13 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without the
 
 import numpy as np
 
-from .. import errors, specs
-from .._proto import dm_env_rpc_pb2
-from ..batched import BatchedEnvironment
-from ..environment import DmEnvAdaptor
-from ._gym_spaces import AnyText, SpaceAdapter, leaf
-from ._sb3_actions import DISCRETE_LIMIT, ActionMap
-from ._vector_batch import open_batch, receive_firsts, reset_world
+from ... import errors, specs
+from ..._proto import dm_env_rpc_pb2
+from ...batched import BatchedEnvironment
+from ...environment import DmEnvAdaptor
+from ..gymnasium._spaces import AnyText, SpaceAdapter, leaf
+from ..gymnasium._vector_batch import open_batch, receive_firsts, reset_world
+from ._actions import DISCRETE_LIMIT, ActionMap
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST, _LAST = 0, 2  # dm_env.StepType

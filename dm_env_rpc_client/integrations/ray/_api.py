@@ -3,18 +3,18 @@
 Needs the ``ray`` extra (``pip install 'dm_env_rpc_client[ray]'``); the core
 package never imports this module. Three pieces, each in a private module:
 
-- ``ServerFleet`` (``_ray_fleet``): N embedded servers as Ray actors, placed by
+- ``ServerFleet`` (``ray._fleet``): N embedded servers as Ray actors, placed by
   a placement group (``SPREAD`` by default), each on its node's IP and a free
   port; ``addresses``, ``health()``, restarts by Ray, ``close()``.
-- ``run_sharded`` (``_ray_shards``): K shard actors each step a
+- ``run_sharded`` (``ray._shards``): K shard actors each step a
   ``BatchedEnvironment`` over their share of the worlds, with random actions or
   a policy; the ``ShardedRun`` totals add the shards up (latency percentiles
   over every step).
-- ``rllib_env_creator`` (``_ray_rllib``): RLlib's env creator for the new
+- ``rllib_env_creator`` (``ray._rllib``): RLlib's env creator for the new
   API stack under ``VECTOR_ENTRY_POINT``: each EnvRunner gets a
   ``GymnasiumVectorEnv`` over worlds of its own (needs the ``gymnasium`` extra
   and RLlib).
-- ``run_rllink`` (``_ray_rllink``): the other direction, RLlib's RLlink: this
+- ``run_rllink`` (``ray._rllink``): the other direction, RLlib's RLlink: this
   machine steps the worlds and runs the learner's RLModule, and ships episodes
   to RLlib ``EnvRunnerServerForExternalInference`` ports (needs the ``rllib``
   extra; imported on first use). ``docs/rllink.md``.
@@ -44,9 +44,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "dm_env_rpc_client.integrations.ray needs Ray: pip install 'dm_env_rpc_client[ray]'"
     ) from exc
 
-from ._ray_fleet import FleetError, ServerFleet, ServerHealth, ServerInfo
-from ._ray_launch import LaunchedFleet
-from ._ray_rllib import (
+from ._fleet import FleetError, ServerFleet, ServerHealth, ServerInfo
+from ._launch import LaunchedFleet
+from ._rllib import (
     ENV_NAME,
     free_rllib_env_config,
     register_rllib_env,
@@ -54,11 +54,11 @@ from ._ray_rllib import (
     rllib_env_creator,
     runner_slot,
 )
-from ._ray_shards import ShardedRun, ShardError, ShardStats, run_sharded, split, summarize
+from ._shards import ShardedRun, ShardError, ShardStats, run_sharded, split, summarize
 
 if TYPE_CHECKING:  # imported on first use (__getattr__): they need the rllib extra
-    from ._ray_rllink import RLlinkStats, run_rllink
-    from ._ray_rllink_wire import (
+    from ._rllink import RLlinkStats, run_rllink
+    from ._rllink_wire import (
         LearnerUnreachableError,
         LinkDroppedError,
         RLlinkError,
@@ -70,7 +70,8 @@ def __getattr__(name: str) -> Any:
     """The RLlink client's names, imported on first use: they need RLlib (the rllib extra)."""
     if name in _RLLINK:
         try:
-            from . import _ray_rllink, _ray_rllink_wire
+            from . import _rllink as _ray_rllink
+            from . import _rllink_wire as _ray_rllink_wire
         except ImportError as exc:
             raise ImportError(
                 f"dm_env_rpc_client.integrations.ray.{name} needs RLlib and msgpack-numpy: "

@@ -16,10 +16,10 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import errors
-from .._adaptor.stacked import BatchedTimeStep
-from .._base import checks as _checks
-from ..batched import BatchedEnvironment
+from ... import errors
+from ..._adaptor.stacked import BatchedTimeStep
+from ..._base import checks as _checks
+from ...batched import BatchedEnvironment
 
 _ONE_SOURCE = "Give {owner} either a BatchedEnvironment or addresses=, not {what}."
 _NOT_A_BATCH = (

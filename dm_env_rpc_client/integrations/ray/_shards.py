@@ -44,13 +44,13 @@ import grpc
 import numpy as np
 import ray
 
-from .. import errors
-from .._stepping.loop import Policy, step
-from .._stepping.tally import RunStats
-from ..batched import BatchedEnvironment
-from ..launch import launch
-from ..recording import Recording, prepare_folder
-from ._ray_fleet import _NOT_INITIALIZED, FleetError, ServerFleet, _first_line, fleet_addresses
+from ... import errors
+from ..._stepping.loop import Policy, step
+from ..._stepping.tally import RunStats
+from ...batched import BatchedEnvironment
+from ...launch import launch
+from ...recording import Recording, prepare_folder
+from ._fleet import _NOT_INITIALIZED, FleetError, ServerFleet, _first_line, fleet_addresses
 
 _BAD_SPLIT = "Cannot split {worlds} worlds into {shards} shards; need 1 <= shards <= worlds."
 _SHARD_FAILED = "Shard {shard} (worlds {first}-{last}) failed: {error}"

@@ -4,7 +4,7 @@ Stable-Baselines3's policies give a ``Discrete`` action as ``0 .. n-1`` (and a
 ``MultiDiscrete`` one per entry likewise), so a bounded integer ``Box`` action
 (Catch's paddle: int8 in ``[-1, 1]``) is shown as ``Discrete(high - low + 1)``
 (scalar) or ``MultiDiscrete`` (1-D), and ``low`` is added back before sending.
-Anything else keeps the Gymnasium bridge's space (``_gym_spaces``).
+Anything else keeps the Gymnasium bridge's space (``gymnasium._spaces``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from .. import errors
+from ... import errors
 
 DISCRETE_LIMIT = 1 << 16
 """The most values an integer action may have to be shown as ``Discrete``/``MultiDiscrete``."""

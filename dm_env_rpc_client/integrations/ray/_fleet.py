@@ -40,12 +40,12 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from .. import errors
-from .._base import checks as _checks
-from .._base import tokens as _tokens
-from .._proto import dm_env_rpc_pb2
-from ..connection import connect
-from ..server import MakeEnv, Server, check_factory, serve
+from ... import errors
+from ..._base import checks as _checks
+from ..._base import tokens as _tokens
+from ..._proto import dm_env_rpc_pb2
+from ...connection import connect
+from ...server import MakeEnv, Server, check_factory, serve
 
 _MEMO = "dm_env_rpc_fleet"  # /tmp/dm_env_rpc_fleet-<fleet>-<server>: a server's port, for restarts
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

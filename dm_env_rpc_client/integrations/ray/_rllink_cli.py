@@ -23,8 +23,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._base.cli_args import UsageError
-from ._ray_rllink import RANDOM, RLlinkStats, run_rllink
+from ..._base.cli_args import UsageError
+from ._rllink import RANDOM, RLlinkStats, run_rllink
 
 _BAD_POLICY = (
     "--rllib-policy {value!r} is neither 'random' nor MODULE:FUNCTION (a policy(timestep) -> "

@@ -3,7 +3,7 @@
 The RLlib learner declares its spaces (``.environment(observation_space=...,
 action_space=...)``: ``EnvRunnerServerForExternalInference`` has no env to ask);
 the worlds have theirs, read from their specs with the Gymnasium bridge's
-table (``_gym_spaces``). ``SpaceBridge`` checks that one fits the other and
+table (``gymnasium._spaces``). ``SpaceBridge`` checks that one fits the other and
 converts between them, for a whole batch at once:
 
 ============================== ============================== ======================
@@ -32,10 +32,10 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from .. import specs
-from ..batched import BatchedEnvironment, BatchedTimeStep
-from ._gym_spaces import SpaceAdapter, leaf
-from ._ray_rllink_wire import SpaceMismatchError
+from ... import specs
+from ...batched import BatchedEnvironment, BatchedTimeStep
+from ..gymnasium._spaces import SpaceAdapter, leaf
+from ._rllink_wire import SpaceMismatchError
 
 _MISMATCH = (
     "The learner's {kind} space {learner} does not fit the worlds' {kind} {name!r}, {world}. "

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 from gymnasium import spaces
 
-from .. import errors
+from ... import errors
 
 _NO_COLUMN = (
     "The {kind} {name!r} has the space {space}, which the Minari arrow format cannot hold. "
