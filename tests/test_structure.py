@@ -275,3 +275,45 @@ def test_the_stepping_loop_is_public_and_documented() -> None:
     assert "```python" in page and "dmr.collect(" in page
     assert "stepping.md" in (ROOT / "mkdocs.yml").read_text()
     assert "dmr.collect(" in (ROOT / "README.md").read_text()
+
+
+# integrations/: one folder per library, Gymnasium's own layout (issue 35). Each folder's
+# __init__ gives the library's one-line description and its public names; its machinery is
+# private modules beside it.
+INTEGRATION_FOLDERS = {"gymnasium", "minari", "pettingzoo", "ray", "rlds", "sb3"}
+
+
+def test_integrations_are_one_folder_per_library() -> None:
+    folder = PACKAGE / "integrations"
+    loose = sorted(p.name for p in folder.glob("*.py") if p.name != "__init__.py")
+    assert loose == [], "put these modules in their library's folder under integrations/"
+    folders = {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+    assert folders == INTEGRATION_FOLDERS
+    for name in sorted(folders):
+        init = ast.parse((folder / name / "__init__.py").read_text())
+        doc = (ast.get_docstring(init) or "").strip()
+        assert doc and "\n" not in doc, f"integrations/{name}/__init__.py: a one-line docstring"
+        exported = [
+            node
+            for node in init.body
+            if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+        ]
+        assert exported, f"integrations/{name}/__init__.py lists its public names in __all__"
+        public = [
+            p.name
+            for p in (folder / name).glob("*.py")
+            if p.name != "__init__.py" and not p.name.startswith("_")
+        ]
+        assert public == [], f"integrations/{name}/: its public names come from __init__ only"
+
+
+def test_the_public_integration_paths_are_unchanged() -> None:
+    """The names users import still import from where they always did."""
+    code = (
+        "from dm_env_rpc_client.integrations.gymnasium import GymnasiumEnv, GymnasiumVectorEnv\n"
+        "from dm_env_rpc_client.integrations.ray import ServerFleet, run_sharded\n"
+        "from dm_env_rpc_client.integrations.pettingzoo import ParallelEnv\n"
+    )
+    result = run_child([sys.executable, "-c", code], timeout=100)
+    assert result.returncode == 0, result.stderr

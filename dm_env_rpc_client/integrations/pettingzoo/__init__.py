@@ -1,5 +1,4 @@
-"""PettingZoo bridge: one multi-agent dm_env_rpc world as a ``pettingzoo.ParallelEnv``, and
-RLlib's multi-agent route over it (``rllib_env``)."""
+"""PettingZoo bridge: a multi-agent world as a ``pettingzoo.ParallelEnv``; RLlib's route on it."""
 
 from ._parallel import ParallelEnv, aec_env
 from ._rllib import rllib_env
