@@ -237,6 +237,17 @@ ROWS: list[Row] = [
     Row("GymnasiumVectorEnv", "address-for-batch", lambda w: gym.GymnasiumVectorEnv("127.0.0.1:1"), ("addresses=", "BatchedEnvironment")),
     *_address_rows("GymnasiumVectorEnv", lambda a: gym.GymnasiumVectorEnv(addresses=[a], timeout=LONG), "addresses"),
     Row("GymnasiumVectorEnv", "num-envs-zero", lambda w: gym.GymnasiumVectorEnv(addresses=[w.address], num_envs=0), ("num_envs=0", "at least 1")),
+    # --- option groups, the stepping loop, multi-agent worlds, tokens -------------------------
+    Row("ConnectionOptions", "streams-per-connection-zero", lambda w: dmr.BatchedEnvironment.connect(w.address, 1, connection=dmr.ConnectionOptions(max_streams_per_connection=0), timeout=LONG), ("max_streams_per_connection=0", "at least 1")),
+    Row("FailurePolicy", "unknown-policy", lambda w: dmr.BatchedEnvironment.connect(w.address, 1, failure_policy=dmr.FailurePolicy(on_world_failure="retry"), timeout=LONG), ("on_world_failure", "'raise' or 'restart'")),
+    Row("collect", "address-for-batch", lambda w: dmr.collect(w.address, steps=10), ("dmr.BatchedEnvironment", "connect one first")),
+    Row("MultiAgentWorld", "num-agents-zero", lambda w: dmr.MultiAgentWorld.connect(w.address, num_agents=0, timeout=LONG), ("num_agents=0", "at least 1")),
+    *_address_rows("MultiAgentWorld", lambda a: dmr.MultiAgentWorld.connect(a, timeout=LONG), name="addresses", skip=("a-list",)),
+    Row("MultiAgentBatch", "misspelled-keyword", lambda w: dmr.MultiAgentBatch.connect(w.address, 1, 2, timout=3), ("timout", "'timeout'")),
+    Row("MultiAgentRecording", "agent-named-twice", lambda w: dmr.MultiAgentRecording(w.folder / "ma", ["a", "a"], 1), ("'a' is given twice", "a folder of its own")),
+    Row("iter_agent_episodes", "missing-folder", lambda w: list(dmr.iter_agent_episodes(w.folder / "nope")), ("agents.json", "MultiAgentRecording")),
+    Row("token_metadata", "number-for-token", lambda w: dmr.token_metadata(5), ("token", "not int")),
+    Row("token_metadata", "empty-token", lambda w: dmr.token_metadata(""), ("token", "at least one character")),
     Row("GymnasiumVectorEnv", "no-addresses", lambda w: gym.GymnasiumVectorEnv(addresses=[]), ("addresses", "at least one")),
     Row("ServerFleet", "instance-for-factory", lambda w: ray_integration.ServerFleet(Catch()), ("make_env", "Catch (the class)")),
     Row("ServerFleet", "num-servers-zero", lambda w: ray_integration.ServerFleet(Catch, 0), ("num_servers=0", "at least 1")),
@@ -263,6 +274,11 @@ NOT_ENTRY_POINTS = {
     "PropertySpec": "a record the properties extension returns",
     "WorldFailure": "a record the batch's failures hold",
     "show": "takes any value: it shows what it is given",
+    "ConnectionType": "the reference's name for the ConnectionLike Protocol",
+    "Metadata": "a type alias (Sequence[tuple[str, str]])",
+    "RunEvent": "a record collect hands its observers",
+    "RunObserver": "a typing Protocol",
+    "RunStats": "a record collect returns",
 }
 # The integrations' public classes, beside dmr.__all__ (records, errors and AnyText, a
 # gymnasium space with gymnasium's own checks, left out).
@@ -290,7 +306,11 @@ def test_the_table_covers_every_public_callable() -> None:
         found = {
             name for name in module.__all__ if inspect.isclass(getattr(module, name))
         } & _public_callables(module)
-        records = {n for n in found if issubclass(getattr(module, n), tuple)} | {"AnyText"}
+        # AnyText: a gymnasium space; RLlinkStats: the record run_rllink returns.
+        records = {n for n in found if issubclass(getattr(module, n), tuple)} | {
+            "AnyText",
+            "RLlinkStats",
+        }
         assert sorted(found - records - classes) == [], f"add {module.__name__}'s classes"
     assert sorted(in_table - public - set().union(*INTEGRATION_CLASSES.values())) == []
 
