@@ -296,6 +296,7 @@ def test_gymnasium_and_sb3_pass_the_token_through_connect_kwargs(
     )
     vector.reset(seed=0)
     vector.close()
+    pytest.importorskip("stable_baselines3", reason="the sb3 extra (with torch) is not installed")
     sb3 = pytest.importorskip("dm_env_rpc_client.integrations.sb3")
     with pytest.raises(errors.WorldError) as info:
         sb3.BatchedVecEnv(addresses=token_server.address, num_envs=2)

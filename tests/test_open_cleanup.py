@@ -77,6 +77,10 @@ def test_a_failed_restart_attempt_destroys_the_world_it_made() -> None:
 
 @pytest.mark.parametrize("bridge", ["gymnasium_vector", "sb3", "ray_shard"])
 def test_bridges_leave_no_world_when_opening_fails(bridge: str) -> None:
+    if bridge == "sb3":
+        pytest.importorskip(
+            "stable_baselines3", reason="the sb3 extra (with torch) is not installed"
+        )
     with keeping_server(make_catch, max_worlds=4) as kept:
         with pytest.raises(errors.WorldError):
             if bridge == "gymnasium_vector":

@@ -54,7 +54,9 @@ def random_return(address: str, episodes: int = 100, seed: int = 0) -> float:
 
 @pytest.mark.parametrize("server", ["sdk", "foreign"])
 def test_rllib_check_multiagent_environments(server):
-    pytest.importorskip("ray.rllib", reason="needs RLlib: pip install -e '.[rllib]'")
+    pytest.importorskip(
+        "ray.rllib", exc_type=ImportError, reason="needs RLlib: pip install -e '.[rllib]'"
+    )
     from ray.rllib.env.multi_agent_env import MultiAgentEnv
     from ray.rllib.utils.pre_checks.env import check_multiagent_environments
 

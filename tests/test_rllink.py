@@ -21,7 +21,9 @@ import pytest
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client.server.catch import Catch
 
-pytest.importorskip("ray.rllib", reason="needs RLlib: pip install -e '.[rllib]'")
+pytest.importorskip(
+    "ray.rllib", exc_type=ImportError, reason="needs RLlib: pip install -e '.[rllib]'"
+)
 gymnasium = pytest.importorskip("gymnasium")
 rayi = pytest.importorskip("dm_env_rpc_client.integrations.ray")
 from conftest import run_child, wait_for  # noqa: E402

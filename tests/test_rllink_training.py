@@ -28,7 +28,9 @@ from conftest import process_gone, wait_for
 from dm_env_rpc_client.server.catch import Catch
 
 ray = pytest.importorskip("ray")
-pytest.importorskip("ray.rllib", reason="needs RLlib: pip install -e '.[rllib]'")
+pytest.importorskip(
+    "ray.rllib", exc_type=ImportError, reason="needs RLlib: pip install -e '.[rllib]'"
+)
 pytest.importorskip("torch", reason="the training tier needs torch")
 gymnasium = pytest.importorskip("gymnasium")
 rayi = pytest.importorskip("dm_env_rpc_client.integrations.ray")

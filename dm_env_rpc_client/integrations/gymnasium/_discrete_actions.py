@@ -1,6 +1,7 @@
-"""The action side of ``BatchedVecEnv``: SB3's action space for a world's one action, and rows in.
+"""A world's one bounded-integer action as ``Discrete``, and rows back (SB3's, PettingZoo's).
 
-Stable-Baselines3's policies give a ``Discrete`` action as ``0 .. n-1`` (and a
+Used by ``sb3.BatchedVecEnv`` and ``pettingzoo.ParallelEnv`` (here, beside the spaces, so
+that neither needs the other's library). Stable-Baselines3's policies give a ``Discrete`` action as ``0 .. n-1`` (and a
 ``MultiDiscrete`` one per entry likewise), so a bounded integer ``Box`` action
 (Catch's paddle: int8 in ``[-1, 1]``) is shown as ``Discrete(high - low + 1)``
 (scalar) or ``MultiDiscrete`` (1-D), and ``low`` is added back before sending.
