@@ -46,13 +46,22 @@ def test_serve_prints_the_address_and_stops(command: list[str], stop: int, code:
 def test_a_port_in_use_is_one_line_from_both_commands() -> None:
     process, address = _start([*CLI, "serve"])
     port = address.rsplit(":", 1)[1]
+    # As a user's shell would start them: without the GRPC_VERBOSITY=NONE that a command run
+    # in this test process (cli.main) leaves in os.environ for its own children.
+    env = {key: value for key, value in os.environ.items() if key != "GRPC_VERBOSITY"}
     try:
         results = [
-            subprocess.run([*command, "--port", port], capture_output=True, text=True, timeout=60)
+            subprocess.run(
+                [*command, "--port", port], capture_output=True, text=True, timeout=60, env=env
+            )
             for command in ([*CLI, "serve"], SERVER)
         ]
         debug = subprocess.run(
-            [*SERVER, "--port", port, "--debug"], capture_output=True, text=True, timeout=60
+            [*SERVER, "--port", port, "--debug"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
         )
     finally:
         process.kill()

@@ -134,6 +134,7 @@ def test_bad_folders_and_names_are_refused(tmp_path):
 
 def test_minari_reads_each_agents_dataset(tmp_path):
     minari = pytest.importorskip("minari")
+    pytest.importorskip("pyarrow", reason="Minari's arrow storage: the minari extra")
     from dm_env_rpc_client.integrations.minari import MinariWriter
 
     with serve(lambda s: Paddles(**s)) as server, _batch(server.address, worlds=1) as batch:

@@ -35,7 +35,9 @@ def quiet_grpc_logs(argv: Sequence[str]) -> bool:
     Returns:
       Whether the logs were silenced.
     """
-    if "--debug" in argv or "GRPC_VERBOSITY" in os.environ:
+    # GRPC_VERBOSITY=NONE (inherited from a parent that silenced itself) still silences: gRPC's
+    # absl logging prints a bind failure's E line whatever the level, so stderr goes too.
+    if "--debug" in argv or os.environ.get("GRPC_VERBOSITY", "NONE").upper() != "NONE":
         return False
     os.environ["GRPC_VERBOSITY"] = "NONE"
     try:

@@ -58,8 +58,8 @@ import numpy as np
 
 from ... import errors, specs
 from ...multiagent import MultiAgentWorld
-from ..gymnasium._spaces import SpaceAdapter
 from ..gymnasium._discrete_actions import ActionMap
+from ..gymnasium._spaces import SpaceAdapter
 
 _CLOSED = "This ParallelEnv is closed; make a new one."
 _NO_RESET = "Call reset() before step(): the episode has not started."

@@ -76,9 +76,9 @@ from ... import errors, specs
 from ..._proto import dm_env_rpc_pb2
 from ...batched import BatchedEnvironment
 from ...environment import DmEnvAdaptor
+from ..gymnasium._discrete_actions import DISCRETE_LIMIT, ActionMap
 from ..gymnasium._spaces import AnyText, SpaceAdapter, leaf
 from ..gymnasium._vector_batch import open_batch, receive_firsts, reset_world
-from ..gymnasium._discrete_actions import DISCRETE_LIMIT, ActionMap
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST, _LAST = 0, 2  # dm_env.StepType
