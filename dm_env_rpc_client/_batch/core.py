@@ -19,6 +19,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import random
 import threading
 import time
@@ -219,7 +220,19 @@ class BatchCore:
             elif state == _RESTARTING:
                 self._held[index].append((data, sent))
             else:  # failed or removed while this was on its way: it answers as a failure
+                self._count_lost(index)
                 self._file(index, self._gen[index], sent, _Failure(self._refusal(index), 1))
+
+    def _count_lost(self, index: int) -> None:
+        """One more unanswered step in world ``index``'s latest failure's ``steps_lost``: a
+        step sent before its failure was known, that never reached a stream."""
+        for position in range(len(self.failures) - 1, -1, -1):
+            failure = self.failures[position]
+            if failure.index == index:
+                self.failures[position] = dataclasses.replace(
+                    failure, steps_lost=failure.steps_lost + 1
+                )
+                return
 
     def _write(self, index: int, data: bytes, sent: float) -> None:
         if not self._busy[index]:
