@@ -204,11 +204,15 @@ def test_ray_shards_give_one_dataset_matching_a_single_process_run(tmp_path, cap
 
 def _run_and_kill_a_server(folder: pathlib.Path, fmt: str, committed) -> dict:  # type: ignore[no-untyped-def]
     """``run`` over two servers into ``--format fmt``; the second server is SIGKILLed once
-    ``committed()`` holds, and its worlds (1 and 3) restart on the first."""
+    ``committed()`` holds, and its worlds (1 and 3) restart on the first. The run has far
+    more steps than it takes: once ``committed()`` has grown again after the kill (the
+    restarted worlds have written episodes), SIGTERM ends it, as Ctrl-C would. (A run of
+    a fixed length raced the writer: on a fast machine it finished before the first commit
+    and the kill came after its last step.)"""
     with server_subprocess() as first, server_subprocess() as second:
         command = [sys.executable, "-m", "dm_env_rpc_client", "run", "--quiet", "--json"]
         command += ["--address", first.address, second.address, "--num-envs", "4"]
-        command += ["--timeout", "5", "--steps", "16000", "--seed", "3"]
+        command += ["--timeout", "5", "--steps", "100000000", "--seed", "3"]
         # Episodes of 39 steps: a world killed right at an episode's start (its FIRST step
         # alone, which is not kept) or end has no cut episode, which is rarer the longer they are.
         command += ["--create-setting", "rows=40"]
@@ -217,11 +221,14 @@ def _run_and_kill_a_server(folder: pathlib.Path, fmt: str, committed) -> dict:  
         try:
             assert wait_for(committed, timeout=60), "nothing committed in time"
             second.kill()
+            at_kill = committed()
+            assert wait_for(lambda: committed() > at_kill, timeout=60), "nothing after the kill"
+            child.send_signal(signal.SIGTERM)
             stdout, stderr = child.communicate(timeout=120)
         finally:
             child.kill()
-    assert child.returncode == 0, stderr
     summary = json.loads(stdout)
+    assert summary["interrupted"], stderr
     assert sorted(line.split(":")[0] for line in summary["restarts"]) == ["world 1", "world 3"]
     return summary
 
@@ -234,13 +241,14 @@ def _check_cut_then_whole(episodes: dict[tuple[int, int], tuple[str, list[int]]]
     for world in (1, 3):
         numbers = sorted(n for w, n in episodes if w == world)
         cuts += [(world, n) for n in numbers if episodes[world, n][0] == "cut" and n != numbers[-1]]
-    assert cuts, "no killed world was cut mid-episode"  # both at an episode boundary: rare
+    ends = {w: [episodes[w, n][0] for n in sorted(n for v, n in episodes if v == w)] for w in (1, 3)}
+    assert cuts, f"no killed world was cut mid-episode: {ends}"  # both at a boundary: rare
     whole = 0
     for world, n in cuts:
         assert episodes[world, n][1][-1] == 1  # ends on a MID step: no LAST
         following = episodes[world, n + 1]
-        if following[0] == "cut" and (world, n + 2) not in episodes:
-            continue  # the run's end cut it too (a late kill: the writer commits late)
+        if following[0] in ("cut", "interrupted") and (world, n + 2) not in episodes:
+            continue  # the run's end (SIGTERM) interrupted it
         assert following[0] == "terminated"
         assert following[1][0] == 0 and following[1][-1] == 2
         assert set(following[1][1:-1]) <= {1}
@@ -250,7 +258,7 @@ def _check_cut_then_whole(episodes: dict[tuple[int, int], tuple[str, list[int]]]
 
 def test_a_restarted_world_through_minari(tmp_path) -> None:
     folder = tmp_path / "restart-v0"
-    _run_and_kill_a_server(folder, "minari", lambda: _minari_committed(folder) > 0)
+    _run_and_kill_a_server(folder, "minari", lambda: _minari_committed(folder))
     dataset = minari.MinariDataset(folder / "data")
     metas = dataset.storage.get_episode_metadata(range(dataset.total_episodes))
     episodes = {}
@@ -267,7 +275,7 @@ def test_a_restarted_world_through_minari(tmp_path) -> None:
 
 def test_a_restarted_world_through_rlds(tmp_path) -> None:
     folder = tmp_path / "restart"
-    _run_and_kill_a_server(folder, "rlds", lambda: _rlds_shards(folder) > 0)
+    _run_and_kill_a_server(folder, "rlds", lambda: _rlds_shards(folder))
     with envlogger.Reader(str(folder)) as reader:
         episodes = {
             (int(m["world"]), int(m["episode"])): (
