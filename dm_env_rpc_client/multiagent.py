@@ -47,7 +47,7 @@ import grpc
 import numpy as np
 
 from . import errors
-from ._adaptor.core import pack_settings
+from ._adaptor.core import _RUNNING, pack_settings
 from ._adaptor.stacked import BatchedTimeStep, split_actions
 from ._base import checks as _checks
 from ._batch.agent_actions import check_agents, interleave, take_rows
@@ -278,7 +278,10 @@ class MultiAgentBatch(AgentBatch):
     ) -> dict[str, BatchedTimeStep]:
         """Sends ResetWorldRequest (with ``settings``, e.g. a new seed) for each world, then
         steps every agent on: the steps the reset interrupted end (LAST), and each agent's
-        FIRST step of the new sequence is returned, by agent name.
+        FIRST step of the new sequence is returned, by agent name. A world with no episode
+        running (just joined, or its episode ended) has its agents reset first, so the
+        ResetWorld always interrupts a running sequence, whichever way its server answers
+        a ResetWorld between episodes.
 
         Raises:
           DmEnvRpcError: a server refused the reset.
@@ -289,6 +292,13 @@ class MultiAgentBatch(AgentBatch):
         packed = pack_settings(settings)
         wait = self.envs[0]._timeout if timeout is None else timeout
         assert self._runner is not None
+        # A ResetWorld interrupts a running sequence. With none running (just joined, or the
+        # episode ended) a server may still answer the next step INTERRUPTED (the reference
+        # package's servers do), which no step type describes: such worlds start one first,
+        # so that every server sees, and every agent answers, the same thing.
+        idle = [w for w in worlds if not all(self._in_sequence(s) for s in self.slots_of(w))]
+        if idle:
+            self.reset_agents(idle, timeout)
         # From a stream joined to no world: a server may restart its caller's own agent at
         # once instead of interrupting it, so every agent is treated alike this way.
         self._runner.run(self._reset_from_aside(worlds, packed, wait), timeout=None)
@@ -297,6 +307,10 @@ class MultiAgentBatch(AgentBatch):
         if any(step.last().any() for step in steps.values()):
             steps = self.step_agents_of(empty, worlds, timeout)
         return steps
+
+    def _in_sequence(self, slot: int) -> bool:
+        """Whether agent slot ``slot`` is in a running sequence (a step since its FIRST)."""
+        return bool(self.envs[slot]._last_state == _RUNNING)
 
     async def _reset_from_aside(self, worlds: list[int], packed: Any, wait: float | None) -> None:
         """Sends each world's ResetWorldRequest over a stream of its own, all at once; raises
