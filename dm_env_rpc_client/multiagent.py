@@ -43,7 +43,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dm_env
-import grpc
 import numpy as np
 
 from . import errors
@@ -53,11 +52,25 @@ from ._base import checks as _checks
 from ._batch.agent_actions import check_agents, interleave, take_rows
 from ._batch.agent_opening import open_agent_batch
 from ._batch.agents import AgentBatch, SiblingFailure, close_agents
-from ._batch.restart import RAISE, RestartPolicy
+from ._batch.options import ConnectionOptions, FailurePolicy, regroup
 from ._batch.undo import ask
 from ._proto import dm_env_rpc_pb2
 
 _AGENT_FAILED = "World {world} (agent {agent}) at {address} failed: {error}"
+_CONNECT_KEYWORDS = (
+    "num_worlds",
+    "num_agents",
+    "create_world_settings",
+    "join_world_settings",
+    "world_names",
+    "world_name",
+    "requested_observations",
+    "timeout",
+    "seed",
+    "seed_setting",
+    "connection",
+    "failure_policy",
+)
 
 
 class MultiAgentBatch(AgentBatch):
@@ -83,16 +96,11 @@ class MultiAgentBatch(AgentBatch):
         world_names: Sequence[str] | None = None,
         requested_observations: Sequence[str] | None = None,
         timeout: float | None = 30.0,
-        credentials: grpc.ChannelCredentials | None = None,
-        options: Sequence[tuple[str, Any]] | None = None,
-        insecure: bool = False,
-        metadata: Sequence[tuple[str, str]] | None = None,
         seed: int | None = None,
         seed_setting: str | None = "seed",
-        on_world_failure: str = RAISE,
-        step_timeout: float | None = 30.0,
-        restart: RestartPolicy | None = None,
-        wait_for_ready: bool = False,
+        connection: ConnectionOptions | None = None,
+        failure_policy: FailurePolicy | None = None,
+        **single: Any,
     ) -> MultiAgentBatch:
         """Creates ``num_worlds`` worlds (round-robin over ``addresses``) and joins
         ``num_agents`` agents to each, every agent over its own stream, all at once.
@@ -108,22 +116,25 @@ class MultiAgentBatch(AgentBatch):
             worlds; they are left, not destroyed, on close.
           requested_observations: observation names every agent returns; None: all.
           timeout: seconds for each server's answer while opening, resetting, closing.
-          credentials: channel credentials for TLS (as for ``dmr.connect``).
-          options: extra gRPC channel options.
-          insecure: allow plaintext to a remote host.
-          metadata: gRPC metadata for every stream.
           seed: world ``w`` is created with ``seed + w`` under ``seed_setting``.
           seed_setting: the create setting that carries the seed.
-          on_world_failure: ``"raise"`` or ``"restart"`` (the world is made again).
-          step_timeout: a world with steps in flight and no answer for this long has
-            failed (None: never).
-          restart: the bounds of a restart (``RestartPolicy()`` by default).
-          wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
+          connection: how the streams connect, a ``dmr.ConnectionOptions`` (credentials,
+            channel options, metadata, ``wait_for_ready``, streams per connection, the
+            largest answer), as for ``BatchedEnvironment.connect``.
+          failure_policy: what a world's failure does, a ``dmr.FailurePolicy``
+            (``on_world_failure``: ``"raise"`` or ``"restart"``, the world made again and
+            all its agents rejoined; ``step_timeout``: 30 s by default; ``restart``).
+          **single: any field of those two groups given alone (``step_timeout=10.0``,
+            ``metadata=[...]``), as ``BatchedEnvironment.connect`` takes them; one given
+            both alone and in its group is refused.
 
         Raises:
           ArgumentError: a bad argument (it is named).
           WorldError: naming the world that could not be made; nothing is left behind.
         """
+        grouped, policy = regroup(
+            "MultiAgentBatch.connect", connection, failure_policy, single, _CONNECT_KEYWORDS
+        )
         return open_agent_batch(
             cls,
             addresses,
@@ -134,16 +145,10 @@ class MultiAgentBatch(AgentBatch):
             world_names=world_names,
             requested_observations=requested_observations,
             timeout=timeout,
-            credentials=credentials,
-            options=options,
-            insecure=insecure,
-            metadata=metadata,
             seed=seed,
             seed_setting=seed_setting,
-            on_world_failure=on_world_failure,
-            step_timeout=step_timeout,
-            restart=restart,
-            wait_for_ready=wait_for_ready,
+            connection=grouped,
+            failure_policy=policy,
         )
 
     @property
@@ -376,14 +381,9 @@ class MultiAgentWorld:
         world_name: str | None = None,
         requested_observations: Sequence[str] | None = None,
         timeout: float | None = 30.0,
-        credentials: grpc.ChannelCredentials | None = None,
-        options: Sequence[tuple[str, Any]] | None = None,
-        insecure: bool = False,
-        metadata: Sequence[tuple[str, str]] | None = None,
-        on_world_failure: str = RAISE,
-        step_timeout: float | None = 30.0,
-        restart: RestartPolicy | None = None,
-        wait_for_ready: bool = False,
+        connection: ConnectionOptions | None = None,
+        failure_policy: FailurePolicy | None = None,
+        **single: Any,
     ) -> MultiAgentWorld:
         """Creates a world on ``address`` (or joins ``world_name``) and joins ``num_agents``
         agents to it, each over its own connection, all at once.
@@ -397,19 +397,19 @@ class MultiAgentWorld:
             left, not destroyed, on close.
           requested_observations: observation names every agent returns; None: all.
           timeout: seconds for each answer while opening, resetting and closing.
-          credentials: channel credentials for TLS (as for ``dmr.connect``).
-          options: extra gRPC channel options.
-          insecure: allow plaintext to a remote host.
-          metadata: gRPC metadata for every stream.
-          on_world_failure: ``"raise"`` or ``"restart"`` (the world is made again).
-          step_timeout: the world has failed when a step gets no answer for this long.
-          restart: the bounds of a restart (``RestartPolicy()`` by default).
-          wait_for_ready: wait for a server still starting, as for ``dmr.connect``.
+          connection: a ``dmr.ConnectionOptions``, as for ``MultiAgentBatch.connect``.
+          failure_policy: a ``dmr.FailurePolicy``, as for ``MultiAgentBatch.connect``
+            (``step_timeout``: the world has failed when a step gets no answer for
+            that long).
+          **single: a field of those groups given alone, as for ``MultiAgentBatch.connect``.
 
         Raises:
           ArgumentError: a bad argument (it is named).
           WorldError: the world could not be made or joined; nothing is left behind.
         """
+        grouped, policy = regroup(
+            "MultiAgentWorld.connect", connection, failure_policy, single, _CONNECT_KEYWORDS
+        )
         batch = MultiAgentBatch.connect(
             address,
             1,
@@ -419,15 +419,8 @@ class MultiAgentWorld:
             world_names=None if world_name is None else [world_name],
             requested_observations=requested_observations,
             timeout=timeout,
-            credentials=credentials,
-            options=options,
-            insecure=insecure,
-            metadata=metadata,
-            seed=None,
-            on_world_failure=on_world_failure,
-            step_timeout=step_timeout,
-            restart=restart,
-            wait_for_ready=wait_for_ready,
+            connection=grouped,
+            failure_policy=policy,
         )
         return cls(batch)
 
