@@ -6,8 +6,9 @@ steps still in flight: at its end nothing is in flight, every agent of a world h
 same steps, and the next step of every agent completes its world's barrier (a half-stepped
 world would leave it waiting until the server's barrier timeout). ``reset_world`` on a world
 with no episode running (just joined, or ended) starts one first, so every server answers the
-same. Each test runs against the foreign reference-package server (a Condition barrier) and the
-SDK's own ``Paddles``.
+same. Each test runs against the foreign reference-package server (a Condition barrier), the
+SDK's own ``Paddles`` and the Node.js @grpc/grpc-js server's lockstep worlds (skipped without
+Node).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 from ma_foreign_server import foreign_server
+from node_peer import NODE_SKIP_REASON, node_server
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client.server.paddles import Paddles
@@ -28,20 +30,36 @@ BARRIER_S = 3.0  # the foreign server's bound on a waiting agent's step
 AGENTS = 2
 
 
-@pytest.fixture(params=["foreign", "sdk"])
-def address(request: pytest.FixtureRequest) -> Iterator[str]:
+class Target(NamedTuple):
+    address: str
+    settings: dict[str, Any]  # a lockstep world of AGENTS agents there
+
+
+_NODE = pytest.mark.skipif(NODE_SKIP_REASON is not None, reason=str(NODE_SKIP_REASON))
+
+
+@pytest.fixture(params=["foreign", "sdk", pytest.param("node", marks=_NODE)])
+def address(request: pytest.FixtureRequest) -> Iterator[Target]:
+    lockstep = {"num_agents": AGENTS, "mode": "lockstep"}
     if request.param == "foreign":
         with foreign_server(barrier_timeout=BARRIER_S) as server:
-            yield server.address
-    else:
+            yield Target(server.address, lockstep)
+    elif request.param == "sdk":
         with dmr.serve(Paddles, agent_timeout=BARRIER_S) as served:
-            yield served.address
+            yield Target(served.address, lockstep)
+    else:
+        with node_server(agent_timeout=BARRIER_S) as node:
+            yield Target(node.address, {"num_agents": AGENTS})
 
 
-def _batch(address: str, worlds: int = 2) -> dmr.MultiAgentBatch:
-    settings = {"num_agents": AGENTS, "mode": "lockstep"}
+def _batch(target: Target, worlds: int = 2) -> dmr.MultiAgentBatch:
     return dmr.MultiAgentBatch.connect(
-        address, worlds, AGENTS, create_world_settings=settings, seed=3, step_timeout=10.0
+        target.address,
+        worlds,
+        AGENTS,
+        create_world_settings=target.settings,
+        seed=3,
+        step_timeout=10.0,
     )
 
 
@@ -122,8 +140,10 @@ def test_a_stopped_random_run_leaves_no_agent_waiting(address):
 
 
 def test_reset_world_right_after_joining_and_after_an_episode_ended(address):
-    settings = {"num_agents": AGENTS, "mode": "lockstep", "seed": 1}
-    with dmr.MultiAgentWorld.connect(address, AGENTS, create_world_settings=settings) as world:
+    settings = {**address.settings, "seed": 1}
+    with dmr.MultiAgentWorld.connect(
+        address.address, AGENTS, create_world_settings=settings
+    ) as world:
         first = world.reset_world({"seed": 7})  # no episode running yet
         assert all(step.first() for step in first.values())
         ball = np.argwhere(first["agent_0"].observation["board"][0])[0, 0]
