@@ -28,6 +28,11 @@ give per-agent dicts. Its failure handling is the batch's, by world: a slot that
 fails fails its whole world, not the batch; under ``on_world_failure="restart"``
 the world is made again and all its agents rejoin (``_batch.agents``).
 
+A step of one agent that is refused (the server's error, or an answer that does not
+decode) raises a ``WorldError`` naming the world and agent, and the same round's
+steps of the world's other agents are dropped with it: a world that goes on has
+its agents in step (each one's next answer is to its next step).
+
 Bad input is refused before anything is sent: actions for an agent that does not
 exist, or none for a joined agent (every joined agent must act in a step), raise
 ``ArgumentValueError`` naming the agents; an action that does not fit its spec
@@ -39,6 +44,7 @@ answer for that long has failed, ``WorldTimeoutError``) for steps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,6 +58,7 @@ from ._base import checks as _checks
 from ._batch.agent_actions import check_agents, interleave, take_rows
 from ._batch.agent_opening import open_agent_batch
 from ._batch.agents import AgentBatch, SiblingFailure, close_agents
+from ._batch.core import _LIVE
 from ._batch.options import ConnectionOptions, FailurePolicy, regroup
 from ._batch.undo import ask
 from ._proto import dm_env_rpc_pb2
@@ -245,7 +252,22 @@ class MultiAgentBatch(AgentBatch):
         try:
             return self._by_agent(self.recv(len(slots), timeout=timeout, env_ids=slots))
         except errors.WorldError as exc:
+            self._drop_round(exc.index, slots, timeout)
             raise self._agent_error(exc) from exc.__cause__
+
+    def _drop_round(self, failed: int, slots: Sequence[int], timeout: float | None) -> None:
+        """Agent slot ``failed``'s step was refused (a server's error, or an answer that does not
+        decode) and its world goes on: the same round's steps of the world's other agents (of
+        ``slots``) are taken and dropped too, so that its agents stay in step (the next round's
+        answers are that round's for every agent). The other worlds' steps stay for the next
+        ``recv``, as in any batch."""
+        if self._state[failed] != _LIVE:
+            return  # the world failed: its agents answer with the failure (SiblingFailure)
+        wanted = set(slots)
+        for slot in self.slots_of(failed // self.num_agents):
+            if slot != failed and slot in wanted and self.in_flight(slot):
+                with contextlib.suppress(errors.WorldError):  # its own error: dropped too
+                    self.recv(1, timeout=timeout, env_ids=[slot])
 
     def step_agents(
         self, actions_by_agent: Mapping[str, Any], timeout: float | None = None
