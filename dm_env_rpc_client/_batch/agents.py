@@ -289,13 +289,14 @@ class AgentBatch(BatchedEnvironment):
             )
         except GaveUp as gave_up:
             lost_by_slot = [lost[slot] for slot in slots]
-            self._removed(index, slots, lost_by_slot, cause, detected, started, gave_up)
+            self._removed(index, address, slots, lost_by_slot, cause, detected, started, gave_up)
             return
         old_name, self.world_names[world] = self.world_names[world], remade.made.name
         if self._created[world]:  # the failed world's agents are gone: it goes too
             self._spawn(self._destroy_apart(address, old_name, self._restart_policy.call_timeout))
+        lost_in_all = sum(lost.values())
         self._restarted(
-            index, cause, detected, started, remade.attempts, address, sum(lost.values())
+            index, address, cause, detected, started, remade.attempts, address, lost_in_all
         )
         for agent, slot in enumerate(slots):
             env, conn = remade.envs[agent], remade.connections[agent]

@@ -343,12 +343,14 @@ class BatchCore:
                 rng=self._rng,
             )
         except _restart.GaveUp as gave_up:
-            self._removed(index, [index], [lost], cause, detected, started, gave_up)
+            self._removed(index, address, [index], [lost], cause, detected, started, gave_up)
             self._balancer.restored(index)
             return
         env = restored.env
         self._balancer.adopt(index, restored)
-        self._restarted(index, cause, detected, started, restored.attempts, restored.address, lost)
+        self._restarted(
+            index, address, cause, detected, started, restored.attempts, restored.address, lost
+        )
         if restored.first is not None:
             step_type = env._advance(restored.first.state)
             self._file(
@@ -362,6 +364,7 @@ class BatchCore:
     def _restarted(
         self,
         index: int,
+        address: str | None,
         cause: BaseException,
         detected: float,
         started: float,
@@ -369,9 +372,9 @@ class BatchCore:
         to: str | None,
         lost: int,
     ) -> None:
-        """Records world ``index``'s failure, made good by a restart (on ``to``)."""
+        """Records world ``index``'s failure (at ``address``), made good by a restart (on
+        ``to``)."""
         downtime = time.monotonic() - started
-        address = self.addresses[index]
         record = WorldFailure(
             index, address, cause, detected, attempts, "restarted", to, lost, downtime
         )
@@ -380,6 +383,7 @@ class BatchCore:
     def _removed(
         self,
         index: int,
+        address: str | None,
         slots: Sequence[int],
         lost: Sequence[int],
         cause: BaseException,
@@ -387,7 +391,7 @@ class BatchCore:
         started: float,
         gave_up: _restart.GaveUp,
     ) -> None:
-        """World ``index`` could not be made again: its ``slots`` (the world itself, or a
+        """World ``index`` (at ``address``) could not be made again: its ``slots`` (the world itself, or a
         multi-agent world's agents, ``_batch.agents``) leave the batch, its failure is recorded,
         and each slot's lost steps (``lost``, one count per slot) and held ones are filed as
         one removed failure."""
@@ -399,7 +403,7 @@ class BatchCore:
         self.failures.append(
             WorldFailure(
                 index,
-                self.addresses[index],
+                address,
                 cause,
                 detected,
                 gave_up.attempts,
