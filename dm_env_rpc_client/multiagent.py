@@ -90,6 +90,9 @@ class MultiAgentBatch(AgentBatch):
       envs, addresses, failures, latencies: as ``BatchedEnvironment``'s, per agent slot.
     """
 
+    # (len(failures), live worlds, their slots) when last worked out: see _slots.
+    _live_slots: tuple[int, list[int], list[int]] | None = None
+
     @classmethod
     @_checks.keywords_checked
     def connect(  # type: ignore[override]
@@ -178,15 +181,36 @@ class MultiAgentBatch(AgentBatch):
         return {name: self.envs[a].observation_spec() for a, name in enumerate(self.agents)}
 
     def _slots(self, world_ids: Sequence[int] | None) -> tuple[list[int], list[int]]:
+        """The worlds of ``world_ids`` (default every live one) and their agent slots, world by
+        world. Every live world's are kept until the next failure (a world leaves the live
+        ones only on a failure): ``world_ids`` that is that list itself takes them too."""
+        known = self._live_slots
+        fresh = known is not None and known[0] == len(self.failures)
+        if known is not None and fresh and (world_ids is None or world_ids is known[1]):
+            return known[1], known[2]
         worlds = self.live_worlds if world_ids is None else [int(w) for w in world_ids]
         slots = self._checked_ids([s for w in worlds for s in self.slots_of(w)])
+        if world_ids is None:
+            self._live_slots = (len(self.failures), worlds, slots)
         return worlds, slots
 
-    def _by_agent(self, batch: BatchedTimeStep) -> dict[str, BatchedTimeStep]:
+    def _by_agent(
+        self, batch: BatchedTimeStep, worlds: Sequence[int] | None = None
+    ) -> dict[str, BatchedTimeStep]:
+        """``batch`` (of agent slots) cut by agent. Steps of every agent of ``worlds``, world by
+        world (what ``recv`` and ``reset`` give for the slots of ``_slots``), are cut by
+        strided views; any other batch by its ``env_ids``."""
+        count = self.num_agents
+        if worlds is not None and len(batch.env_ids) == len(worlds) * count:
+            ids = np.asarray(worlds)
+            return {
+                name: take_rows(batch, slice(agent, None, count), ids)
+                for agent, name in enumerate(self.agents)
+            }
         slots = np.asarray(batch.env_ids)
-        agent_of = slots % self.num_agents
+        agent_of = slots % count
         return {
-            name: take_rows(batch, rows, slots[rows] // self.num_agents)
+            name: take_rows(batch, rows, slots[rows] // count)
             for agent, name in enumerate(self.agents)
             for rows in (np.flatnonzero(agent_of == agent),)
         }
@@ -248,9 +272,9 @@ class MultiAgentBatch(AgentBatch):
         Raises:
           WorldError: a world failed or a step was refused, naming the world and agent.
         """
-        _, slots = self._slots(world_ids)
+        worlds, slots = self._slots(world_ids)
         try:
-            return self._by_agent(self.recv(len(slots), timeout=timeout, env_ids=slots))
+            return self._by_agent(self.recv(len(slots), timeout=timeout, env_ids=slots), worlds)
         except errors.WorldError as exc:
             self._drop_round(exc.index, slots, timeout)
             raise self._agent_error(exc) from exc.__cause__
@@ -278,7 +302,7 @@ class MultiAgentBatch(AgentBatch):
           ArgumentValueError, SpecValidationError: bad actions (nothing was sent).
           WorldError: a world failed or did not answer, naming the world and agent.
         """
-        worlds = self.live_worlds
+        worlds, _ = self._slots(None)
         self.send_agents(actions_by_agent, worlds)
         return self.recv_agents(worlds, timeout)
 
@@ -291,9 +315,9 @@ class MultiAgentBatch(AgentBatch):
         Raises:
           WorldError: naming the first world and agent that failed to reset.
         """
-        _, slots = self._slots(world_ids)
+        worlds, slots = self._slots(world_ids)
         try:
-            return self._by_agent(self.reset(slots, timeout))
+            return self._by_agent(self.reset(slots, timeout), worlds)
         except errors.WorldError as exc:
             raise self._agent_error(exc) from exc.__cause__
 

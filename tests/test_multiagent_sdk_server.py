@@ -84,3 +84,23 @@ def test_connect_takes_the_option_groups_and_their_keywords_alone(server):
     ) as world:
         assert world.batch._step_timeout == 4.0
         assert all(step.first() for step in world.reset().values())
+
+
+def test_steps_cut_by_agent_are_the_same_either_way(server):
+    """A round's steps of every agent of every world are cut by strided views; any other batch
+    by its env_ids: both give each agent the same steps."""
+    with dmr.MultiAgentBatch.connect(
+        server.address, 3, 3, create_world_settings={"num_agents": 3}, seed=2
+    ) as batch:
+        batch.reset_agents()
+        worlds, slots = batch._slots(None)
+        batch.send({"paddle": np.array([1, 0, -1] * 3, np.int8)}, slots)
+        flat = batch.recv(len(slots), timeout=10, env_ids=slots)
+        strided, by_ids = batch._by_agent(flat, worlds), batch._by_agent(flat)
+        for name in batch.agents:
+            assert strided[name].env_ids.tolist() == by_ids[name].env_ids.tolist() == [0, 1, 2]
+            np.testing.assert_array_equal(
+                strided[name].observation["board"], by_ids[name].observation["board"]
+            )
+            np.testing.assert_array_equal(strided[name].reward, by_ids[name].reward)
+        assert batch._slots(None) == (worlds, slots) and batch._slots(worlds)[1] is slots
