@@ -174,3 +174,21 @@ def test_a_batch_of_node_worlds_by_agent_and_collect(node):
         assert stats.steps == 120 and batch.pending() == 0
         assert stats.episodes == 6 * 3  # every agent ends an episode every 5 steps (FIRST too)
         batch.reset_worlds({"seed": 1}, [1])
+
+
+def test_an_agent_whose_stream_dies_mid_barrier_lets_the_others_go_on(node):
+    """The SDK's two agents wait at the barrier for a third, joined over a raw stream; that
+    stream dies (the Node server takes it as a leave), and their steps are answered."""
+    with dmr.connect(node.address, timeout=10) as matchmaker:
+        name = dmr.create_world(matchmaker, _settings(agents=3))
+        third = RawStream(node.address)
+        third.ok(join_world=dm_env_rpc_pb2.JoinWorldRequest(world_name=name))
+        with dmr.MultiAgentWorld.connect(
+            node.address, 2, world_name=name, timeout=10, step_timeout=10.0
+        ) as world:
+            world.batch.send_agents({n: [{}] for n in world.agents})  # both wait for agent 2
+            third.close()
+            steps = world.batch.recv_agents(timeout=BARRIER_S)  # within the barrier's bound
+            assert all(step.step_type.tolist() == [0] for step in steps.values())  # FIRST
+            assert all(s.mid() for s in world.step({n: {} for n in world.agents}).values())
+        dmr.destroy_world(matchmaker, name)
