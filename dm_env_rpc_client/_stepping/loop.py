@@ -348,7 +348,8 @@ def _joined(first: BatchedTimeStep, then: BatchedTimeStep) -> BatchedTimeStep:
         except ValueError:  # shapes that differ between agents: object rows
             rows = [*one, *two]
             joined = np.empty(len(rows), object)
-            joined[:] = rows
+            for position, row in enumerate(rows):
+                joined[position] = row
             return joined
 
     return BatchedTimeStep(*(join(a, b) for a, b in zip(first, then, strict=True)))
