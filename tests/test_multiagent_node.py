@@ -5,7 +5,8 @@ JoinWorld per stream, one paddle per agent under one ball, and a lockstep step t
 agent until every joined agent has acted (the waiting stream's later requests wait behind it),
 bounded by ``--agent-timeout``. ``dmr.MultiAgentWorld`` and ``dmr.MultiAgentBatch`` run against
 it: the deadlock of one thread stepping agents in turn is real there too, the SDK's route is
-not; join settings, ResetWorld, a leave, a barrier that never completes, a world's close.
+not; join settings, ResetWorld, a leave, a barrier that never completes, a world's close; and
+``check``'s every rule, its multi-agent group included, passes on the server's 2-agent worlds.
 Skipped, with the reason, without ``node`` or ``npm ci`` in tests/node_server.
 """
 
@@ -22,6 +23,7 @@ from raw_stream import RawStream
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client._proto import dm_env_rpc_pb2
+from dm_env_rpc_client.conformance import check_server
 
 pytestmark = pytest.mark.skipif(NODE_SKIP_REASON is not None, reason=str(NODE_SKIP_REASON))
 
@@ -192,3 +194,20 @@ def test_an_agent_whose_stream_dies_mid_barrier_lets_the_others_go_on(node):
             assert all(step.step_type.tolist() == [0] for step in steps.values())  # FIRST
             assert all(s.mid() for s in world.step({n: {} for n in world.agents}).values())
         dmr.destroy_world(matchmaker, name)
+
+
+def test_check_passes_every_rule_multi_agent_group_included(node):
+    """On worlds of 2 agents (a world's barrier waits for its joined agents only, so the
+    one-agent rules step alone) every rule passes, the multi-agent group's four too."""
+    report = check_server(
+        node.address,
+        create_world_settings={"num_agents": 2},
+        latency_steps=20,
+        episode_steps=100,
+        timeout=5.0,
+    )
+    statuses = {finding.rule: finding.status for finding in report.findings}
+    assert {rule: s for rule, s in statuses.items() if s != "pass"} == {}
+    assert len([rule for rule in statuses if rule.startswith("multi-agent.")]) == 4
+    detail = report.by_rule()["multi-agent.reset-world"].detail
+    assert detail == "both agents INTERRUPTED, then RUNNING"

@@ -438,7 +438,9 @@ class Session {
   stepTogether(body) {
     const world = this.world;
     const requested = this.requested(world, body);
-    const move = paddleMove(decimalKeys(body.actions));
+    // The round that starts a sequence (or answers INTERRUPTED) ignores every action.
+    const ignored = world.resetNext || world.interruptNext;
+    const move = ignored ? 0 : paddleMove(decimalKeys(body.actions));
     world.arrive(this.agent, move, (result) => {
       if (this.closed) return;
       let response = result;
