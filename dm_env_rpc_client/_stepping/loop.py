@@ -30,6 +30,13 @@ public face; the command line's ``run``, the Ray shards and ``bench/`` call it):
   cut episode is recorded truncated, its unanswered steps are not sent again,
   and the other worlds go on. ``restarts`` and ``worlds_lost`` list the
   batch's failures.
+- A multi-agent batch (``dmr.MultiAgentBatch``: ``num_agents`` slots per world)
+  steps whole worlds: a world's agents are always sent their steps together (a
+  lockstep server answers none of them until every one has acted), ``steps``
+  counts agent-steps and is rounded up to whole world steps, and a stopped run
+  receives the world steps still in flight before it returns. So a run never
+  leaves an agent waiting at its world's barrier: at its end nothing is in
+  flight and every agent of a world has taken the same steps.
 - Observers get every received batch (``on_steps``, before actions are chosen
   for it) and the run's restarts, relaunches, lost worlds and the error that
   ends it (``on_event``).
@@ -128,6 +135,9 @@ class _Loop:
         watch: Watch,
     ) -> None:
         count = len(batch.envs)  # every world; a removed one stops taking steps
+        # Slots that step together: a multi-agent world's agents (see the module docs).
+        self.group = group = int(getattr(batch, "num_agents", 1))
+        steps = -(-steps // group) * group
         self.batch, self.steps, self.policy, self.pipeline = batch, steps, policy, pipeline
         self.timeout, self.recording, self.progress, self.watch = (
             timeout,
@@ -148,7 +158,9 @@ class _Loop:
         self.left: list[int] | None = None
         self.requested = 0
         if policy is None:
-            self.left = [steps // count + (world < steps % count) for world in range(count)]
+            worlds, rounds = count // group, steps // group
+            shares = [rounds // worlds + (world < rounds % worlds) for world in range(worlds)]
+            self.left = [shares[slot // group] for slot in range(count)]
             self.spec = batch.action_spec()
             self.rngs = [np.random.default_rng((seed + w, ACTION_STREAM)) for w in range(count)]
         # The worlds that may take a step (random actions): every world at first, then those
@@ -196,10 +208,33 @@ class _Loop:
             if self.left is not None:
                 self.wanting.update(result.env_ids.tolist())
             else:
-                self.ready = result
+                self.ready = result if self.ready is None else _joined(self.ready, result)
+        if self.group > 1 and stop.is_set():
+            self._drain()
         watch.poll()
         tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
         return stats
+
+    def _drain(self) -> None:
+        """A stopped multi-agent run takes the whole world steps still in flight (each barrier
+        completes: every agent of the world was sent its step), so none is left waiting."""
+        batch = self.batch
+        while batch.pending():
+            try:
+                result = batch.recv(batch.pending(), timeout=self.timeout)
+            except errors.RequestTimeoutError:
+                raise _stalled(batch, self.timeout, self.watch.first_world) from None
+            self.tally.take(result, self.progress)
+            self.watch.steps(result)
+
+    def _whole(self, slots: list[int]) -> list[int]:
+        """The slots of ``slots`` whose world's agents are all there, by world (all of them
+        outside a multi-agent batch)."""
+        group = self.group
+        if group == 1:
+            return slots
+        there = set(slots)
+        return sorted(slot for slot in there if all(s in there for s in _agents_of(slot, group)))
 
     def _reset(self) -> None:
         first = self.batch.reset(timeout=self.timeout)
@@ -220,10 +255,11 @@ class _Loop:
         """Sends random actions to the worlds that want them; returns the worlds sent to."""
         batch, left, live, pipeline = self.batch, self.left, self.live, self.pipeline
         assert left is not None
-        ids = sorted(
-            w for w in self.wanting if left[w] and w in live and batch.in_flight(w) < pipeline
-        )
+        able = [w for w in self.wanting if left[w] and w in live and batch.in_flight(w) < pipeline]
+        ids = self._whole(sorted(able))
         self.wanting.clear()
+        if len(ids) < len(able):  # agents whose world's others cannot step yet: later
+            self.wanting.update(set(able) - set(ids))
         if not ids:
             return []
         actions = [random_action(self.spec, self.rngs[world]) for world in ids]
@@ -245,10 +281,17 @@ class _Loop:
         ready, live = self.ready, self.live
         if ready is None:
             return []
-        positions = [p for p, world in enumerate(ready.env_ids.tolist()) if world in live]
+        worlds = ready.env_ids.tolist()
+        positions = [p for p, world in enumerate(worlds) if world in live]
+        rest = None
+        if self.group > 1:  # whole worlds only: the others wait here for their agents' steps
+            whole = set(self._whole([worlds[p] for p in positions]))
+            waiting = [p for p in positions if worlds[p] not in whole]
+            positions = sorted((p for p in positions if worlds[p] in whole), key=worlds.__getitem__)
+            rest = _rows(ready, waiting) if waiting else None
         positions = positions[: self.steps - self.requested]
         if not positions:
-            self.ready = None
+            self.ready = rest
             return []
         timestep = ready if len(positions) == len(ready.env_ids) else _rows(ready, positions)
         assert self.policy is not None
@@ -260,7 +303,7 @@ class _Loop:
         for world, action in zip(ids, unstack(actions, len(ids)), strict=True):
             self.tally.sent[world].append(action)
         self.requested += len(ids)
-        self.ready = None
+        self.ready = rest
         return ids
 
     def _recv(self) -> object:
@@ -290,6 +333,32 @@ def _rows(timestep: BatchedTimeStep, positions: Sequence[int]) -> BatchedTimeSte
         return None if tree is None else np.asarray(tree)[index]
 
     return BatchedTimeStep(*(pick(field) for field in timestep))
+
+
+def _joined(first: BatchedTimeStep, then: BatchedTimeStep) -> BatchedTimeStep:
+    """The steps of ``first`` and then those of ``then``, as one batch."""
+
+    def join(one: Any, two: Any) -> Any:
+        if isinstance(one, Mapping):
+            return {key: join(one[key], two[key]) for key in one}
+        if one is None or two is None:
+            return None
+        try:
+            return np.concatenate([np.asarray(one), np.asarray(two)])
+        except ValueError:  # shapes that differ between agents: object rows
+            rows = [*one, *two]
+            joined = np.empty(len(rows), object)
+            for position, row in enumerate(rows):
+                joined[position] = row
+            return joined
+
+    return BatchedTimeStep(*(join(a, b) for a, b in zip(first, then, strict=True)))
+
+
+def _agents_of(slot: int, group: int) -> range:
+    """The slots of the world of agent slot ``slot`` (``group`` agents per world)."""
+    first = slot - slot % group
+    return range(first, first + group)
 
 
 def _stack(actions: list[Any]) -> Any:
