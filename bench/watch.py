@@ -31,17 +31,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
+import random
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 # _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
 from _lib.common import (
     DEFAULT_ROUNDS,
-    measure_interleaved,
     print_table,
     process_cpu_seconds,
     server_processes,
@@ -199,7 +201,7 @@ def own_cost(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     try:
         import playwright  # noqa: F401
@@ -210,96 +212,212 @@ def main() -> None:
     parser.add_argument(
         "--page", choices=("chromium", "sse"), default="chromium" if have_chromium else "sse"
     )
+    parser.add_argument(
+        "--layout",
+        choices=("split", "shared", "both"),
+        default="both",
+        help="split: the run (client and servers) on one CPU, the page on another; "
+        "shared: every process on every CPU",
+    )
     parser.add_argument("--part", choices=("both", "run", "own"), default="both")
     parser.add_argument("--own-rate", type=float, default=4000.0, help="steps/s fed in part 2")
     args = parser.parse_args()
+    print(f"Load before: {_load()}")
     if args.part != "own":
-        run_part(args)
+        for layout in ("split", "shared") if args.layout == "both" else (args.layout,):
+            run_part(args, layout)
     if args.part != "run":
         own_part(args)
+    print(f"\nLoad after: {_load()}")
 
 
-def run_part(args: Any) -> None:
-    """Part 1: a run's steps/s with no watcher, a watcher and no page, a page on 16 worlds."""
-    rates: dict[str, list[float]] = {"page on 16 worlds": []}
-    encoded: dict[str, int] = {}
-    page_cpu: list[float] = []
+def _load() -> str:
+    """The machine's load averages (1, 5, 15 min) and CPUs, as ``uptime`` says them."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
 
-    with server_processes("sdk", 2) as servers:
-        addresses = [server.address for server in servers]
 
-        def variant(name: str) -> Any:
-            def factory() -> Any:
-                batch = dmr.BatchedEnvironment.connect(addresses, WORLDS, seed=0)
-                batch.reset()
-                watcher = Watcher().start() if name != "none" else None
-                page = _Page(args.page, watcher.url) if name == "page on 16 worlds" else None
-                if page is not None:  # the page is showing frames before the timing starts
-                    deadline = time.monotonic() + 30
-                    while page.frames() == 0 and time.monotonic() < deadline:
-                        dmr.collect(batch, WORLDS * 10, pipeline=8, seed=0, observers=[watcher])
-                    if page.frames() == 0:
-                        raise RuntimeError("the page received no frame within 30 s")
-                observers = [] if watcher is None else [watcher]
-                timing: dict[str, float] = {}
+def _pin_all(pids: Iterable[int], cpus: set[int]) -> None:
+    """Every thread of every process ``pids`` onto ``cpus`` (as ``taskset -a -p``)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task), cpus)
 
-                def run(steps: int) -> None:
-                    timing["frames"], timing["start"] = (
-                        page.frames() if page else 0,
-                        time.monotonic(),
-                    )
-                    timing["cpu"], timing["steps"] = page.cpu() if page else 0.0, steps
-                    dmr.collect(batch, steps, pipeline=8, seed=0, observers=observers)
-                    timing["end"] = time.monotonic()
-                    timing["cpu"] = (page.cpu() if page else 0.0) - timing["cpu"]
 
-                def close() -> None:
-                    if page is not None:
-                        received = page.frames() - timing["frames"]
-                        rates[name].append(received / WORLDS / (timing["end"] - timing["start"]))
-                        page_cpu.append(timing["cpu"] / timing["steps"] * 1e6)
-                        page.close()
-                    if watcher is not None:
-                        encoded[name] = encoded.get(name, 0) + watcher.frames_encoded
-                        watcher.close()
-                    batch.close()
+def _thread_seconds(native_id: int) -> float:
+    """CPU seconds of one of this process's threads (/proc's schedstat: nanoseconds)."""
+    return _schedstat(f"/proc/self/task/{native_id}/schedstat")
 
-                return run, close
 
-            return factory
+def _schedstat(path: str) -> float:
+    """The CPU seconds in a /proc schedstat file (nanoseconds), 0 when it is gone."""
+    with contextlib.suppress(OSError, ValueError), open(path) as stat:
+        return int(stat.read().split()[0]) / 1e9
+    return 0.0
 
-        names = ["none", "watcher, no page", "page on 16 worlds"]
-        rounds = measure_interleaved(
-            {name: variant(name) for name in names}, args.steps, rounds=args.rounds
-        )
+
+def _servers_seconds(pids: list[int]) -> float:
+    """CPU seconds of every thread of the processes ``pids`` (nanosecond counters)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                total += _schedstat(f"/proc/{pid}/task/{task}/schedstat")
+    return total
+
+
+def _watcher_seconds() -> float:
+    """CPU seconds of the watcher's threads now alive (counting, serving, streaming)."""
+    return sum(
+        _thread_seconds(thread.native_id)
+        for thread in threading.enumerate()
+        if thread.name.startswith("dm_env_rpc_client-watch") and thread.native_id
+    )
+
+
+class _Timed:
+    """Forwards a watcher's ``on_steps`` and adds up the stepping thread's CPU in it."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher, self.seconds = watcher, 0.0
+
+    def on_steps(self, timestep: Any) -> None:
+        start = time.thread_time()
+        self.watcher.on_steps(timestep)
+        self.seconds += time.thread_time() - start
+
+    def on_event(self, event: Any) -> None:
+        self.watcher.on_event(event)
+
+
+VARIANTS = ("none", "watcher, no page", "page on 16 worlds")
+
+
+def run_part(args: Any, layout: str) -> None:
+    """Part 1: a run's steps/s with no watcher, a watcher and no page, a page on 16 worlds.
+
+    One batch of 16 worlds steps in short segments, the three variants in a shuffled order
+    each round: ``none`` (no observer), an idle watcher nobody looks at, and a second
+    watcher with a page open on it. The page stays open (and its watcher serves it) through
+    the other variants' segments, so the rounds are seconds apart, not a browser start
+    apart; what that idle page costs the other variants (a push of counters 15 times a
+    second, no frames) is inside the ratio, against the page.
+    """
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
+    cpus = sorted(os.sched_getaffinity(0))
+    run_cpus, page_cpus = ({cpus[0]}, {cpus[-1]}) if layout == "split" else (set(cpus), set(cpus))
+    rng = random.Random(0)
+    with contextlib.ExitStack() as stack:
+        servers = stack.enter_context(server_processes("sdk", 2))
+        server_pids = [server.pid for server in servers]
+        _pin_all([os.getpid(), *server_pids], run_cpus)
+        batch = dmr.BatchedEnvironment.connect([s.address for s in servers], WORLDS, seed=0)
+        stack.callback(batch.close)
+        batch.reset()
+        idle = stack.enter_context(Watcher())
+        watched = stack.enter_context(Watcher())
+        page = _Page(args.page, watched.url)
+        stack.callback(page.close)
+        _pin_all(page.pids, page_cpus)
+        observers = {"none": [], "watcher, no page": [_Timed(idle)]}
+        observers["page on 16 worlds"] = [_Timed(watched)]
+        deadline = time.monotonic() + 30
+        while page.frames() < WORLDS and time.monotonic() < deadline:
+            dmr.collect(batch, WORLDS * 10, pipeline=8, seed=0, observers=observers[VARIANTS[2]])
+        if page.frames() < WORLDS:
+            raise RuntimeError("the page received no frames within 30 s")
+        for _ in range(args.rounds):
+            order = list(VARIANTS)
+            rng.shuffle(order)
+            for name in order:
+                timed = observers[name][0] if observers[name] else None
+                dmr.collect(batch, 200, pipeline=8, seed=0, observers=observers[name])  # warm
+                gc.collect()
+                before = _sample(page, timed, server_pids)
+                dmr.collect(batch, args.steps, pipeline=8, seed=0, observers=observers[name])
+                after = _sample(page, timed, server_pids)
+                sample = {key: after[key] - before[key] for key in before}
+                samples[name].append(sample)
+        encoded = {"watcher, no page": idle.frames_encoded, "page on 16 worlds": 0}
+        encoded["page on 16 worlds"] = watched.frames_encoded
     rows = []
-    for name in names:
-        frames = rates.get(name)
+    steps = args.steps
+    for name in VARIANTS:
+        runs = samples[name]
+        ratios = [
+            (steps / run["wall"]) / (steps / base["wall"])
+            for run, base in zip(runs, samples["none"], strict=True)
+        ]
+        cpu_ratios = [
+            (base["client"] + base["servers"]) / (run["client"] + run["servers"])
+            for run, base in zip(runs, samples["none"], strict=True)
+        ]
+        watched_row = name == "page on 16 worlds"
         rows.append(
             [
                 name,
-                rounds.median(name),
-                f"{rounds.ratio(name, 'none'):.3f}",
-                rounds.median(name, "cpu_us_per_step"),
-                "-" if name == "none" else str(encoded.get(name, 0)),
-                f"{sorted(frames)[len(frames) // 2]:.1f}" if frames else "-",
-                f"{sorted(page_cpu)[len(page_cpu) // 2]:.1f}" if frames else "-",
+                _median([steps / run["wall"] for run in runs]),
+                f"{_median(ratios):.3f}",
+                f"{_median(cpu_ratios):.3f}",
+                _median([run["client"] / steps * 1e6 for run in runs]),
+                _median([run["servers"] / steps * 1e6 for run in runs]),
+                "-" if name == "none" else f"{_median([_own(r) / steps * 1e6 for r in runs]):.2f}",
+                "-"
+                if name == "none"
+                else f"{_median([r['on_steps'] / steps * 1e6 for r in runs]):.2f}",
+                "-" if name == "none" else str(encoded[name]),
+                f"{_median([r['frames'] / WORLDS / r['wall'] for r in runs]):.1f}"
+                if watched_row
+                else "-",
+                f"{_median([r['page'] / steps * 1e6 for r in runs]):.1f}" if watched_row else "-",
             ]
         )
+    where = (
+        f"the run (client and 2 servers) on CPU {min(run_cpus)}, the page on CPU {min(page_cpus)}"
+        if layout == "split"
+        else "every process on every CPU"
+    )
     print_table(
-        f"Watching {WORLDS} Catch worlds on 2 servers, {args.steps:,} steps x {rounds.rounds} "
-        f"rounds, page: {args.page}",
+        f"Watching {WORLDS} Catch worlds on 2 servers, segments of {args.steps:,} steps, "
+        f"{args.rounds} rounds, page: {args.page}; {where}",
         [
             "variant",
             "steps/s",
             "ratio to none",
+            "CPU ratio to none (client+servers)",
             "client CPU µs/step",
+            "servers CPU µs/step",
+            "watcher CPU µs/step",
+            "of it on the stepping thread",
             "frames encoded",
-            "frames/s per world",
+            "frames/s per world (page side)",
             "page CPU µs/step",
         ],
         rows,
     )
+
+
+def _own(run: dict[str, float]) -> float:
+    return run["watcher"] + run["on_steps"]
+
+
+def _sample(page: _Page, timed: _Timed | None, server_pids: list[int]) -> dict[str, float]:
+    """Counters now: wall, this process's CPU, the servers', the watchers', the page's."""
+    return {
+        "wall": time.monotonic(),
+        "client": time.process_time(),
+        "servers": _servers_seconds(server_pids),
+        "watcher": _watcher_seconds(),
+        "on_steps": timed.seconds if timed else 0.0,
+        "frames": page.frames(),
+        "page": page.cpu(),
+    }
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def own_part(args: Any) -> None:

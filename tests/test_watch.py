@@ -27,6 +27,7 @@ from conftest import run_child, wait_for
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import BatchedEnvironment, RestartPolicy
 from dm_env_rpc_client._watch import frames
+from dm_env_rpc_client._watch.tally import Tally
 from dm_env_rpc_client.watch import Watcher, WatchPortError
 
 # Restarts that give up fast, as in test_faults.py.
@@ -63,6 +64,69 @@ def test_pictures_are_chosen_as_show_chooses_them_and_the_rest_are_numbers() -> 
     numbers = dict(frame["numbers"])
     assert numbers["depth"].startswith("[7.5, 7.5") and "shape [3, 2]" in numbers["depth"]
     assert "(20 values)" in numbers["arm.joints"] and numbers["arm.joints"].startswith("[20, 21")
+
+
+def _counted_step_by_step(
+    batches: list[tuple[Any, Any, Any]],
+) -> tuple[list[int], list[list[Any]], dict[int, float]]:
+    """Counts, finished returns and running returns, one step at a time in run order."""
+    counts: dict[int, int] = {}
+    running: dict[int, float] = {}
+    in_episode: dict[int, bool] = {}
+    returns, total = [], 0
+    for ids, kinds, rewards in batches:
+        for world, kind, reward in zip(ids.tolist(), kinds.tolist(), rewards.tolist(), strict=True):
+            counts[world] = counts.get(world, 0) + 1
+            total += 1
+            if kind == 0:
+                running[world], in_episode[world] = 0.0, True
+            else:
+                running[world] = running.get(world, 0.0) + reward
+                if kind == 2 and in_episode.get(world, False):
+                    in_episode[world] = False
+                    returns.append([world, total, round(running[world], 6)])
+    return [counts.get(w, 0) for w in range(max(counts) + 1)], returns, running
+
+
+def test_the_tally_counts_a_tick_at_once_as_a_step_by_step_count_would() -> None:
+    rng = np.random.default_rng(7)
+    worlds, phase = 6, np.zeros(6, int)
+    batches = []
+    for _ in range(400):
+        ids = rng.permutation(worlds)[: rng.integers(0, worlds + 1)]
+        kinds = []
+        for world in ids.tolist():
+            # Episodes FIRST, MID..., LAST; now and then one cut short (a restart) or a
+            # stray LAST, and worlds that start mid-episode.
+            cut = rng.random() < 0.05
+            kind = 0 if phase[world] == 0 or cut else 2 if rng.random() < 0.2 else 1
+            if rng.random() < 0.02:
+                kind = 2
+            phase[world] = 0 if kind == 2 else 1
+            kinds.append(kind)
+        rewards = rng.normal(size=ids.size).round(3)
+        batches.append((ids, np.array(kinds, np.uint8), rewards))
+    batches.insert(3, (np.array([9]), np.array([1], np.uint8), np.array([5.0])))  # starts mid
+    counts, returns, running = _counted_step_by_step(batches)
+    tally = Tally()
+    at = 0
+    while at < len(batches):  # ticks of 0 to 30 batches
+        size = int(rng.integers(0, 31))
+        tally.take([(*b, None) for b in batches[at : at + size]], set())
+        at += size
+    assert tally.counts.tolist() == counts and tally.total == sum(counts)
+    assert tally.returns.items == returns and len(returns) > 100
+    for world, value in running.items():
+        assert tally.running[world] == pytest.approx(value)
+
+
+def test_captured_steps_carry_their_worlds_step_index() -> None:
+    tally = Tally()
+    first = (np.array([0, 1]), np.zeros(2, np.uint8), np.zeros(2), None)
+    captured = object()
+    second = (np.array([1, 0, 1]), np.ones(3, np.uint8), np.ones(3), captured)
+    tally.take([first, second], {1})
+    assert tally.latest == {1: (captured, 2, 3)} and tally.stepped == {0, 1}
 
 
 def _stream(url: str) -> Any:
@@ -102,7 +166,7 @@ def test_with_no_page_open_no_observation_is_kept(batch: Any) -> None:
         gc.collect()
         assert all(ref() is None for ref in kept[:-1])  # not one board held (the last is local)
         assert watcher._frames == {} and watcher._tally.latest == {}
-        assert watcher.frames_encoded == 0
+        assert watcher.frames_encoded == 0 and watcher.batches_captured == 0
 
 
 def test_a_page_gets_frames_steps_and_returns_and_a_closed_one_is_let_go(batch: Any) -> None:
