@@ -43,7 +43,6 @@ from typing import Any
 
 # _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
 from _lib.common import (
-    DEFAULT_ROUNDS,
     print_table,
     process_cpu_seconds,
     server_processes,
@@ -201,8 +200,8 @@ def own_cost(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--steps", type=int, default=2_000, help="steps per segment")
+    parser.add_argument("--rounds", type=int, default=11)
     try:
         import playwright  # noqa: F401
 
@@ -268,13 +267,15 @@ def _servers_seconds(pids: list[int]) -> float:
     return total
 
 
-def _watcher_seconds() -> float:
-    """CPU seconds of the watcher's threads now alive (counting, serving, streaming)."""
-    return sum(
-        _thread_seconds(thread.native_id)
-        for thread in threading.enumerate()
-        if thread.name.startswith("dm_env_rpc_client-watch") and thread.native_id
-    )
+def _watcher_seconds(watcher: Watcher | None) -> float:
+    """CPU seconds of ``watcher``'s threads now alive: counting and encoding, serving, and
+    (if it has pages open) streaming."""
+    if watcher is None:
+        return 0.0
+    threads = [watcher._thread, watcher._server._thread if watcher._server else None]
+    if watcher.subscribers:
+        threads += [t for t in threading.enumerate() if t.name == "dm_env_rpc_client-watch-stream"]
+    return sum(_thread_seconds(t.native_id) for t in threads if t is not None and t.native_id)
 
 
 class _Timed:
@@ -335,9 +336,9 @@ def run_part(args: Any, layout: str) -> None:
                 timed = observers[name][0] if observers[name] else None
                 dmr.collect(batch, 200, pipeline=8, seed=0, observers=observers[name])  # warm
                 gc.collect()
-                before = _sample(page, timed, server_pids)
+                before = _sample(page, timed, server_pids, watched)
                 dmr.collect(batch, args.steps, pipeline=8, seed=0, observers=observers[name])
-                after = _sample(page, timed, server_pids)
+                after = _sample(page, timed, server_pids, watched)
                 sample = {key: after[key] - before[key] for key in before}
                 samples[name].append(sample)
         encoded = {"watcher, no page": idle.frames_encoded, "page on 16 worlds": 0}
@@ -374,6 +375,7 @@ def run_part(args: Any, layout: str) -> None:
                 f"{_median([r['page'] / steps * 1e6 for r in runs]):.1f}" if watched_row else "-",
             ]
         )
+    background = _median([r["page watcher"] / steps * 1e6 for r in samples["none"]])
     where = (
         f"the run (client and 2 servers) on CPU {min(run_cpus)}, the page on CPU {min(page_cpus)}"
         if layout == "split"
@@ -397,19 +399,26 @@ def run_part(args: Any, layout: str) -> None:
         ],
         rows,
     )
+    print(
+        f"\nThe page's watcher, serving the open page with no frames, during `none`'s segments: "
+        f"{background:.2f} µs/step (in `none`'s numbers, against the page)."
+    )
 
 
 def _own(run: dict[str, float]) -> float:
     return run["watcher"] + run["on_steps"]
 
 
-def _sample(page: _Page, timed: _Timed | None, server_pids: list[int]) -> dict[str, float]:
+def _sample(
+    page: _Page, timed: _Timed | None, server_pids: list[int], watched: Watcher
+) -> dict[str, float]:
     """Counters now: wall, this process's CPU, the servers', the watchers', the page's."""
     return {
         "wall": time.monotonic(),
         "client": time.process_time(),
         "servers": _servers_seconds(server_pids),
-        "watcher": _watcher_seconds(),
+        "watcher": _watcher_seconds(timed.watcher if timed else None),
+        "page watcher": _watcher_seconds(watched),
         "on_steps": timed.seconds if timed else 0.0,
         "frames": page.frames(),
         "page": page.cpu(),

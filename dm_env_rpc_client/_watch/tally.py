@@ -95,16 +95,17 @@ class Tally:
         self.stepped = set(np.unique(ids).tolist())
 
     def _keep_latest(self, items: Sequence[Any], ids: np.ndarray, wanted: set[int]) -> None:
-        """``latest`` from the captured batches (those queued with their timestep)."""
-        offset = 0
-        for env_ids, _, _, timestep in items:
-            if timestep is not None and wanted:
-                for position, world in enumerate(env_ids.tolist()):
-                    if world in wanted:
-                        seen = int(np.count_nonzero(ids[: offset + position + 1] == world))
-                        index = int(self.counts[world]) + seen
-                        self.latest[world] = (timestep, position, index)
-            offset += len(env_ids)
+        """``latest`` from the captured batches (those queued with their timestep), newest first."""
+        left, end = set(wanted), int(ids.size)
+        for env_ids, _, _, timestep in reversed(items):
+            end -= len(env_ids)
+            if timestep is None or not left:
+                continue
+            for position, world in reversed(list(enumerate(env_ids.tolist()))):
+                if world in left:
+                    left.discard(world)
+                    seen = int(np.count_nonzero(ids[: end + position + 1] == world))
+                    self.latest[world] = (timestep, position, int(self.counts[world]) + seen)
 
     def _count_returns(self, ids: np.ndarray, types: np.ndarray, rewards: np.ndarray) -> None:
         """Adds up each world's rewards in order; logs each finished episode's return.
