@@ -120,6 +120,7 @@ class Watcher:
         # Worlds whose next step ``on_steps`` should keep for a frame (None: keep nothing).
         self._request: set[int] | None = None
         self._requested: set[int] = set()  # the worlds of the request last made
+        self._requested_keys: set[str | None] = set()  # and the pictures its pages show
         self._resumed = threading.Event()
         self._resumed.set()
         self._lock = threading.Lock()
@@ -349,14 +350,9 @@ class Watcher:
             due = max(due, time.monotonic() - 1.0 / self._fps)  # no burst after a stall
             queue, tally = self._queue, self._tally
             items = [queue.popleft() for _ in range(len(queue))]
-            tally.take(items, self._requested)
+            requested, keys = self._requested, self._requested_keys
+            tally.take(items, requested)
             del items
-            with self._lock:
-                # Pages that took the last push are due for the next one; a page still
-                # writing (a slow tab) is not encoded for.
-                ready = [s for s in self._subscribers.values() if s.tick == self._tick]
-                wanted = {w for s in ready for w in s.shown}
-                keys: set[str | None] = {s.key for s in ready}
             if not self._watched:
                 tally.latest.clear()  # steps captured while the last page was open: let them go
             now = time.monotonic()
@@ -364,7 +360,13 @@ class Watcher:
                 self._rate.append((now, tally.total))
             while len(self._rate) > 2 and now - self._rate[0][0] > 2.0:
                 self._rate.popleft()  # steps/s over the last 2 s
-            encoded = self._encode(wanted, keys)
+            encoded = self._encode(requested, keys)  # the steps captured for this push
+            with self._lock:
+                # Pages that took the last push are due for the next one; a page still
+                # writing (a slow tab) is not captured or encoded for.
+                ready = [s for s in self._subscribers.values() if s.tick == self._tick]
+                wanted = {w for s in ready for w in s.shown}
+                self._requested_keys = {s.key for s in ready}
             # The next push's steps: the due pages' worlds that are stepping (a removed or
             # paused world would keep every batch captured until the next tick).
             request = wanted & tally.stepped if self._watched else set()

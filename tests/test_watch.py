@@ -192,6 +192,42 @@ def test_a_page_gets_frames_steps_and_returns_and_a_closed_one_is_let_go(batch: 
             assert wait_for(lambda: watcher.subscribers == 0, timeout=10)
             assert wait_for(lambda: threading.active_count() == threads, timeout=10)
             assert watcher._frames == {} and runner.is_alive()
+            # No page: no batch is kept for frames any more, and none is encoded.
+            captured, encoded, steps = (
+                watcher.batches_captured,
+                watcher.frames_encoded,
+                watcher.steps,
+            )
+            assert wait_for(lambda: watcher.steps > steps + 400)
+            assert (watcher.batches_captured, watcher.frames_encoded) == (captured, encoded)
+            assert watcher._request is None and watcher._tally.latest == {}
+        finally:
+            stop.set()
+            runner.join(timeout=30)
+
+
+def test_frames_are_kept_and_encoded_only_for_a_page_that_took_its_last_push(batch: Any) -> None:
+    stop = threading.Event()
+    with Watcher(stop=stop) as watcher:
+        runner = stepping(batch, [watcher], stop)
+        try:
+            slow = watcher.subscribe()  # a page whose stream has not taken a push yet
+            steps = watcher.steps
+            assert wait_for(lambda: watcher.steps > steps + 400)
+            assert watcher.batches_captured == 0 and watcher.frames_encoded == 0
+            watcher.message(slow)  # it takes one push: due for the next one
+            assert wait_for(lambda: watcher.frames_encoded > 0)
+            assert watcher.batches_captured > 0
+            # One push's worth of frames for it (each of its 4 worlds once), then none
+            # until it takes the next.
+            assert wait_for(lambda: len(watcher._frames) == 4)
+            encoded = watcher.frames_encoded
+            steps = watcher.steps
+            assert wait_for(lambda: watcher.steps > steps + 400)
+            assert watcher.frames_encoded == encoded == 4
+            frames = watcher.message(slow)["frames"]
+            assert sorted(f["world"] for f in frames) == [0, 1, 2, 3]
+            assert wait_for(lambda: watcher.frames_encoded > encoded)
         finally:
             stop.set()
             runner.join(timeout=30)
