@@ -1,30 +1,41 @@
 """What watching costs a run: no watcher, a watcher with no page open, a page open on 16 worlds.
 
-Run: ``python bench/watch.py [--steps N] [--rounds R] [--page chromium|sse]``. 16 Catch
-worlds on two server processes, stepped by ``dmr.collect`` (the ``run`` command's loop,
-8 steps in flight per world), interleaved in rounds (``_lib.common.measure_interleaved``):
+Run: ``python bench/watch.py [--steps N] [--rounds R] [--page chromium|sse]
+[--layout split|shared|both] [--part run|own|both]``. 16 Catch worlds on two server
+processes, stepped by ``dmr.collect`` (the ``run`` command's loop, 8 steps in flight per
+world) on one open batch, in segments of ``--steps`` steps; each round runs the three
+variants once, in a shuffled order, so that they see the same drift:
 
 - ``none``: no observer;
 - ``watcher, no page``: a started ``Watcher`` that nobody looks at (targets: no
-  measurable cost, and not one frame encoded);
-- ``page on 16 worlds``: the same with the page open on all 16 worlds: headless
+  measurable cost, and not one batch kept or frame encoded);
+- ``page on 16 worlds``: a second watcher, with a page open on all 16 worlds: headless
   Debian Chromium driven by Playwright (``--page chromium``, the default when
   /usr/bin/chromium and playwright are there), or a child process that reads the
   Server-Sent Events stream and decodes every frame as the page would (``--page sse``).
-  Target: at least 0.95 of ``none``'s steps/s. "frames/s per world" is what the page
-  received during the timed steps, per shown world (target: at least 10).
+  Target: at least 0.95 of ``none``'s steps/s, with at least 10 frames/s per world
+  counted by the page itself (``watch.received``) during the timed steps.
+
+Layouts (``taskset``-style affinity of every thread): ``split`` puts the run (this
+process: client and watchers; and both servers) on the first CPU and the browser (every
+process of it, Playwright's driver included) on the last one, as when the page is on the
+user's machine; ``shared`` lets every process use every CPU, as on one laptop.
+
+Columns: steps/s and its ratio to ``none`` (medians of per-round ratios, with quartiles);
+the same ratio from CPU counters (client plus servers, per step); one minus the watcher's
+share of the run's CPU (its threads' CPU from /proc's schedstat plus ``on_steps``' own
+time on the stepping thread, against ``none``'s client plus servers CPU per step); the
+frames the page received per world per second; the page's processes' CPU per step.
 
 Part 2 (``--part own``) measures the watcher alone, with no run to share the cores with:
 batches of 16 Catch-like steps fed to ``on_steps`` at ``--own-rate`` steps/s for 5 s, this
 process's CPU per step (the watcher's threads, the feeding loop's included: "no watcher" is
 that loop alone), with no page, the stream reader, and Chromium (whose CPU is its own
-processes'). Against the client's ~200 µs of CPU per step of part 1, it says what watching
-costs where part 1's steps/s are too noisy to tell.
+processes').
 
-Ratios are medians of per-round ratios. The machine is shared (2 cores, other
-engineers' work on them): absolute steps/s drift, the ratios are what to read. The
-browser's own CPU is in its processes, not in "client CPU µs/step", but it competes
-for the same cores, which is what the steps/s ratio shows.
+The machine may be shared (2 cores, other engineers' work on them): steps/s drift by
+more than the watcher costs; the CPU columns are what hold. The load average is printed
+before and after.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import contextlib
 import gc
 import os
 import random
+import statistics
 import subprocess
 import sys
 import threading
@@ -356,12 +368,17 @@ def run_part(args: Any, layout: str) -> None:
             for run, base in zip(runs, samples["none"], strict=True)
         ]
         watched_row = name == "page on 16 worlds"
+        # The share of the run's core the watcher's threads take, from CPU counters alone:
+        # what the ratio is on a core of its own, without the other engineers' noise.
+        base_us = [(b["client"] + b["servers"]) / steps * 1e6 for b in samples["none"]]
+        share = [b / (b + _own(r) / steps * 1e6) for r, b in zip(runs, base_us, strict=True)]
         rows.append(
             [
                 name,
                 _median([steps / run["wall"] for run in runs]),
-                f"{_median(ratios):.3f}",
-                f"{_median(cpu_ratios):.3f}",
+                _spread(ratios),
+                _spread(cpu_ratios),
+                "-" if name == "none" else f"{_median(share):.3f}",
                 _median([run["client"] / steps * 1e6 for run in runs]),
                 _median([run["servers"] / steps * 1e6 for run in runs]),
                 "-" if name == "none" else f"{_median([_own(r) / steps * 1e6 for r in runs]):.2f}",
@@ -387,8 +404,9 @@ def run_part(args: Any, layout: str) -> None:
         [
             "variant",
             "steps/s",
-            "ratio to none",
-            "CPU ratio to none (client+servers)",
+            "ratio to none (quartiles)",
+            "CPU ratio to none, client+servers (quartiles)",
+            "1 - watcher's share of the run's CPU",
             "client CPU µs/step",
             "servers CPU µs/step",
             "watcher CPU µs/step",
@@ -426,7 +444,15 @@ def _sample(
 
 
 def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
+    return float(statistics.median(values))
+
+
+def _spread(values: list[float]) -> str:
+    """The median and, in brackets, the lower and upper quartiles."""
+    if len(values) < 4:
+        return f"{_median(values):.3f}"
+    low, _, high = statistics.quantiles(values, n=4)
+    return f"{_median(values):.3f} ({low:.2f}-{high:.2f})"
 
 
 def own_part(args: Any) -> None:

@@ -115,7 +115,9 @@ def test_the_tally_counts_a_tick_at_once_as_a_step_by_step_count_would() -> None
         tally.take([(*b, None) for b in batches[at : at + size]], set())
         at += size
     assert tally.counts.tolist() == counts and tally.total == sum(counts)
-    assert tally.returns.items == returns and len(returns) > 100
+    assert len(tally.returns.items) == len(returns) > 100
+    for (world, step, value), expected in zip(tally.returns.items, returns, strict=True):
+        assert [world, step] == expected[:2] and value == pytest.approx(expected[2], abs=1e-6)
     for world, value in running.items():
         assert tally.running[world] == pytest.approx(value)
 

@@ -9,7 +9,7 @@ millisecond):
 
 - ``counts[w]``: steps world ``w`` returned in the run; a step's *index* is
   its world's count once it is counted (1 for a world's first step).
-- ``returns``: a ``Log`` of ``[world, run_steps, return]``, one per finished
+- ``returns``: a ``Log`` of ``(world, run_steps, return)``, one per finished
   episode (a LAST step after a FIRST one; a world cut by a restart has none),
   in the order of the run's steps.
 - ``latest[w]``: ``(timestep, position, index)`` of the newest captured step
@@ -138,11 +138,10 @@ class Tally:
             steps = self.total + order[ended] + 1
             by_step = np.argsort(steps)
             self.returns.extend(
-                [w, s, round(v, 6)]
-                for w, s, v in zip(
+                zip(
                     world[ended][by_step].tolist(),
                     steps[by_step].tolist(),
-                    running[ended][by_step].tolist(),
+                    np.round(running[ended][by_step], 6).tolist(),
                     strict=True,
                 )
             )
