@@ -66,60 +66,20 @@ def test_pictures_are_chosen_as_show_chooses_them_and_the_rest_are_numbers() -> 
     assert "(20 values)" in numbers["arm.joints"] and numbers["arm.joints"].startswith("[20, 21")
 
 
-def _counted_step_by_step(
-    batches: list[tuple[Any, Any, Any]],
-) -> tuple[list[int], list[list[Any]], dict[int, float]]:
-    """Counts, finished returns and running returns, one step at a time in run order."""
-    counts: dict[int, int] = {}
-    running: dict[int, float] = {}
-    in_episode: dict[int, bool] = {}
-    returns, total = [], 0
-    for ids, kinds, rewards in batches:
-        for world, kind, reward in zip(ids.tolist(), kinds.tolist(), rewards.tolist(), strict=True):
-            counts[world] = counts.get(world, 0) + 1
-            total += 1
-            if kind == 0:
-                running[world], in_episode[world] = 0.0, True
-            else:
-                running[world] = running.get(world, 0.0) + reward
-                if kind == 2 and in_episode.get(world, False):
-                    in_episode[world] = False
-                    returns.append([world, total, round(running[world], 6)])
-    return [counts.get(w, 0) for w in range(max(counts) + 1)], returns, running
+def test_the_tally_counts_episodes_across_batches_and_ticks() -> None:
+    def batch(ids: list[int], kinds: list[int], rewards: list[float]) -> tuple[Any, ...]:
+        return (np.array(ids), np.array(kinds, np.uint8), np.array(rewards), None)
 
-
-def test_the_tally_counts_a_tick_at_once_as_a_step_by_step_count_would() -> None:
-    rng = np.random.default_rng(7)
-    worlds, phase = 6, np.zeros(6, int)
-    batches = []
-    for _ in range(400):
-        ids = rng.permutation(worlds)[: rng.integers(0, worlds + 1)]
-        kinds = []
-        for world in ids.tolist():
-            # Episodes FIRST, MID..., LAST; now and then one cut short (a restart) or a
-            # stray LAST, and worlds that start mid-episode.
-            cut = rng.random() < 0.05
-            kind = 0 if phase[world] == 0 or cut else 2 if rng.random() < 0.2 else 1
-            if rng.random() < 0.02:
-                kind = 2
-            phase[world] = 0 if kind == 2 else 1
-            kinds.append(kind)
-        rewards = rng.normal(size=ids.size).round(3)
-        batches.append((ids, np.array(kinds, np.uint8), rewards))
-    batches.insert(3, (np.array([9]), np.array([1], np.uint8), np.array([5.0])))  # starts mid
-    counts, returns, running = _counted_step_by_step(batches)
     tally = Tally()
-    at = 0
-    while at < len(batches):  # ticks of 0 to 30 batches
-        size = int(rng.integers(0, 31))
-        tally.take([(*b, None) for b in batches[at : at + size]], set())
-        at += size
-    assert tally.counts.tolist() == counts and tally.total == sum(counts)
-    assert len(tally.returns.items) == len(returns) > 100
-    for (world, step, value), expected in zip(tally.returns.items, returns, strict=True):
-        assert [world, step] == expected[:2] and value == pytest.approx(expected[2], abs=1e-6)
-    for world, value in running.items():
-        assert tally.running[world] == pytest.approx(value)
+    # World 0: FIRST, MID, LAST over three batches and two ticks: return 1 + 2 = 3.
+    # World 1: starts mid-episode (no return for it), then a FIRST cut short by another
+    # FIRST (a restart: no return), then FIRST, LAST: return 5. A stray LAST counts nothing.
+    tally.take([batch([0, 1], [0, 1], [9, 4]), batch([1, 0], [2, 1], [1, 1])], set())
+    tally.take([batch([1], [0], [0]), batch([0, 1], [2, 1], [2, 7])], set())
+    tally.take([batch([1], [0], [0]), batch([1], [2], [5]), batch([1], [2], [3])], set())
+    assert tally.counts == [3, 7] and tally.total == 10
+    assert tally.returns.items == [(0, 6, 3.0), (1, 9, 5.0)]
+    assert tally.stepped == {1}
 
 
 def test_captured_steps_carry_their_worlds_step_index() -> None:

@@ -3,9 +3,8 @@
 The stepping thread only queues each batch's ``(env_ids, step_type, reward,
 timestep)`` (``timestep`` None unless the watcher is capturing frames, so that
 no observation is held); ``Tally.take`` counts a tick's worth of them later, on
-the watcher's own thread, in one pass of array operations (its cost per tick
-hardly grows with the steps in it, and the GIL is held for a fraction of a
-millisecond):
+the watcher's own thread, in order (a plain loop: at the few thousand steps a
+second of a run, cheaper than array operations on a tick's many small batches):
 
 - ``counts[w]``: steps world ``w`` returned in the run; a step's *index* is
   its world's count once it is counted (1 for a world's first step).
@@ -24,8 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
-
-import numpy as np
 
 
 class Log:
@@ -61,93 +58,45 @@ class Tally:
 
     def __init__(self, returns_cap: int = 50_000) -> None:
         self.total = 0
-        self.counts = np.zeros(0, np.int64)
-        self.running = np.zeros(0, np.float64)  # each world's return so far in its episode
-        self.in_episode = np.zeros(0, bool)  # a FIRST step came, and no LAST since
+        self.counts: list[int] = []
+        self.running: list[float] = []  # each world's return so far in its episode
+        self.in_episode: list[bool] = []  # a FIRST step came, and no LAST since
         self.returns = Log(returns_cap)
         self.latest: dict[int, tuple[Any, int, int]] = {}
         self.stepped: set[int] = set()
 
     def _grow(self, worlds: int) -> None:
         extra = worlds - len(self.counts)
-        self.counts = np.concatenate([self.counts, np.zeros(extra, np.int64)])
-        self.running = np.concatenate([self.running, np.zeros(extra, np.float64)])
-        self.in_episode = np.concatenate([self.in_episode, np.zeros(extra, bool)])
+        self.counts += [0] * extra
+        self.running += [0.0] * extra
+        self.in_episode += [False] * extra
 
     def take(self, items: Sequence[tuple[Any, Any, Any, Any]], wanted: set[int]) -> None:
         """Counts queued batches, in order; keeps captured steps of ``wanted`` worlds in ``latest``."""
-        if not items:
-            self.stepped = set()
-            return
-        ids = np.concatenate([item[0] for item in items]).astype(np.int64, copy=False)
-        if not ids.size:
-            self.stepped = set()
-            return
-        types = np.concatenate([item[1] for item in items])
-        rewards = np.concatenate([item[2] for item in items]).astype(np.float64, copy=False)
-        top = int(ids.max()) + 1
-        if top > len(self.counts):
-            self._grow(top)
-        self._keep_latest(items, ids, wanted)
-        self._count_returns(ids, types, rewards)
-        np.add.at(self.counts, ids, 1)
-        self.total += int(ids.size)
-        self.stepped = set(np.unique(ids).tolist())
-
-    def _keep_latest(self, items: Sequence[Any], ids: np.ndarray, wanted: set[int]) -> None:
-        """``latest`` from the captured batches (those queued with their timestep), newest first."""
-        left, end = set(wanted), int(ids.size)
-        for env_ids, _, _, timestep in reversed(items):
-            end -= len(env_ids)
-            if timestep is None or not left:
-                continue
-            for position, world in reversed(list(enumerate(env_ids.tolist()))):
-                if world in left:
-                    left.discard(world)
-                    seen = int(np.count_nonzero(ids[: end + position + 1] == world))
-                    self.latest[world] = (timestep, position, int(self.counts[world]) + seen)
-
-    def _count_returns(self, ids: np.ndarray, types: np.ndarray, rewards: np.ndarray) -> None:
-        """Adds up each world's rewards in order; logs each finished episode's return.
-
-        The steps are sorted by world (keeping their order), then cut into segments at
-        each world's first step here and at each FIRST step; a segment's sum runs on from
-        its world's ``running`` when it continues an episode, from 0 after a FIRST.
-        """
-        order = np.argsort(ids, kind="stable")
-        world, kind = ids[order], types[order]
-        first, last = kind == 0, kind == 2
-        reward = np.where(first, 0.0, rewards[order])  # a FIRST step's reward starts nothing
-        new_world = np.ones(world.size, bool)
-        new_world[1:] = world[1:] != world[:-1]
-        starts = np.flatnonzero(new_world | first)
-        segment = np.cumsum(new_world | first) - 1
-        sums = np.cumsum(reward)
-        before = np.where(starts > 0, sums[starts - 1], 0.0)
-        carried = ~first[starts]  # a world's first segment here, continuing from before
-        start_world = world[starts]
-        origin = np.where(carried, self.running[start_world], 0.0)
-        live = np.where(carried, self.in_episode[start_world], True)
-        running = origin[segment] + sums - before[segment]
-        lasts = np.flatnonzero(last)
-        if lasts.size:
-            of = segment[lasts]
-            once = np.ones(lasts.size, bool)  # only a segment's first LAST ends its episode
-            once[1:] = of[1:] != of[:-1]
-            ended = lasts[once & live[of]]
-            steps = self.total + order[ended] + 1
-            by_step = np.argsort(steps)
-            self.returns.extend(
-                zip(
-                    world[ended][by_step].tolist(),
-                    steps[by_step].tolist(),
-                    np.round(running[ended][by_step], 6).tolist(),
-                    strict=True,
-                )
-            )
-        ends = np.flatnonzero(np.append(new_world[1:], True))  # each world's newest step here
-        end_world, end_segment = world[ends], segment[ends]
-        ended_here = np.zeros(starts.size, bool)
-        ended_here[segment[lasts]] = True
-        self.running[end_world] = running[ends]
-        self.in_episode[end_world] = live[end_segment] & ~ended_here[end_segment]
+        counts, running, in_episode = self.counts, self.running, self.in_episode
+        finished: list[tuple[int, int, float]] = []
+        stepped: set[int] = set()
+        for env_ids, step_types, rewards, timestep in items:
+            ids = env_ids.tolist()
+            stepped.update(ids)
+            if ids and max(ids) >= len(counts):
+                self._grow(max(ids) + 1)
+            for world, step_type, reward in zip(
+                ids, step_types.tolist(), rewards.tolist(), strict=True
+            ):
+                counts[world] += 1
+                self.total += 1
+                if step_type == 0:
+                    running[world], in_episode[world] = 0.0, True
+                else:
+                    running[world] += reward
+                    if step_type == 2 and in_episode[world]:
+                        in_episode[world] = False
+                        finished.append((world, self.total, round(running[world], 6)))
+            if timestep is not None:
+                for position, world in enumerate(ids):
+                    if world in wanted:
+                        self.latest[world] = (timestep, position, counts[world])
+        if finished:
+            self.returns.extend(finished)
+        self.stepped = stepped
