@@ -18,8 +18,8 @@ the run's events as they happen (restarts, relaunches, lost worlds, errors), and
 pause and resume.
 
 Cost. ``on_steps`` queues the batch's step types, rewards and world ids (three
-references) and returns; a thread of the watcher counts a tick's worth of them
-at once, in array operations, a few times a second. No observation is kept,
+references) and returns; a thread of the watcher counts them a few times a
+second. No observation is kept,
 copied or encoded while no page is open (``batches_captured`` and
 ``frames_encoded`` stay 0). With a page open, once per push (``fps`` times a
 second) and only for the pages that took the last push, the watcher asks the
