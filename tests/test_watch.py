@@ -180,15 +180,15 @@ def test_frames_are_kept_and_encoded_only_for_a_page_that_took_its_last_push(bat
             watcher.message(slow)  # it takes one push: due for the next one
             assert wait_for(lambda: watcher.frames_encoded > 0)
             assert watcher.batches_captured > 0
-            # One push's worth of frames for it (each of its 4 worlds once), then none
-            # until it takes the next.
-            assert wait_for(lambda: len(watcher._frames) == 4)
-            encoded = watcher.frames_encoded
+            # One push's worth of frames for it (each of its 4 worlds at most once), then
+            # none until it takes the next.
             steps = watcher.steps
             assert wait_for(lambda: watcher.steps > steps + 400)
-            assert watcher.frames_encoded == encoded == 4
+            encoded, steps = watcher.frames_encoded, watcher.steps
+            assert wait_for(lambda: watcher.steps > steps + 400)
+            assert watcher.frames_encoded == encoded <= 4
             frames = watcher.message(slow)["frames"]
-            assert sorted(f["world"] for f in frames) == [0, 1, 2, 3]
+            assert len({f["world"] for f in frames}) == len(frames) == encoded
             assert wait_for(lambda: watcher.frames_encoded > encoded)
         finally:
             stop.set()
