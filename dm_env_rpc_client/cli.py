@@ -505,12 +505,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; ``argv`` None reads ``sys.argv``.
 
     As a program (``argv`` None), gRPC's C-core log lines are silenced unless
-    ``--debug`` is given; called from Python with a list, nothing is.
+    ``--debug`` is given; called from Python with a list, nothing is. Either way
+    the process's environment, standard error and standard output are as they
+    were when this returns (``_base.quiet``), but for the program's own exit
+    after its output pipe closed (see ``_main``).
+
+    Args:
+      argv: the arguments (without the program's name), or None for ``sys.argv[1:]``.
+
+    Returns:
+      The exit code (see the module docs).
+
+    Raises:
+      ArgumentTypeError: ``argv`` is a string.
+      SystemExit: bad arguments (code 2, from argparse), ``--help`` or ``--version``.
     """
     if isinstance(argv, str):
         raise errors.ArgumentTypeError(_ARGV.format(argv=argv, split=argv.split()))
     if argv is None:
-        quiet_grpc_logs(sys.argv[1:])
+        with quiet_grpc_logs(sys.argv[1:]):
+            return _main(None)
+    return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
@@ -526,9 +544,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("Interrupted.", file=sys.stderr)
         return INTERRUPTED
     except BrokenPipeError:
-        # The reader went away (`specs ... | head`): not an error; say nothing more.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # The reader went away (`specs ... | head`): not an error; say nothing more. As the
+        # program (argv None), its standard output becomes /dev/null, so the flush at exit does
+        # not fail again; called from Python, the caller's standard output is left as it is.
+        if argv is None:
+            with contextlib.suppress(OSError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
         return 0
     except (errors.DmEnvRpcClientError, OSError, ValueError, TypeError) as exc:
         if args.debug:
