@@ -60,12 +60,14 @@ from _lib.common import (  # noqa: E402
     server_process_info,
 )
 
+from dm_env_rpc_client._codec.payload import _read_varint  # noqa: E402
 from dm_env_rpc_client._proto import dm_env_rpc_pb2  # noqa: E402
 
 METHOD = "/dm_env_rpc.v1.Environment/Process"
 VARIANTS = ("raw gRPC floor", "SDK lockstep", "raw gRPC asyncio floor, 4 streams", "SDK batch of 4")
 RAW_SERVER = "raw answering server"
 LEN = 2  # protobuf's length-delimited wire type
+_FLOATS = (3, 2, 2, 1, 1)  # the field numbers down to a step answer's float payloads (_payload)
 
 
 def _status_kb(field: str) -> int:
@@ -109,17 +111,6 @@ def _varint_list(values: list[int]) -> bytes:
     return _varint(len(body)) + body
 
 
-def _read_varint(data: bytes, position: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
-
-
 def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
     """The length-delimited fields of the message in ``data[start:end]``: ``(number, at, end)``."""
     position = start
@@ -141,25 +132,20 @@ def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]
 def _payload(data: bytes) -> tuple[int, int]:
     """``(offset, count)`` of the largest float32 payload of a step answer's bytes.
 
-    EnvironmentResponse.step (3) -> StepResponse.observations (2, map entries) ->
-    entry value (2, Tensor) -> Tensor.floats (1, FloatArray) -> array (1, packed).
+    Its fields, outermost first (``_FLOATS``): EnvironmentResponse.step (3) ->
+    StepResponse.observations (2, map entries) -> entry value (2, Tensor) ->
+    Tensor.floats (1, FloatArray) -> array (1, packed).
     """
-    best = (0, 0)
-    for number, at, end in _fields(data, 0, len(data)):
-        if number != 3:
-            continue
-        for field, entry, entry_end in _fields(data, at, end):
-            if field != 2:
-                continue
-            for part, tensor, tensor_end in _fields(data, entry, entry_end):
-                if part != 2:
-                    continue
-                for kind, floats, floats_end in _fields(data, tensor, tensor_end):
-                    if kind != 1:
-                        continue
-                    for _, body, body_end in _fields(data, floats, floats_end):
-                        best = max(best, (body, (body_end - body) // 4), key=lambda b: b[1])
-    return best
+    spans = [(0, len(data))]
+    for number in _FLOATS:
+        spans = [
+            (at, end)
+            for start, stop in spans
+            for field, at, end in _fields(data, start, stop)
+            if field == number
+        ]
+    at, end = max(spans, key=lambda span: span[1] - span[0], default=(0, 0))
+    return at, (end - at) // 4
 
 
 def _step_request(join_answer: bytes) -> Any:
