@@ -19,12 +19,17 @@ Clients, each driving every agent of every world, one step per agent per round:
 - SDK ``step_agents``: ``dmr.MultiAgentBatch``, every agent's step written at once on one
   event loop, each round's steps received together;
 - SDK ``send/recv``: the same batch as a flat batch of agent slots, each agent sent its next
-  step as soon as its last one is received (one in flight per agent, ``dmr.collect``'s shape);
+  step as soon as its last one is received (one in flight per agent, a policy's shape);
+- SDK ``collect``: ``dmr.collect(batch, steps, seed=...)`` on the same batch, random actions
+  drawn per agent-step, ``DEFAULT_PIPELINE`` (8) world steps in flight per world, a world's
+  agents always sent their steps together: what a user's random-action stepping runs;
 - reference: the reference package's client, one ``DmEnvAdaptor`` per agent, a thread per
   agent, and a barrier per world between rounds (stepping agents from one thread deadlocks);
   skipped above ``--max-threads`` agents;
 - raw floor: bare ``grpc.aio`` streams on one event loop, one channel per server, writing a
-  pre-serialized step request and reading undecoded answers, one in flight per stream.
+  pre-serialized step request and reading undecoded answers, one in flight per stream;
+- raw floor, 8 in flight: the same with ``collect``'s pipeline depth (8 steps written ahead
+  per stream), the floor ``collect``'s CPU is compared with (the others' is the one above).
 
 The variants of a cell are interleaved in rounds (``_lib.common.measure_interleaved``); steps/s
 and CPU are medians over the rounds, ratios medians of per-round ratios. The servers and the
@@ -60,6 +65,7 @@ from dm_env_rpc.v1 import dm_env_adaptor as reference_adaptor
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import dm_env_rpc_pb2
 from dm_env_rpc_client.messages import METHOD
+from dm_env_rpc_client.stepping import DEFAULT_PIPELINE
 
 HERE = pathlib.Path(__file__).resolve().parent
 SERVER_COMMANDS = {
@@ -86,8 +92,11 @@ SERVER_NAMES = {
     "foreign": "reference-package Paddles",
     "sdk": "SDK Paddles",
 }
-OURS, OURS_FLAT = "SDK step_agents", "SDK send/recv"
+OURS, OURS_FLAT, OURS_COLLECT = "SDK step_agents", "SDK send/recv", "SDK collect, 8 in flight"
 REFERENCE, FLOOR = "reference, thread/agent", "raw gRPC floor"
+FLOOR_PIPELINED = "raw gRPC floor, 8 in flight"
+PIPELINE = DEFAULT_PIPELINE
+ORDER = (OURS, OURS_FLAT, OURS_COLLECT, REFERENCE, FLOOR, FLOOR_PIPELINED)
 
 
 def _settings(agents: int) -> dict[str, Any]:
@@ -128,6 +137,20 @@ def ours_flat(address: str, worlds: int, agents: int) -> Any:
             if ids:
                 batch.send({"paddle": zeros[: len(ids)]}, ids)
                 sent[ids] += 1
+
+    return run, batch.close
+
+
+def ours_collect(address: str, worlds: int, agents: int) -> Any:
+    batch = dmr.MultiAgentBatch.connect(
+        address, worlds, agents, create_world_settings=_settings(agents), timeout=60
+    )
+    batch.reset_agents()
+    seeds = iter(range(1, 1 << 30))
+
+    def run(steps: int) -> None:
+        stats = dmr.collect(batch, steps, seed=next(seeds), timeout=60, pipeline=PIPELINE)
+        assert stats.steps >= steps, (stats.steps, steps)
 
     return run, batch.close
 
@@ -184,9 +207,9 @@ def reference_threads(address: str, worlds: int, agents: int) -> Any:
 _LOOP = asyncio.new_event_loop()  # one loop for every floor run: grpc.aio binds to it
 
 
-def raw_floor(address: str, worlds: int, agents: int) -> Any:
+def raw_floor(address: str, worlds: int, agents: int, depth: int = 1) -> Any:
     """One bare stream per agent on one event loop and one channel; a world is created on its
-    first agent's stream and joined on each."""
+    first agent's stream and joined on each. ``depth`` steps are written ahead per stream."""
     loop = _LOOP
     Request, Response = dm_env_rpc_pb2.EnvironmentRequest, dm_env_rpc_pb2.EnvironmentResponse
 
@@ -217,9 +240,13 @@ def raw_floor(address: str, worlds: int, agents: int) -> Any:
     channel, calls, data = loop.run_until_complete(open_streams())
 
     async def stream(call: Any, rounds: int) -> None:
-        for _ in range(rounds):
+        ahead = min(depth, rounds)
+        for _ in range(ahead):
             await call.write(data)
+        for done in range(rounds):
             await call.read()  # undecoded bytes
+            if done + ahead < rounds:
+                await call.write(data)
 
     def run(steps: int) -> None:
         rounds = steps // (worlds * agents)
@@ -273,7 +300,9 @@ def main() -> None:
                     variants = {
                         OURS: lambda cell=cell: ours(**cell),
                         OURS_FLAT: lambda cell=cell: ours_flat(**cell),
+                        OURS_COLLECT: lambda cell=cell: ours_collect(**cell),
                         FLOOR: lambda cell=cell: raw_floor(**cell),
+                        FLOOR_PIPELINED: lambda cell=cell: raw_floor(**cell, depth=PIPELINE),
                     }
                     if slots <= args.max_threads:
                         variants[REFERENCE] = lambda cell=cell: reference_threads(**cell)
@@ -284,7 +313,7 @@ def main() -> None:
                         warmup=slots * 2,
                         server_pid=server.pid,
                     )
-                    for name in (OURS, OURS_FLAT, REFERENCE, FLOOR):
+                    for name in ORDER:
                         if name not in variants:
                             rows.append(
                                 [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 5
@@ -294,6 +323,9 @@ def main() -> None:
                             f"{results.ratio(name, REFERENCE):.2f}x"
                             if REFERENCE in variants
                             else "-"
+                        )
+                        floor = (
+                            FLOOR_PIPELINED if name in (OURS_COLLECT, FLOOR_PIPELINED) else FLOOR
                         )
                         rows.append(
                             [
@@ -305,7 +337,7 @@ def main() -> None:
                                 results.median(name, "cpu_us_per_step"),
                                 results.median(name, "server_cpu_us_per_step"),
                                 vs_reference,
-                                f"{results.ratio(name, FLOOR, 'cpu_us_per_step'):.2f}x",
+                                f"{results.ratio(name, floor, 'cpu_us_per_step'):.2f}x",
                             ]
                         )
                     print(f"done: {server_key}, {agents} agents x {worlds} worlds", flush=True)
@@ -325,7 +357,9 @@ def main() -> None:
         rows,
     )
     print(f"\nMedians over {args.rounds} interleaved rounds; each timed run takes max(--steps,")
-    print("10 per agent) agent-steps. The machine is shared (2 cores): numbers are noisy.")
+    print("10 per agent) agent-steps. CPU vs floor: collect's against the floor with its")
+    print(f"pipeline ({PIPELINE} in flight), the others' against the floor with 1 in flight.")
+    print("The machine is shared (2 cores): numbers are noisy.")
     print(pinned)
 
 

@@ -60,7 +60,7 @@ def _numbers(spec: dm_specs.Array, shape: tuple[int, ...], rng: np.random.Genera
     dtype = np.dtype(spec.dtype)
     low, high = _limits(spec)
     if low.size == 1 and high.size == 1:  # scalar bounds, the common case: no array math
-        return _numbers_scalar_bounds(spec, dtype, low.item(), high.item(), shape, rng)
+        return _scalar_bounds_drawer(spec, dtype, low.item(), high.item(), shape)(rng)
     if dtype.kind == "f":
         low_f = np.broadcast_to(low.astype(np.float64), shape)
         high_f = np.broadcast_to(high.astype(np.float64), shape)
@@ -83,19 +83,18 @@ def _numbers(spec: dm_specs.Array, shape: tuple[int, ...], rng: np.random.Genera
     return rng.integers(low_b, high_b, endpoint=True, dtype=wide).astype(dtype).reshape(shape)
 
 
-def _numbers_scalar_bounds(
-    spec: dm_specs.Array,
-    dtype: np.dtype,
-    low: Any,
-    high: Any,
-    shape: tuple[int, ...],
-    rng: np.random.Generator,
-) -> np.ndarray:
+def _scalar_bounds_drawer(
+    spec: dm_specs.Array, dtype: np.dtype, low: Any, high: Any, shape: tuple[int, ...]
+) -> Any:
+    """``rng -> values`` for numbers with scalar bounds (the table above), the range worked
+    out once. A scalar is drawn with ``size=None`` (the same value as ``size=()``, a third of
+    the time)."""
+    size = shape or None
     if dtype.kind == "f":
         finite_low, finite_high = math.isfinite(low), math.isfinite(high)
         lo = low if finite_low else (high - 2 if finite_high else -UNBOUNDED_FLOAT)
         hi = high if finite_high else (low + 2 if finite_low else UNBOUNDED_FLOAT)
-        return np.asarray(rng.uniform(lo, hi, size=shape)).astype(dtype)
+        return lambda rng: np.asarray(rng.uniform(lo, hi, size=size)).astype(dtype)
     info = np.iinfo(dtype)
     wide = np.int64 if dtype.kind == "i" or dtype.itemsize < 8 else np.uint64
     if not isinstance(spec, dm_specs.BoundedArray):
@@ -106,7 +105,7 @@ def _numbers_scalar_bounds(
             lo = max(hi - 2 * UNBOUNDED_INT, info.min)
         elif hi == info.max and lo != info.min:
             hi = min(lo + 2 * UNBOUNDED_INT, info.max)
-    return rng.integers(lo, hi, size=shape, endpoint=True, dtype=wide).astype(dtype)
+    return lambda rng: rng.integers(lo, hi, size=size, endpoint=True, dtype=wide).astype(dtype)
 
 
 def _strings(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -135,16 +134,51 @@ def random_action(action_spec: Any, rng: np.random.Generator | int) -> Any:
     return _walk(action_spec, _generator(rng), None)
 
 
+def action_drawer(action_spec: Any) -> Any:
+    """``draw(rng)``: what ``random_action(action_spec, rng)`` draws, the same values from the
+    same generator, with the spec's work (bounds, dtype, shape) done once, not per draw.
+
+    Args:
+      action_spec: a spec or a nested dict/list of specs.
+
+    Returns:
+      A function of a NumPy Generator.
+
+    Raises:
+      SpecError: for something that is not a dm_env spec.
+    """
+    if isinstance(action_spec, Mapping):
+        parts = [(key, action_drawer(value)) for key, value in action_spec.items()]
+        return lambda rng: {key: draw(rng) for key, draw in parts}
+    if isinstance(action_spec, (list, tuple)):
+        kind, items = type(action_spec), [action_drawer(value) for value in action_spec]
+        return lambda rng: kind(draw(rng) for draw in items)
+    _check_spec(action_spec)
+    spec, dtype = action_spec, np.dtype(action_spec.dtype)
+    fixed = all(dim >= 0 for dim in spec.shape)
+    if fixed and dtype.kind in "iuf" and not isinstance(spec, dm_specs.DiscreteArray):
+        low, high = _limits(spec)
+        if low.size == 1 and high.size == 1:
+            shape = tuple(spec.shape)
+            numbers = _scalar_bounds_drawer(spec, dtype, low.item(), high.item(), shape)
+            return numbers if shape or dtype.kind != "f" else lambda rng: numbers(rng)[()]
+    return lambda rng: _draw(spec, rng, None)
+
+
+def _check_spec(action_spec: Any) -> None:
+    if not isinstance(action_spec, dm_specs.Array):
+        raise errors.SpecError(
+            f"Cannot draw a random action for {type(action_spec).__name__}; pass dm_env specs."
+        )
+
+
 def _walk(action_spec: Any, generator: np.random.Generator, count: int | None) -> Any:
     """``_draw`` for every spec of a nested dict/list of specs, keeping its structure."""
     if isinstance(action_spec, Mapping):
         return {key: _walk(value, generator, count) for key, value in action_spec.items()}
     if isinstance(action_spec, (list, tuple)):
         return type(action_spec)(_walk(value, generator, count) for value in action_spec)
-    if not isinstance(action_spec, dm_specs.Array):
-        raise errors.SpecError(
-            f"Cannot draw a random action for {type(action_spec).__name__}; pass dm_env specs."
-        )
+    _check_spec(action_spec)
     return _draw(action_spec, generator, count)
 
 

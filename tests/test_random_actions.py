@@ -9,7 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dm_env_rpc_client import errors
-from dm_env_rpc_client.random_actions import UNBOUNDED_FLOAT, UNBOUNDED_INT, random_action
+from dm_env_rpc_client.random_actions import (
+    UNBOUNDED_FLOAT,
+    UNBOUNDED_INT,
+    action_drawer,
+    random_action,
+)
 from dm_env_rpc_client.specs import VariableArray, VariableBoundedArray
 
 NUMERIC = [np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint32, np.uint64]
@@ -40,6 +45,22 @@ def test_random_actions_validate(spec: dm_specs.Array, seed: int) -> None:
     value = random_action(spec, seed)
     spec.validate(value)
     assert np.array_equal(value, random_action(spec, seed))  # deterministic for a seed
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(numeric_specs(), st.integers(0, 2**32 - 1))
+def test_action_drawer_draws_what_random_action_draws(spec: dm_specs.Array, seed: int) -> None:
+    """collect's drawer (the spec's work done once) gives random_action's values, types and
+    dtypes from the same generator, draw after draw (scalars use size=None)."""
+    draw = action_drawer({"a": spec, "b": [spec, dm_specs.Array((2,), bool)]})
+    ours, theirs = np.random.default_rng(seed), np.random.default_rng(seed)
+    for _ in range(3):
+        got = draw(ours)
+        want = random_action({"a": spec, "b": [spec, dm_specs.Array((2,), bool)]}, theirs)
+        for one, two in [(got["a"], want["a"]), *zip(got["b"], want["b"], strict=True)]:
+            assert type(one) is type(two)
+            assert np.asarray(one).dtype == np.asarray(two).dtype
+            assert np.array_equal(one, two)
 
 
 def test_bool_strings_and_nested_structures() -> None:

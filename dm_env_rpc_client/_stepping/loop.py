@@ -54,7 +54,7 @@ import numpy as np
 from .. import errors
 from .._adaptor.stacked import unstack
 from ..batched import BatchedEnvironment, BatchedTimeStep
-from ..random_actions import random_action
+from ..random_actions import action_drawer
 from ..recording import Recording
 from .events import RunObserver, Watch
 from .tally import EpisodeTally, RunStats
@@ -161,7 +161,7 @@ class _Loop:
             worlds, rounds = count // group, steps // group
             shares = [rounds // worlds + (world < rounds % worlds) for world in range(worlds)]
             self.left = [shares[slot // group] for slot in range(count)]
-            self.spec = batch.action_spec()
+            self.draw = action_drawer(batch.action_spec())  # random_action's, spec work once
             self.rngs = [np.random.default_rng((seed + w, ACTION_STREAM)) for w in range(count)]
         # The worlds that may take a step (random actions): every world at first, then those
         # a step came back from (or not yet full). A policy's: the worlds of ``ready``.
@@ -262,7 +262,8 @@ class _Loop:
             self.wanting.update(set(able) - set(ids))
         if not ids:
             return []
-        actions = [random_action(self.spec, self.rngs[world]) for world in ids]
+        draw, rngs = self.draw, self.rngs
+        actions = [draw(rngs[world]) for world in ids]
         sent = set(_send(batch, ids, actions))
         for world, action in zip(ids, actions, strict=True):
             if world in sent:
