@@ -204,14 +204,6 @@ def _greedy_return(module: Any, address: str, worlds: int = 64) -> float:
     return float(total.mean())
 
 
-@pytest.mark.xfail(
-    reason=(
-        "open (issue 39): after the merge onto the shared stepping loop, the off-policy client "
-        "(--rllib-policy random) did not exit within 60 s of SIGTERM once the learner stopped "
-        "training (2026-11-27); the on-policy PPO clients stop as they should"
-    ),
-    strict=False,
-)
 def test_dqn_trains_on_random_policy_episodes(
     local_ray: None, server_process: Any, tmp_path: pathlib.Path
 ) -> None:
