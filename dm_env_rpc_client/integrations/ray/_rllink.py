@@ -109,6 +109,8 @@ class RLlinkStats:
       restarts: one line per world restarted by the batch.
       worlds_lost: worlds removed from the batch.
       elapsed: seconds of the run.
+      cpu_seconds: CPU time this process spent in the run (every thread: stepping,
+        forward passes, episodes, shipping), for the CPU per step in ``summary()``.
       learner_gone: the run ended because the learner did not come back.
       stop_reason: why the run ended.
       behavior: ``"rl_module"`` (on-policy) or ``"external"`` (the user's policy).
@@ -129,6 +131,7 @@ class RLlinkStats:
     restarts: list[str] = dataclasses.field(default_factory=list)
     worlds_lost: int = 0
     elapsed: float = 0.0
+    cpu_seconds: float = 0.0
     learner_gone: bool = False
     stop_reason: str = ""
     behavior: str = ON_POLICY
@@ -139,6 +142,9 @@ class RLlinkStats:
         returns = data.pop("returns")
         data["return_mean"] = round(float(np.mean(returns)), 3) if returns else None
         data["steps_per_second"] = round(self.steps / self.elapsed, 1) if self.elapsed else None
+        data["cpu_us_per_step"] = (
+            round(1e6 * self.cpu_seconds / self.steps, 1) if self.steps else None
+        )
         return data
 
 
@@ -423,7 +429,8 @@ def run_rllink(
     stop = stop or threading.Event()
     links = [Link(address, say, stop) for address in ports]
     stats = RLlinkStats(behavior=ON_POLICY if policy is None else OFF_POLICY)
-    batch, run, started = None, None, time.perf_counter()
+    batch, run = None, None
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         try:
             for link in links:
@@ -453,7 +460,7 @@ def run_rllink(
                 say=say,
                 torch_threads=torch_threads,
             )
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             run.run(rounds)
         except LinkStopped:
             stats.stop_reason = STOPPED
@@ -462,7 +469,9 @@ def run_rllink(
                 raise  # no learner at the start: an error
             stats.learner_gone = True
             stats.stop_reason = str(exc)
-        stats.elapsed = time.perf_counter() - started if run is not None else 0.0
+        if run is not None:
+            stats.elapsed = time.perf_counter() - started
+            stats.cpu_seconds = time.process_time() - cpu
         if run is not None:
             run.finish()
         return stats
