@@ -114,8 +114,9 @@ def _timed(algo: Any, iters: int) -> tuple[float, float, float]:
     return sampled / elapsed, trained / elapsed, 1e6 * cpu / max(sampled, 1.0)
 
 
-def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[float, ...]:
-    """(a): env steps/s, learner steps/s, CPU µs/env step (all), client steps/s and CPU µs/step.
+def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[Any, ...]:
+    """(a): env steps/s, learner steps/s, CPU µs/env step (all), client steps/s and CPU µs/step,
+    and the client's seconds stepping / shipping / waiting for weights.
 
     The client runs until SIGTERMed after the timed iterations (so it is measured while alive).
     """
@@ -152,7 +153,11 @@ def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[float, ..
         out.seek(0)
         summary = json.loads(out.read() or "{}")
     own = float(summary.get("steps_per_second") or 0.0)
-    return sampled, trained, cpu, own, float(summary.get("cpu_us_per_step") or 0.0)
+    split = " / ".join(
+        f"{summary.get(key) or 0.0:.1f}"
+        for key in ("stepping_seconds", "shipping_seconds", "learner_seconds")
+    )
+    return sampled, trained, cpu, own, float(summary.get("cpu_us_per_step") or 0.0), split
 
 
 def bridge(address: str, worlds: int, batch: int, iters: int) -> tuple[float, float, float]:
@@ -191,14 +196,14 @@ def main() -> None:
     rows = []
     with server_subprocess("catch", max_workers=2 * max(args.worlds) + 16) as server:
         for worlds in args.worlds:
-            a_env, a_learn, a_cpu, client, client_cpu = rllink(
+            a_env, a_learn, a_cpu, client, client_cpu, split = rllink(
                 server.address, worlds, args.batch, args.iters
             )
             b_env, b_learn, b_cpu = bridge(server.address, worlds, args.batch, args.iters)
             rows.append(
                 [
                     *(worlds, a_env, a_learn, client, b_env, b_learn, f"{a_env / b_env:.2f}x"),
-                    *(a_cpu, client_cpu, b_cpu, f"{a_cpu / b_cpu:.2f}x"),
+                    *(a_cpu, client_cpu, b_cpu, f"{a_cpu / b_cpu:.2f}x", split),
                 ]
             )
             print(rows[-1], file=sys.stderr, flush=True)
@@ -216,6 +221,7 @@ def main() -> None:
             "(a) client CPU µs/step",
             "(b) CPU µs/env step, all",
             "(a)/(b) CPU",
+            "(a) client s: stepping / shipping / waiting for weights",
         ],
         rows,
     )

@@ -111,6 +111,10 @@ class RLlinkStats:
       elapsed: seconds of the run.
       cpu_seconds: CPU time this process spent in the run (every thread: stepping,
         forward passes, episodes, shipping), for the CPU per step in ``summary()``.
+      stepping_seconds: wall time spent stepping the worlds (``collect``).
+      shipping_seconds: wall time spent encoding and sending episodes.
+      learner_seconds: wall time spent waiting for the learner's weights after shipping
+        (its training step, and the trip of the episodes and weights through Ray).
       learner_gone: the run ended because the learner did not come back.
       stop_reason: why the run ended.
       behavior: ``"rl_module"`` (on-policy) or ``"external"`` (the user's policy).
@@ -132,6 +136,9 @@ class RLlinkStats:
     worlds_lost: int = 0
     elapsed: float = 0.0
     cpu_seconds: float = 0.0
+    stepping_seconds: float = 0.0
+    shipping_seconds: float = 0.0
+    learner_seconds: float = 0.0
     learner_gone: bool = False
     stop_reason: str = ""
     behavior: str = ON_POLICY
@@ -232,15 +239,15 @@ class _Run:
             mine = [w for w in live if w % links == link]
             short = self.share[link] - self.book.recorded[link]
             if mine and short > 0:
-                each = math.ceil(short * ratio / len(mine))
-                for world in mine:
-                    counts[world] = each
+                steps = math.ceil(short * ratio)
+                for position, world in enumerate(mine):
+                    counts[world] = steps // len(mine) + (position < steps % len(mine))
         return counts if any(counts) else None
 
     def _round(self) -> bool:
         """Steps one round (until every link has its share); False if stopped."""
         while (counts := self._counts()) is not None:
-            before = sum(self.book.recorded)
+            before, started = sum(self.book.recorded), time.perf_counter()
             self.last = collect(
                 self.batch,
                 counts,
@@ -250,6 +257,7 @@ class _Run:
                 observers=[self],
                 resume=self.last,
             )
+            self.stats.stepping_seconds += time.perf_counter() - started
             if self.last.interrupted:
                 return False
             self.received += self.last.steps
@@ -286,6 +294,7 @@ class _Run:
                 self._reconnect(link, str(exc))
 
     def _ship(self) -> None:
+        started = time.perf_counter()
         chunks = self.book.ship()
         on_policy = self.actor is not None
         kind = EPISODES_AND_GET_STATE if on_policy else EPISODES
@@ -301,6 +310,8 @@ class _Run:
                     self.stats.unconfirmed_steps += sum(steps for _, steps in delivered)
                 raise
             delivered.append((link, sizes[index]))
+        shipped = time.perf_counter()
+        self.stats.shipping_seconds += shipped - started
         states = []
         for position, (link, steps) in enumerate(delivered):
             if not on_policy:
@@ -316,6 +327,7 @@ class _Run:
                 self.stats.unconfirmed_steps += steps
                 self._reconnect(link, str(exc))
                 states.append(link.state(self.timeout))
+        self.stats.learner_seconds += time.perf_counter() - shipped
         self.stats.rounds += 1
         if states and self.actor is not None:
             newest = max(states, key=lambda state: int(state.get("weights_seq_no", 0) or 0))
