@@ -8,8 +8,8 @@
         stats = dmr.collect(batch, steps=2_000, seed=1)
     stats.steps, stats.episodes, stats.returns
 
-This is the command line's ``run`` as a Python call (the Ray shards and the
-benchmarks use it too), with the same guarantees (``_stepping.loop``):
+This is the command line's ``run`` as a Python call (the Ray shards, the RLlink
+client and the benchmarks use it too), with the same guarantees (``_stepping.loop``):
 
 - **Random actions** (``policy=None``, the default) are reproducible: world
   ``i`` takes exactly its share of the steps and draws its actions from a

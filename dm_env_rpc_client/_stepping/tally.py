@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +38,8 @@ class RunStats:
       episodes: episodes that reached their LAST step.
       unfinished: episodes still running when the run stopped.
       returns: the return of every finished episode, world by world.
-      latencies: each step's round trip in seconds (the latest ones per batch).
+      latencies: each step's round trip in seconds, this run's (the batch keeps its latest
+        100,000).
       elapsed: seconds from the first send to the last step (the longest shard).
       world_seeds: each world's seed, None where its server took none.
       recorded: the recording folder, if any (filled by the caller that closes it).
@@ -245,7 +247,13 @@ class EpisodeTally:
         stats.carry = self.carry()
         stats.unfinished = sum(self.in_episode)
         stats.returns = [r for world_returns in self.returns for r in world_returns]
-        stats.latencies = np.asarray(self.batch.latencies, dtype=np.float64)
+        # This run's steps only (a resumed run's batch has those of the runs before, too),
+        # and without copying the batch's 100,000 kept latencies for a short run.
+        kept = self.batch.latencies
+        count = min(stats.steps, len(kept))
+        stats.latencies = np.fromiter(itertools.islice(reversed(kept), count), np.float64, count)[
+            ::-1
+        ].copy()
         failures = self.batch.failures
         stats.restarts = [
             f"world {self.first_world + f.index}: {f.address} -> {f.new_address} "
