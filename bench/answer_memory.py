@@ -1,11 +1,20 @@
 """Peak client memory while receiving one large answer, good or with a payload that lies.
 
-A raw gRPC server process answers every step with one float32 observation of
-``--megabytes`` MB: ``good`` (its payload fits its declared shape) or ``bad``
-(the declared shape is the spec's, the payload one element short). Each client
-variant runs in a fresh process, which reads its resident memory before the
-answer (``VmRSS``) and its peak after (``VmHWM``); the table gives the peak's
-growth over the answer's size B (for the batch, B is the four answers together):
+Three servers, each in a process of its own, answer a step with one float32
+observation of ``--megabytes`` MB:
+
+- ``raw answering server``: a bare gRPC server that answers every step with
+  pre-built bytes, ``good`` (its payload fits its declared shape) or ``bad``
+  (the declared shape is the spec's, the payload one element short: only a
+  faulty server sends that, so only this server has the ``bad`` rows);
+- ``SDK server``: the SDK's own embedded server serving ``--env large``;
+- ``reference-package server``: the foreign server written on the reference
+  ``dm-env-rpc`` package (``_lib/foreign_server.py --env large``).
+
+Each client variant runs in a fresh process, which reads its resident memory
+before the answer (``VmRSS``) and its peak after (``VmHWM``); the table gives
+the peak's growth over the answer's size B (for the batch, B is the four
+answers together), against each server:
 
 - ``raw gRPC floor``: a bare gRPC stream receiving the answer's bytes, then
   copying the payload into an array (what any client must hold: the bytes and
@@ -16,7 +25,9 @@ growth over the answer's size B (for the batch, B is the four answers together):
   payload copied into a ``[4, n]`` array;
 - ``SDK batch of 4``: ``BatchedEnvironment.reset()`` on four worlds.
 
-The ``/ floor`` column compares each SDK row with the floor above it.
+The ``/ floor`` column compares each SDK row with the floor above it, on the
+same server. The floors find the float payload in the answer's bytes by walking
+its protobuf fields (``_payload``), without decoding them.
 
 Run: ``python bench/answer_memory.py [--megabytes 64]``. Numbers on a shared
 machine drift little here (memory, not time), but other processes do not count.
@@ -42,11 +53,21 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import grpc  # noqa: E402
+from _lib.common import (  # noqa: E402
+    SERVERS,
+    ServerInfo,
+    foreign_server_process_info,
+    server_process_info,
+)
 
+from dm_env_rpc_client._codec.payload import _read_varint  # noqa: E402
 from dm_env_rpc_client._proto import dm_env_rpc_pb2  # noqa: E402
 
 METHOD = "/dm_env_rpc.v1.Environment/Process"
 VARIANTS = ("raw gRPC floor", "SDK lockstep", "raw gRPC asyncio floor, 4 streams", "SDK batch of 4")
+RAW_SERVER = "raw answering server"
+LEN = 2  # protobuf's length-delimited wire type
+_FLOATS = (3, 2, 2, 1, 1)  # the field numbers down to a step answer's float payloads (_payload)
 
 
 def _status_kb(field: str) -> int:
@@ -88,6 +109,50 @@ def _varint(value: int) -> bytes:
 def _varint_list(values: list[int]) -> bytes:
     body = b"".join(_varint(v) for v in values)
     return _varint(len(body)) + body
+
+
+def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """The length-delimited fields of the message in ``data[start:end]``: ``(number, at, end)``."""
+    position = start
+    while position < end:
+        key, position = _read_varint(data, position)
+        wire = key & 7
+        if wire == 0:
+            _, position = _read_varint(data, position)
+        elif wire in (1, 5):
+            position += 8 if wire == 1 else 4
+        elif wire == LEN:
+            length, position = _read_varint(data, position)
+            yield key >> 3, position, position + length
+            position += length
+        else:
+            raise ValueError(f"wire type {wire} in an answer")
+
+
+def _payload(data: bytes) -> tuple[int, int]:
+    """``(offset, count)`` of the largest float32 payload of a step answer's bytes.
+
+    Its fields, outermost first (``_FLOATS``): EnvironmentResponse.step (3) ->
+    StepResponse.observations (2, map entries) -> entry value (2, Tensor) ->
+    Tensor.floats (1, FloatArray) -> array (1, packed).
+    """
+    spans = [(0, len(data))]
+    for number in _FLOATS:
+        spans = [
+            (at, end)
+            for start, stop in spans
+            for field, at, end in _fields(data, start, stop)
+            if field == number
+        ]
+    at, end = max(spans, key=lambda span: span[1] - span[0], default=(0, 0))
+    return at, (end - at) // 4
+
+
+def _step_request(join_answer: bytes) -> Any:
+    """A StepRequest asking for every observation the JoinWorld answer names."""
+    specs = dm_env_rpc_pb2.EnvironmentResponse.FromString(join_answer).join_world.specs
+    step = dm_env_rpc_pb2.StepRequest(requested_observations=sorted(specs.observations))
+    return dm_env_rpc_pb2.EnvironmentRequest(step=step)
 
 
 def serve(port_file: str, elements: int, mode: str) -> None:
@@ -143,13 +208,16 @@ def client(variant: str, address: str, elements: int) -> None:
             METHOD, request_serializer=dm_env_rpc_pb2.EnvironmentRequest.SerializeToString
         )
         responses = call(iter(requests.get, None))
-        for payload in ({"create_world": {}}, {"join_world": {"world_name": "w"}}):
-            requests.put(dm_env_rpc_pb2.EnvironmentRequest(**payload))
-            next(responses)
+        requests.put(dm_env_rpc_pb2.EnvironmentRequest(create_world={}))
+        world = dm_env_rpc_pb2.EnvironmentResponse.FromString(next(responses))
+        name = world.create_world.world_name
+        requests.put(dm_env_rpc_pb2.EnvironmentRequest(join_world={"world_name": name}))
+        step = _step_request(next(responses))
         before = _status_kb("VmRSS")
-        requests.put(dm_env_rpc_pb2.EnvironmentRequest(step={}))
+        requests.put(step)
         data = next(responses)
-        array = np.frombuffer(data, np.float32, elements, len(data) - 4 * elements - 4).copy()
+        offset, count = _payload(data)
+        array = np.frombuffer(data, np.float32, count, offset).copy()
         del array, data
         requests.put(None)
         channel.close()
@@ -165,21 +233,23 @@ def client(variant: str, address: str, elements: int) -> None:
                         METHOD,
                         request_serializer=dm_env_rpc_pb2.EnvironmentRequest.SerializeToString,
                     )()
-                    for payload in ({"create_world": {}}, {"join_world": {"world_name": "w"}}):
-                        await call.write(dm_env_rpc_pb2.EnvironmentRequest(**payload))
-                        await call.read()
-                    calls.append(call)
+                    await call.write(dm_env_rpc_pb2.EnvironmentRequest(create_world={}))
+                    world = dm_env_rpc_pb2.EnvironmentResponse.FromString(await call.read())
+                    name = world.create_world.world_name
+                    await call.write(
+                        dm_env_rpc_pb2.EnvironmentRequest(join_world={"world_name": name})
+                    )
+                    calls.append((call, _step_request(await call.read())))
                 start = _status_kb("VmRSS")
-                for call in calls:
-                    await call.write(dm_env_rpc_pb2.EnvironmentRequest(step={}))
-                answers = await asyncio.gather(*(call.read() for call in calls))
+                for call, step in calls:
+                    await call.write(step)
+                answers = await asyncio.gather(*(call.read() for call, _ in calls))
                 out = np.empty((4, elements), np.float32)
                 for row, data in zip(out, answers, strict=True):
-                    row[...] = np.frombuffer(
-                        data, np.float32, elements, len(data) - 4 * elements - 4
-                    )
+                    offset, count = _payload(data)
+                    row[:count] = np.frombuffer(data, np.float32, count, offset)
                 del answers, out
-                for call in calls:
+                for call, _ in calls:
                     call.cancel()
                 return start
 
@@ -203,7 +273,7 @@ def client(variant: str, address: str, elements: int) -> None:
 
 
 @contextlib.contextmanager
-def server_process(elements: int, mode: str) -> Iterator[str]:
+def server_process(elements: int, mode: str) -> Iterator[ServerInfo]:
     with tempfile.TemporaryDirectory() as folder:
         port_file = pathlib.Path(folder, "port")
         command = [sys.executable, __file__, "--serve", str(port_file), "--mode", mode]
@@ -214,7 +284,7 @@ def server_process(elements: int, mode: str) -> Iterator[str]:
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError("the answer server did not start")
                 time.sleep(0.05)
-            yield f"127.0.0.1:{port_file.read_text()}"
+            yield ServerInfo(f"127.0.0.1:{port_file.read_text()}", process.pid)
         finally:
             process.kill()
             process.wait()
@@ -238,35 +308,47 @@ def main() -> None:
     elements = int(args.megabytes * 1e6) // 4
     answer_mb = 4 * elements / 1e6
     print(f"one answer: float32[{elements}], B = {answer_mb:.1f} MB (the batch: 4 answers)\n")
-    print("| answer | client | peak growth MB | / B | / floor | outcome |")
-    print("|---|---|---:|---:|---:|---|")
-    for mode in ("good", "bad"):
-        with server_process(elements, mode) as address:
+    print("| server | answer | client | peak growth MB | / B | / floor | outcome |")
+    print("|---|---|---|---:|---:|---:|---|")
+    size = ("--size", str(elements))
+    servers = [
+        (RAW_SERVER, "good", lambda: server_process(elements, "good")),
+        (SERVERS["sdk"], "good", lambda: server_process_info("large", *size)),
+        (SERVERS["foreign"], "good", lambda: foreign_server_process_info("large", *size)),
+        (RAW_SERVER, "bad", lambda: server_process(elements, "bad")),
+    ]
+    for server, mode, start in servers:
+        with start() as info:
             floor = None
             for variant in VARIANTS:
-                command = [sys.executable, __file__, "--client", variant, "--address", address]
-                done = subprocess.run(
-                    [*command, "--elements", str(elements)],
-                    capture_output=True,
-                    text=True,
-                    timeout=600,
-                )
-                if done.returncode != 0:
-                    print(f"| {mode} | {variant} | failed: {done.stderr.strip()[-200:]} |")
+                row = _measure(variant, info.address, elements, answer_mb)
+                if isinstance(row, str):
+                    print(f"| {server} | {mode} | {variant} | failed: {row} |")
                     continue
-                before, peak, *outcome = done.stdout.split()
-                growth = (int(peak) - int(before)) / 1e3
-                size = answer_mb * (4 if "4" in variant else 1)
+                ratio, growth, outcome = row
                 if variant.startswith("raw"):
-                    floor = growth / size
-                ratio = growth / size
+                    floor = ratio
                 versus = "" if floor is None else f"{ratio / floor:.2f}x"
-                if variant.startswith("raw"):
-                    versus = "1.00x"
                 print(
-                    f"| {mode} | {variant} | {growth:,.0f} | {ratio:.2f} | {versus} | "
-                    f"{' '.join(outcome)} |"
+                    f"| {server} | {mode} | {variant} | {growth:,.0f} | {ratio:.2f} | {versus} | "
+                    f"{outcome} |"
                 )
+
+
+def _measure(
+    variant: str, address: str, elements: int, answer_mb: float
+) -> tuple[float, float, str] | str:
+    """``(peak growth / B, peak growth MB, outcome)`` of one client process, or why it failed."""
+    command = [sys.executable, __file__, "--client", variant, "--address", address]
+    done = subprocess.run(
+        [*command, "--elements", str(elements)], capture_output=True, text=True, timeout=600
+    )
+    if done.returncode != 0:
+        return done.stderr.strip()[-200:]
+    before, peak, *outcome = done.stdout.split()
+    growth = (int(peak) - int(before)) / 1e3
+    size = answer_mb * (4 if "4" in variant else 1)
+    return growth / size, growth, " ".join(outcome)
 
 
 if __name__ == "__main__":

@@ -1,47 +1,60 @@
 """What watching costs a run: no watcher, a watcher with no page open, a page open on 16 worlds.
 
-Run: ``python bench/watch.py [--steps N] [--rounds R] [--page chromium|sse]``. 16 Catch
-worlds on two server processes, stepped by ``dmr.collect`` (the ``run`` command's loop,
-8 steps in flight per world), interleaved in rounds (``_lib.common.measure_interleaved``):
+Run: ``python bench/watch.py [--steps N] [--rounds R] [--page chromium|sse]
+[--layout split|shared|both] [--part run|own|both]``. 16 Catch worlds on two server
+processes, stepped by ``dmr.collect`` (the ``run`` command's loop, 8 steps in flight per
+world) on one open batch, in segments of ``--steps`` steps; each round runs the three
+variants once, in a shuffled order, so that they see the same drift:
 
 - ``none``: no observer;
 - ``watcher, no page``: a started ``Watcher`` that nobody looks at (targets: no
-  measurable cost, and not one frame encoded);
-- ``page on 16 worlds``: the same with the page open on all 16 worlds: headless
+  measurable cost, and not one batch kept or frame encoded);
+- ``page on 16 worlds``: a second watcher, with a page open on all 16 worlds: headless
   Debian Chromium driven by Playwright (``--page chromium``, the default when
   /usr/bin/chromium and playwright are there), or a child process that reads the
   Server-Sent Events stream and decodes every frame as the page would (``--page sse``).
-  Target: at least 0.95 of ``none``'s steps/s. "frames/s per world" is what the page
-  received during the timed steps, per shown world (target: at least 10).
+  Target: at least 0.95 of ``none``'s steps/s, with at least 10 frames/s per world
+  counted by the page itself (``watch.received``) during the timed steps.
+
+Layouts (``taskset``-style affinity of every thread): ``split`` puts the run (this
+process: client and watchers; and both servers) on the first CPU and the browser (every
+process of it, Playwright's driver included) on the last one, as when the page is on the
+user's machine; ``shared`` lets every process use every CPU, as on one laptop.
+
+Columns: steps/s and its ratio to ``none`` (medians of per-round ratios, with quartiles);
+the same ratio from CPU counters (client plus servers, per step); one minus the watcher's
+share of the run's CPU (its threads' CPU from /proc's schedstat plus ``on_steps``' own
+time on the stepping thread, against ``none``'s client plus servers CPU per step); the
+frames the page received per world per second; the page's processes' CPU per step.
 
 Part 2 (``--part own``) measures the watcher alone, with no run to share the cores with:
 batches of 16 Catch-like steps fed to ``on_steps`` at ``--own-rate`` steps/s for 5 s, this
 process's CPU per step (the watcher's threads, the feeding loop's included: "no watcher" is
 that loop alone), with no page, the stream reader, and Chromium (whose CPU is its own
-processes'). Against the client's ~200 µs of CPU per step of part 1, it says what watching
-costs where part 1's steps/s are too noisy to tell.
+processes').
 
-Ratios are medians of per-round ratios. The machine is shared (2 cores, other
-engineers' work on them): absolute steps/s drift, the ratios are what to read. The
-browser's own CPU is in its processes, not in "client CPU µs/step", but it competes
-for the same cores, which is what the steps/s ratio shows.
+The machine may be shared (2 cores, other engineers' work on them): steps/s drift by
+more than the watcher costs; the CPU columns are what hold. The load average is printed
+before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
+import random
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 # _lib.common first: it sets GRPC_VERBOSITY before grpc is imported.
 from _lib.common import (
-    DEFAULT_ROUNDS,
-    measure_interleaved,
     print_table,
     process_cpu_seconds,
     server_processes,
@@ -199,8 +212,8 @@ def own_cost(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--steps", type=int, default=2_000, help="steps per segment")
+    parser.add_argument("--rounds", type=int, default=11)
     try:
         import playwright  # noqa: F401
 
@@ -210,96 +223,236 @@ def main() -> None:
     parser.add_argument(
         "--page", choices=("chromium", "sse"), default="chromium" if have_chromium else "sse"
     )
+    parser.add_argument(
+        "--layout",
+        choices=("split", "shared", "both"),
+        default="both",
+        help="split: the run (client and servers) on one CPU, the page on another; "
+        "shared: every process on every CPU",
+    )
     parser.add_argument("--part", choices=("both", "run", "own"), default="both")
     parser.add_argument("--own-rate", type=float, default=4000.0, help="steps/s fed in part 2")
     args = parser.parse_args()
+    print(f"Load before: {_load()}")
     if args.part != "own":
-        run_part(args)
+        for layout in ("split", "shared") if args.layout == "both" else (args.layout,):
+            run_part(args, layout)
     if args.part != "run":
         own_part(args)
+    print(f"\nLoad after: {_load()}")
 
 
-def run_part(args: Any) -> None:
-    """Part 1: a run's steps/s with no watcher, a watcher and no page, a page on 16 worlds."""
-    rates: dict[str, list[float]] = {"page on 16 worlds": []}
-    encoded: dict[str, int] = {}
-    page_cpu: list[float] = []
+def _load() -> str:
+    """The machine's load averages (1, 5, 15 min) and CPUs, as ``uptime`` says them."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
 
-    with server_processes("sdk", 2) as servers:
-        addresses = [server.address for server in servers]
 
-        def variant(name: str) -> Any:
-            def factory() -> Any:
-                batch = dmr.BatchedEnvironment.connect(addresses, WORLDS, seed=0)
-                batch.reset()
-                watcher = Watcher().start() if name != "none" else None
-                page = _Page(args.page, watcher.url) if name == "page on 16 worlds" else None
-                if page is not None:  # the page is showing frames before the timing starts
-                    deadline = time.monotonic() + 30
-                    while page.frames() == 0 and time.monotonic() < deadline:
-                        dmr.collect(batch, WORLDS * 10, pipeline=8, seed=0, observers=[watcher])
-                    if page.frames() == 0:
-                        raise RuntimeError("the page received no frame within 30 s")
-                observers = [] if watcher is None else [watcher]
-                timing: dict[str, float] = {}
+def _pin_all(pids: Iterable[int], cpus: set[int]) -> None:
+    """Every thread of every process ``pids`` onto ``cpus`` (as ``taskset -a -p``)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task), cpus)
 
-                def run(steps: int) -> None:
-                    timing["frames"], timing["start"] = (
-                        page.frames() if page else 0,
-                        time.monotonic(),
-                    )
-                    timing["cpu"], timing["steps"] = page.cpu() if page else 0.0, steps
-                    dmr.collect(batch, steps, pipeline=8, seed=0, observers=observers)
-                    timing["end"] = time.monotonic()
-                    timing["cpu"] = (page.cpu() if page else 0.0) - timing["cpu"]
 
-                def close() -> None:
-                    if page is not None:
-                        received = page.frames() - timing["frames"]
-                        rates[name].append(received / WORLDS / (timing["end"] - timing["start"]))
-                        page_cpu.append(timing["cpu"] / timing["steps"] * 1e6)
-                        page.close()
-                    if watcher is not None:
-                        encoded[name] = encoded.get(name, 0) + watcher.frames_encoded
-                        watcher.close()
-                    batch.close()
+def _thread_seconds(native_id: int) -> float:
+    """CPU seconds of one of this process's threads (/proc's schedstat: nanoseconds)."""
+    return _schedstat(f"/proc/self/task/{native_id}/schedstat")
 
-                return run, close
 
-            return factory
+def _schedstat(path: str) -> float:
+    """The CPU seconds in a /proc schedstat file (nanoseconds), 0 when it is gone."""
+    with contextlib.suppress(OSError, ValueError), open(path) as stat:
+        return int(stat.read().split()[0]) / 1e9
+    return 0.0
 
-        names = ["none", "watcher, no page", "page on 16 worlds"]
-        rounds = measure_interleaved(
-            {name: variant(name) for name in names}, args.steps, rounds=args.rounds
-        )
+
+def _servers_seconds(pids: list[int]) -> float:
+    """CPU seconds of every thread of the processes ``pids`` (nanosecond counters)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                total += _schedstat(f"/proc/{pid}/task/{task}/schedstat")
+    return total
+
+
+def _watcher_seconds(watcher: Watcher | None) -> float:
+    """CPU seconds of ``watcher``'s threads now alive: counting and encoding, serving, and
+    (if it has pages open) streaming."""
+    if watcher is None:
+        return 0.0
+    threads = [watcher._thread, watcher._server._thread if watcher._server else None]
+    if watcher.subscribers:
+        threads += [t for t in threading.enumerate() if t.name == "dm_env_rpc_client-watch-stream"]
+    return sum(_thread_seconds(t.native_id) for t in threads if t is not None and t.native_id)
+
+
+class _Timed:
+    """Forwards a watcher's ``on_steps`` and adds up the stepping thread's CPU in it."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher, self.seconds = watcher, 0.0
+
+    def on_steps(self, timestep: Any) -> None:
+        start = time.thread_time()
+        self.watcher.on_steps(timestep)
+        self.seconds += time.thread_time() - start
+
+    def on_event(self, event: Any) -> None:
+        self.watcher.on_event(event)
+
+
+VARIANTS = ("none", "watcher, no page", "page on 16 worlds")
+
+
+def run_part(args: Any, layout: str) -> None:
+    """Part 1: a run's steps/s with no watcher, a watcher and no page, a page on 16 worlds.
+
+    One batch of 16 worlds steps in short segments, the three variants in a shuffled order
+    each round: ``none`` (no observer), an idle watcher nobody looks at, and a second
+    watcher with a page open on it. The page stays open (and its watcher serves it) through
+    the other variants' segments, so the rounds are seconds apart, not a browser start
+    apart; what that idle page costs the other variants (a push of counters 15 times a
+    second, no frames) is inside the ratio, against the page.
+    """
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
+    cpus = sorted(os.sched_getaffinity(0))
+    run_cpus, page_cpus = ({cpus[0]}, {cpus[-1]}) if layout == "split" else (set(cpus), set(cpus))
+    rng = random.Random(0)
+    with contextlib.ExitStack() as stack:
+        servers = stack.enter_context(server_processes("sdk", 2))
+        server_pids = [server.pid for server in servers]
+        _pin_all([os.getpid(), *server_pids], run_cpus)
+        batch = dmr.BatchedEnvironment.connect([s.address for s in servers], WORLDS, seed=0)
+        stack.callback(batch.close)
+        batch.reset()
+        idle = stack.enter_context(Watcher())
+        watched = stack.enter_context(Watcher())
+        page = _Page(args.page, watched.url)
+        stack.callback(page.close)
+        _pin_all(page.pids, page_cpus)
+        observers = {"none": [], "watcher, no page": [_Timed(idle)]}
+        observers["page on 16 worlds"] = [_Timed(watched)]
+        deadline = time.monotonic() + 30
+        while page.frames() < WORLDS and time.monotonic() < deadline:
+            dmr.collect(batch, WORLDS * 10, pipeline=8, seed=0, observers=observers[VARIANTS[2]])
+        if page.frames() < WORLDS:
+            raise RuntimeError("the page received no frames within 30 s")
+        for _ in range(args.rounds):
+            order = list(VARIANTS)
+            rng.shuffle(order)
+            for name in order:
+                timed = observers[name][0] if observers[name] else None
+                dmr.collect(batch, 200, pipeline=8, seed=0, observers=observers[name])  # warm
+                gc.collect()
+                before = _sample(page, timed, server_pids, watched)
+                dmr.collect(batch, args.steps, pipeline=8, seed=0, observers=observers[name])
+                after = _sample(page, timed, server_pids, watched)
+                sample = {key: after[key] - before[key] for key in before}
+                samples[name].append(sample)
+        encoded = {"watcher, no page": idle.frames_encoded, "page on 16 worlds": 0}
+        encoded["page on 16 worlds"] = watched.frames_encoded
     rows = []
-    for name in names:
-        frames = rates.get(name)
+    steps = args.steps
+    for name in VARIANTS:
+        runs = samples[name]
+        ratios = [
+            (steps / run["wall"]) / (steps / base["wall"])
+            for run, base in zip(runs, samples["none"], strict=True)
+        ]
+        cpu_ratios = [
+            (base["client"] + base["servers"]) / (run["client"] + run["servers"])
+            for run, base in zip(runs, samples["none"], strict=True)
+        ]
+        watched_row = name == "page on 16 worlds"
+        # The share of the run's core the watcher's threads take, from CPU counters alone:
+        # what the ratio is on a core of its own, without the other engineers' noise.
+        base_us = [(b["client"] + b["servers"]) / steps * 1e6 for b in samples["none"]]
+        share = [b / (b + _own(r) / steps * 1e6) for r, b in zip(runs, base_us, strict=True)]
         rows.append(
             [
                 name,
-                rounds.median(name),
-                f"{rounds.ratio(name, 'none'):.3f}",
-                rounds.median(name, "cpu_us_per_step"),
-                "-" if name == "none" else str(encoded.get(name, 0)),
-                f"{sorted(frames)[len(frames) // 2]:.1f}" if frames else "-",
-                f"{sorted(page_cpu)[len(page_cpu) // 2]:.1f}" if frames else "-",
+                _median([steps / run["wall"] for run in runs]),
+                _spread(ratios),
+                _spread(cpu_ratios),
+                "-" if name == "none" else f"{_median(share):.3f}",
+                _median([run["client"] / steps * 1e6 for run in runs]),
+                _median([run["servers"] / steps * 1e6 for run in runs]),
+                "-" if name == "none" else f"{_median([_own(r) / steps * 1e6 for r in runs]):.2f}",
+                "-"
+                if name == "none"
+                else f"{_median([r['on_steps'] / steps * 1e6 for r in runs]):.2f}",
+                "-" if name == "none" else str(encoded[name]),
+                f"{_median([r['frames'] / WORLDS / r['wall'] for r in runs]):.1f}"
+                if watched_row
+                else "-",
+                f"{_median([r['page'] / steps * 1e6 for r in runs]):.1f}" if watched_row else "-",
             ]
         )
+    background = _median([r["page watcher"] / steps * 1e6 for r in samples["none"]])
+    where = (
+        f"the run (client and 2 servers) on CPU {min(run_cpus)}, the page on CPU {min(page_cpus)}"
+        if layout == "split"
+        else "every process on every CPU"
+    )
     print_table(
-        f"Watching {WORLDS} Catch worlds on 2 servers, {args.steps:,} steps x {rounds.rounds} "
-        f"rounds, page: {args.page}",
+        f"Watching {WORLDS} Catch worlds on 2 servers, segments of {args.steps:,} steps, "
+        f"{args.rounds} rounds, page: {args.page}; {where}",
         [
             "variant",
             "steps/s",
-            "ratio to none",
+            "ratio to none (quartiles)",
+            "CPU ratio to none, client+servers (quartiles)",
+            "1 - watcher's share of the run's CPU",
             "client CPU µs/step",
+            "servers CPU µs/step",
+            "watcher CPU µs/step",
+            "of it on the stepping thread",
             "frames encoded",
-            "frames/s per world",
+            "frames/s per world (page side)",
             "page CPU µs/step",
         ],
         rows,
     )
+    print(
+        f"\nThe page's watcher, serving the open page with no frames, during `none`'s segments: "
+        f"{background:.2f} µs/step (in `none`'s numbers, against the page)."
+    )
+
+
+def _own(run: dict[str, float]) -> float:
+    return run["watcher"] + run["on_steps"]
+
+
+def _sample(
+    page: _Page, timed: _Timed | None, server_pids: list[int], watched: Watcher
+) -> dict[str, float]:
+    """Counters now: wall, this process's CPU, the servers', the watchers', the page's."""
+    return {
+        "wall": time.monotonic(),
+        "client": time.process_time(),
+        "servers": _servers_seconds(server_pids),
+        "watcher": _watcher_seconds(timed.watcher if timed else None),
+        "page watcher": _watcher_seconds(watched),
+        "on_steps": timed.seconds if timed else 0.0,
+        "frames": page.frames(),
+        "page": page.cpu(),
+    }
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _spread(values: list[float]) -> str:
+    """The median and, in brackets, the lower and upper quartiles."""
+    if len(values) < 4:
+        return f"{_median(values):.3f}"
+    low, _, high = statistics.quantiles(values, n=4)
+    return f"{_median(values):.3f} ({low:.2f}-{high:.2f})"
 
 
 def own_part(args: Any) -> None:

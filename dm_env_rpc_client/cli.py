@@ -502,41 +502,46 @@ def _check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; ``argv`` None reads ``sys.argv``.
+    """Entry point of the console script; ``argv`` None reads ``sys.argv`` (the program).
 
-    As a program (``argv`` None), gRPC's C-core log lines are silenced unless
-    ``--debug`` is given; called from Python with a list, nothing is.
+    The program silences gRPC's C-core log lines (not with ``--debug``) until this
+    returns, then puts the environment and standard error back (``_base.quiet``);
+    called with a list, nothing is silenced. Returns the exit code (see the module docs).
+
+    Raises:
+      ArgumentTypeError: ``argv`` is a string.
     """
     if isinstance(argv, str):
         raise errors.ArgumentTypeError(_ARGV.format(argv=argv, split=argv.split()))
-    if argv is None:
-        quiet_grpc_logs(sys.argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "run":
-        _check_run(args.parsers["run"], args)
-    try:
-        code = int(args.handler(args))
-        sys.stdout.flush()  # a closed pipe fails here, not at exit
-        return code
-    except UsageError as exc:
-        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("Interrupted.", file=sys.stderr)
-        return INTERRUPTED
-    except BrokenPipeError:
-        # The reader went away (`specs ... | head`): not an error; say nothing more.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except (errors.DmEnvRpcClientError, OSError, ValueError, TypeError) as exc:
-        if args.debug:
-            raise
-        message = " ".join(str(exc).split())
-        print(f"error: {type(exc).__name__}: {message}", file=sys.stderr)
-        print("Run again with --debug for the traceback.", file=sys.stderr)
-        return 1
+    with quiet_grpc_logs(sys.argv[1:]) if argv is None else contextlib.nullcontext(False):
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command == "run":
+            _check_run(args.parsers["run"], args)
+        try:
+            code = int(args.handler(args))
+            sys.stdout.flush()  # a closed pipe fails here, not at exit
+            return code
+        except UsageError as exc:
+            print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("Interrupted.", file=sys.stderr)
+            return INTERRUPTED
+        except BrokenPipeError:
+            # The reader went away (`specs ... | head`): say nothing more. The program's stdout
+            # becomes /dev/null (its flush at exit would fail again); a caller's is left alone.
+            if argv is None:
+                with contextlib.suppress(OSError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except (errors.DmEnvRpcClientError, OSError, ValueError, TypeError) as exc:
+            if args.debug:
+                raise
+            message = " ".join(str(exc).split())
+            print(f"error: {type(exc).__name__}: {message}", file=sys.stderr)
+            print("Run again with --debug for the traceback.", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

@@ -28,6 +28,11 @@ give per-agent dicts. Its failure handling is the batch's, by world: a slot that
 fails fails its whole world, not the batch; under ``on_world_failure="restart"``
 the world is made again and all its agents rejoin (``_batch.agents``).
 
+A step of one agent that is refused (the server's error, or an answer that does not
+decode) raises a ``WorldError`` naming the world and agent, and the same round's
+steps of the world's other agents are dropped with it: a world that goes on has
+its agents in step (each one's next answer is to its next step).
+
 Bad input is refused before anything is sent: actions for an agent that does not
 exist, or none for a joined agent (every joined agent must act in a step), raise
 ``ArgumentValueError`` naming the agents; an action that does not fit its spec
@@ -39,25 +44,40 @@ answer for that long has failed, ``WorldTimeoutError``) for steps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dm_env
-import grpc
 import numpy as np
 
 from . import errors
-from ._adaptor.core import pack_settings
+from ._adaptor.core import _RUNNING, pack_settings
 from ._adaptor.stacked import BatchedTimeStep, split_actions
 from ._base import checks as _checks
 from ._batch.agent_actions import check_agents, interleave, take_rows
 from ._batch.agent_opening import open_agent_batch
 from ._batch.agents import AgentBatch, SiblingFailure, close_agents
-from ._batch.restart import RAISE, RestartPolicy
+from ._batch.core import _LIVE
+from ._batch.options import ConnectionOptions, FailurePolicy, regroup
 from ._batch.undo import ask
 from ._proto import dm_env_rpc_pb2
 
 _AGENT_FAILED = "World {world} (agent {agent}) at {address} failed: {error}"
+_CONNECT_KEYWORDS = (
+    "num_worlds",
+    "num_agents",
+    "create_world_settings",
+    "join_world_settings",
+    "world_names",
+    "world_name",
+    "requested_observations",
+    "timeout",
+    "seed",
+    "seed_setting",
+    "connection",
+    "failure_policy",
+)
 
 
 class MultiAgentBatch(AgentBatch):
@@ -69,6 +89,9 @@ class MultiAgentBatch(AgentBatch):
       world_names: each world's name on its server.
       envs, addresses, failures, latencies: as ``BatchedEnvironment``'s, per agent slot.
     """
+
+    # (len(failures), live worlds, their slots) when last worked out: see _slots.
+    _live_slots: tuple[int, list[int], list[int]] | None = None
 
     @classmethod
     @_checks.keywords_checked
@@ -83,16 +106,11 @@ class MultiAgentBatch(AgentBatch):
         world_names: Sequence[str] | None = None,
         requested_observations: Sequence[str] | None = None,
         timeout: float | None = 30.0,
-        credentials: grpc.ChannelCredentials | None = None,
-        options: Sequence[tuple[str, Any]] | None = None,
-        insecure: bool = False,
-        metadata: Sequence[tuple[str, str]] | None = None,
         seed: int | None = None,
         seed_setting: str | None = "seed",
-        on_world_failure: str = RAISE,
-        step_timeout: float | None = 30.0,
-        restart: RestartPolicy | None = None,
-        wait_for_ready: bool = False,
+        connection: ConnectionOptions | None = None,
+        failure_policy: FailurePolicy | None = None,
+        **single: Any,
     ) -> MultiAgentBatch:
         """Creates ``num_worlds`` worlds (round-robin over ``addresses``) and joins
         ``num_agents`` agents to each, every agent over its own stream, all at once.
@@ -108,22 +126,25 @@ class MultiAgentBatch(AgentBatch):
             worlds; they are left, not destroyed, on close.
           requested_observations: observation names every agent returns; None: all.
           timeout: seconds for each server's answer while opening, resetting, closing.
-          credentials: channel credentials for TLS (as for ``dmr.connect``).
-          options: extra gRPC channel options.
-          insecure: allow plaintext to a remote host.
-          metadata: gRPC metadata for every stream.
           seed: world ``w`` is created with ``seed + w`` under ``seed_setting``.
           seed_setting: the create setting that carries the seed.
-          on_world_failure: ``"raise"`` or ``"restart"`` (the world is made again).
-          step_timeout: a world with steps in flight and no answer for this long has
-            failed (None: never).
-          restart: the bounds of a restart (``RestartPolicy()`` by default).
-          wait_for_ready: wait for servers still starting, as for ``dmr.connect``.
+          connection: how the streams connect, a ``dmr.ConnectionOptions`` (credentials,
+            channel options, metadata, ``wait_for_ready``, streams per connection, the
+            largest answer), as for ``BatchedEnvironment.connect``.
+          failure_policy: what a world's failure does, a ``dmr.FailurePolicy``
+            (``on_world_failure``: ``"raise"`` or ``"restart"``, the world made again and
+            all its agents rejoined; ``step_timeout``: 30 s by default; ``restart``).
+          **single: any field of those two groups given alone (``step_timeout=10.0``,
+            ``metadata=[...]``), as ``BatchedEnvironment.connect`` takes them; one given
+            both alone and in its group is refused.
 
         Raises:
           ArgumentError: a bad argument (it is named).
           WorldError: naming the world that could not be made; nothing is left behind.
         """
+        grouped, policy = regroup(
+            "MultiAgentBatch.connect", connection, failure_policy, single, _CONNECT_KEYWORDS
+        )
         return open_agent_batch(
             cls,
             addresses,
@@ -134,16 +155,10 @@ class MultiAgentBatch(AgentBatch):
             world_names=world_names,
             requested_observations=requested_observations,
             timeout=timeout,
-            credentials=credentials,
-            options=options,
-            insecure=insecure,
-            metadata=metadata,
             seed=seed,
             seed_setting=seed_setting,
-            on_world_failure=on_world_failure,
-            step_timeout=step_timeout,
-            restart=restart,
-            wait_for_ready=wait_for_ready,
+            connection=grouped,
+            failure_policy=policy,
         )
 
     @property
@@ -166,15 +181,36 @@ class MultiAgentBatch(AgentBatch):
         return {name: self.envs[a].observation_spec() for a, name in enumerate(self.agents)}
 
     def _slots(self, world_ids: Sequence[int] | None) -> tuple[list[int], list[int]]:
+        """The worlds of ``world_ids`` (default every live one) and their agent slots, world by
+        world. Every live world's are kept until the next failure (a world leaves the live
+        ones only on a failure): ``world_ids`` that is that list itself takes them too."""
+        known = self._live_slots
+        fresh = known is not None and known[0] == len(self.failures)
+        if known is not None and fresh and (world_ids is None or world_ids is known[1]):
+            return known[1], known[2]
         worlds = self.live_worlds if world_ids is None else [int(w) for w in world_ids]
         slots = self._checked_ids([s for w in worlds for s in self.slots_of(w)])
+        if world_ids is None:
+            self._live_slots = (len(self.failures), worlds, slots)
         return worlds, slots
 
-    def _by_agent(self, batch: BatchedTimeStep) -> dict[str, BatchedTimeStep]:
+    def _by_agent(
+        self, batch: BatchedTimeStep, worlds: Sequence[int] | None = None
+    ) -> dict[str, BatchedTimeStep]:
+        """``batch`` (of agent slots) cut by agent. Steps of every agent of ``worlds``, world by
+        world (what ``recv`` and ``reset`` give for the slots of ``_slots``), are cut by
+        strided views; any other batch by its ``env_ids``."""
+        count = self.num_agents
+        if worlds is not None and len(batch.env_ids) == len(worlds) * count:
+            ids = np.asarray(worlds)
+            return {
+                name: take_rows(batch, slice(agent, None, count), ids)
+                for agent, name in enumerate(self.agents)
+            }
         slots = np.asarray(batch.env_ids)
-        agent_of = slots % self.num_agents
+        agent_of = slots % count
         return {
-            name: take_rows(batch, rows, slots[rows] // self.num_agents)
+            name: take_rows(batch, rows, slots[rows] // count)
             for agent, name in enumerate(self.agents)
             for rows in (np.flatnonzero(agent_of == agent),)
         }
@@ -236,11 +272,26 @@ class MultiAgentBatch(AgentBatch):
         Raises:
           WorldError: a world failed or a step was refused, naming the world and agent.
         """
-        _, slots = self._slots(world_ids)
+        worlds, slots = self._slots(world_ids)
         try:
-            return self._by_agent(self.recv(len(slots), timeout=timeout, env_ids=slots))
+            return self._by_agent(self.recv(len(slots), timeout=timeout, env_ids=slots), worlds)
         except errors.WorldError as exc:
+            self._drop_round(exc.index, slots, timeout)
             raise self._agent_error(exc) from exc.__cause__
+
+    def _drop_round(self, failed: int, slots: Sequence[int], timeout: float | None) -> None:
+        """Agent slot ``failed``'s step was refused (a server's error, or an answer that does not
+        decode) and its world goes on: the same round's steps of the world's other agents (of
+        ``slots``) are taken and dropped too, so that its agents stay in step (the next round's
+        answers are that round's for every agent). The other worlds' steps stay for the next
+        ``recv``, as in any batch."""
+        if self._state[failed] != _LIVE:
+            return  # the world failed: its agents answer with the failure (SiblingFailure)
+        wanted = set(slots)
+        for slot in self.slots_of(failed // self.num_agents):
+            if slot != failed and slot in wanted and self.in_flight(slot):
+                with contextlib.suppress(errors.WorldError):  # its own error: dropped too
+                    self.recv(1, timeout=timeout, env_ids=[slot])
 
     def step_agents(
         self, actions_by_agent: Mapping[str, Any], timeout: float | None = None
@@ -251,7 +302,7 @@ class MultiAgentBatch(AgentBatch):
           ArgumentValueError, SpecValidationError: bad actions (nothing was sent).
           WorldError: a world failed or did not answer, naming the world and agent.
         """
-        worlds = self.live_worlds
+        worlds, _ = self._slots(None)
         self.send_agents(actions_by_agent, worlds)
         return self.recv_agents(worlds, timeout)
 
@@ -264,9 +315,9 @@ class MultiAgentBatch(AgentBatch):
         Raises:
           WorldError: naming the first world and agent that failed to reset.
         """
-        _, slots = self._slots(world_ids)
+        worlds, slots = self._slots(world_ids)
         try:
-            return self._by_agent(self.reset(slots, timeout))
+            return self._by_agent(self.reset(slots, timeout), worlds)
         except errors.WorldError as exc:
             raise self._agent_error(exc) from exc.__cause__
 
@@ -278,7 +329,10 @@ class MultiAgentBatch(AgentBatch):
     ) -> dict[str, BatchedTimeStep]:
         """Sends ResetWorldRequest (with ``settings``, e.g. a new seed) for each world, then
         steps every agent on: the steps the reset interrupted end (LAST), and each agent's
-        FIRST step of the new sequence is returned, by agent name.
+        FIRST step of the new sequence is returned, by agent name. A world with no episode
+        running (just joined, or its episode ended) has its agents reset first, so the
+        ResetWorld always interrupts a running sequence, whichever way its server answers
+        a ResetWorld between episodes.
 
         Raises:
           DmEnvRpcError: a server refused the reset.
@@ -289,6 +343,13 @@ class MultiAgentBatch(AgentBatch):
         packed = pack_settings(settings)
         wait = self.envs[0]._timeout if timeout is None else timeout
         assert self._runner is not None
+        # A ResetWorld interrupts a running sequence. With none running (just joined, or the
+        # episode ended) a server may still answer the next step INTERRUPTED (the reference
+        # package's servers do), which no step type describes: such worlds start one first,
+        # so that every server sees, and every agent answers, the same thing.
+        idle = [w for w in worlds if not all(self._in_sequence(s) for s in self.slots_of(w))]
+        if idle:
+            self.reset_agents(idle, timeout)
         # From a stream joined to no world: a server may restart its caller's own agent at
         # once instead of interrupting it, so every agent is treated alike this way.
         self._runner.run(self._reset_from_aside(worlds, packed, wait), timeout=None)
@@ -297,6 +358,10 @@ class MultiAgentBatch(AgentBatch):
         if any(step.last().any() for step in steps.values()):
             steps = self.step_agents_of(empty, worlds, timeout)
         return steps
+
+    def _in_sequence(self, slot: int) -> bool:
+        """Whether agent slot ``slot`` is in a running sequence (a step since its FIRST)."""
+        return bool(self.envs[slot]._last_state == _RUNNING)
 
     async def _reset_from_aside(self, worlds: list[int], packed: Any, wait: float | None) -> None:
         """Sends each world's ResetWorldRequest over a stream of its own, all at once; raises
@@ -362,14 +427,9 @@ class MultiAgentWorld:
         world_name: str | None = None,
         requested_observations: Sequence[str] | None = None,
         timeout: float | None = 30.0,
-        credentials: grpc.ChannelCredentials | None = None,
-        options: Sequence[tuple[str, Any]] | None = None,
-        insecure: bool = False,
-        metadata: Sequence[tuple[str, str]] | None = None,
-        on_world_failure: str = RAISE,
-        step_timeout: float | None = 30.0,
-        restart: RestartPolicy | None = None,
-        wait_for_ready: bool = False,
+        connection: ConnectionOptions | None = None,
+        failure_policy: FailurePolicy | None = None,
+        **single: Any,
     ) -> MultiAgentWorld:
         """Creates a world on ``address`` (or joins ``world_name``) and joins ``num_agents``
         agents to it, each over its own connection, all at once.
@@ -383,19 +443,19 @@ class MultiAgentWorld:
             left, not destroyed, on close.
           requested_observations: observation names every agent returns; None: all.
           timeout: seconds for each answer while opening, resetting and closing.
-          credentials: channel credentials for TLS (as for ``dmr.connect``).
-          options: extra gRPC channel options.
-          insecure: allow plaintext to a remote host.
-          metadata: gRPC metadata for every stream.
-          on_world_failure: ``"raise"`` or ``"restart"`` (the world is made again).
-          step_timeout: the world has failed when a step gets no answer for this long.
-          restart: the bounds of a restart (``RestartPolicy()`` by default).
-          wait_for_ready: wait for a server still starting, as for ``dmr.connect``.
+          connection: a ``dmr.ConnectionOptions``, as for ``MultiAgentBatch.connect``.
+          failure_policy: a ``dmr.FailurePolicy``, as for ``MultiAgentBatch.connect``
+            (``step_timeout``: the world has failed when a step gets no answer for
+            that long).
+          **single: a field of those groups given alone, as for ``MultiAgentBatch.connect``.
 
         Raises:
           ArgumentError: a bad argument (it is named).
           WorldError: the world could not be made or joined; nothing is left behind.
         """
+        grouped, policy = regroup(
+            "MultiAgentWorld.connect", connection, failure_policy, single, _CONNECT_KEYWORDS
+        )
         batch = MultiAgentBatch.connect(
             address,
             1,
@@ -405,15 +465,8 @@ class MultiAgentWorld:
             world_names=None if world_name is None else [world_name],
             requested_observations=requested_observations,
             timeout=timeout,
-            credentials=credentials,
-            options=options,
-            insecure=insecure,
-            metadata=metadata,
-            seed=None,
-            on_world_failure=on_world_failure,
-            step_timeout=step_timeout,
-            restart=restart,
-            wait_for_ready=wait_for_ready,
+            connection=grouped,
+            failure_policy=policy,
         )
         return cls(batch)
 

@@ -74,6 +74,10 @@ _STEPS_PER_WORLD = (
 _RESUME = (
     "resume is the RunStats of an earlier collect() on this batch of {worlds} worlds, not {kind}."
 )
+_MULTIAGENT_ROUNDS = (
+    "A multi-agent batch steps whole worlds: give collect() one total of steps and no resume= "
+    "(per-world counts and resuming are for single-agent batches)."
+)
 _RESUME_KIND = (
     "resume= goes on from a run {then}, and this one is {now}: resume a run of the same kind."
 )
@@ -128,6 +132,10 @@ def collect(
     if not isinstance(batch, BatchedEnvironment):
         raise errors.ArgumentTypeError(_NOT_A_BATCH.format(kind=_checks.kind(batch)))
     count = len(batch.envs)
+    if getattr(batch, "num_agents", 1) > 1 and (
+        resume is not None or (isinstance(steps, Sequence) and not isinstance(steps, str))
+    ):
+        raise errors.ArgumentValueError(_MULTIAGENT_ROUNDS)
     if isinstance(steps, Sequence) and not isinstance(steps, str):
         if len(steps) != count:
             raise errors.ArgumentValueError(_STEPS_PER_WORLD.format(given=len(steps), worlds=count))

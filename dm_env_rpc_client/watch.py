@@ -19,10 +19,15 @@ pause and resume.
 
 Cost. ``on_steps`` queues the batch's step types, rewards and world ids (three
 references) and returns; a thread of the watcher counts them a few times a
-second. No observation is kept, copied or encoded while no page is open. With a
-page open the batch is queued by reference too, and ``fps`` times a second the
-newest step of each shown world is encoded once (its raw pixels, base64) for
-every page that shows it, pushed over Server-Sent Events.
+second. No observation is kept,
+copied or encoded while no page is open (``batches_captured`` and
+``frames_encoded`` stay 0). With a page open, once per push (``fps`` times a
+second) and only for the pages that took the last push, the watcher asks the
+stepping thread to keep the next batches by reference until each shown world
+that is stepping has appeared in one (``on_steps`` then also strikes their
+worlds off a set); the thread encodes that step of each world once (its raw
+pixels, base64) and pushes it over Server-Sent Events to every page showing it.
+A page that falls behind is not encoded for until it has taken its last push.
 
 Pausing: ``pause()`` (or the page's button) makes the next ``on_steps`` wait
 until ``resume()``, ``close()``, or the run's ``stop`` event is set: the
@@ -68,6 +73,7 @@ class _Subscriber:
         self.key: str | None = None
         self.sent: dict[int, int] = {}  # world -> version of its frame sent
         self.returns, self.events = 0, 0  # cursors into the logs
+        self.tick = -1  # the watcher's tick of the last push built for it
         self.hello = True
 
 
@@ -84,6 +90,8 @@ class Watcher:
     Attributes:
       page_size: worlds a page shows at a time.
       frames_encoded: world frames encoded so far (none while no page is open).
+      batches_captured: batches of steps kept by reference for frames (none while no page
+        is open).
       closed: ``close`` was called.
 
     Raises:
@@ -108,7 +116,11 @@ class Watcher:
         self._stop = stop
         self.closed = False
         self._queue: collections.deque[tuple[Any, Any, Any, Any]] = collections.deque()
-        self._watched = False  # a page is open: queue timesteps too
+        self._watched = False  # a page is open: tick at fps
+        # Worlds whose next step ``on_steps`` should keep for a frame (None: keep nothing).
+        self._request: set[int] | None = None
+        self._requested: set[int] = set()  # the worlds of the request last made
+        self._requested_keys: set[str | None] = set()  # and the pictures its pages show
         self._resumed = threading.Event()
         self._resumed.set()
         self._lock = threading.Lock()
@@ -125,6 +137,7 @@ class Watcher:
         self._server: WatchServer | None = None
         self._thread: threading.Thread | None = None
         self.frames_encoded = 0  # world frames encoded so far (none while no page is open)
+        self.batches_captured = 0  # batches kept by reference for frames (idem)
 
     # --- the run's side -------------------------------------------------------------------
 
@@ -136,14 +149,15 @@ class Watcher:
         """
         if self.closed:
             return
-        self._queue.append(
-            (
-                timestep.env_ids,
-                timestep.step_type,
-                timestep.reward,
-                timestep if self._watched else None,
-            )
-        )
+        request = self._request
+        if request is None:
+            self._queue.append((timestep.env_ids, timestep.step_type, timestep.reward, None))
+        else:  # a push is due: keep this batch until each requested world has been in one
+            self._queue.append((timestep.env_ids, timestep.step_type, timestep.reward, timestep))
+            self.batches_captured += 1
+            request.difference_update(timestep.env_ids.tolist())
+            if not request and self._request is request:
+                self._request = None
         if not self._resumed.is_set():
             while not self._resumed.wait(0.25):
                 if self.closed or (self._stop is not None and self._stop.is_set()):
@@ -247,6 +261,7 @@ class Watcher:
             self._subscribers.pop(subscriber.id, None)
             if not self._subscribers:
                 self._watched = False
+                self._request = None
                 self._frames.clear()
                 self._tally.latest.clear()
 
@@ -299,6 +314,7 @@ class Watcher:
             }
             if subscriber.hello:
                 message["sub"], subscriber.hello = subscriber.id, False
+            subscriber.tick = self._tick  # it takes this push: due for the next one
             subscriber.returns, subscriber.events = tally.returns.end, self._events.end
             for world in subscriber.shown:
                 frame = self._frames.get(world)
@@ -332,20 +348,30 @@ class Watcher:
             due += 1.0 / self._fps if self._watched else _IDLE_TICK
             time.sleep(max(0.0, due - time.monotonic()))  # ticks on a schedule, not after work
             due = max(due, time.monotonic() - 1.0 / self._fps)  # no burst after a stall
-            with self._lock:
-                wanted = {w for s in self._subscribers.values() for w in s.shown}
-                keys: set[str | None] = {s.key for s in self._subscribers.values()}
             queue, tally = self._queue, self._tally
-            while queue:
-                tally.take(queue.popleft(), wanted)
+            items = [queue.popleft() for _ in range(len(queue))]
+            requested, keys = self._requested, self._requested_keys
+            tally.take(items, requested)
+            del items
             if not self._watched:
-                tally.latest.clear()  # steps queued while the last page was open: let them go
+                tally.latest.clear()  # steps captured while the last page was open: let them go
             now = time.monotonic()
             if not self._rate or now - self._rate[-1][0] >= 0.1:
                 self._rate.append((now, tally.total))
             while len(self._rate) > 2 and now - self._rate[0][0] > 2.0:
                 self._rate.popleft()  # steps/s over the last 2 s
-            encoded = self._encode(wanted, keys)
+            encoded = self._encode(requested, keys)  # the steps captured for this push
+            with self._lock:
+                # Pages that took the last push are due for the next one; a page still
+                # writing (a slow tab) is not captured or encoded for.
+                ready = [s for s in self._subscribers.values() if s.tick == self._tick]
+                wanted = {w for s in ready for w in s.shown}
+                self._requested_keys = {s.key for s in ready}
+            # The next push's steps: the due pages' worlds that are stepping (a removed or
+            # paused world would keep every batch captured until the next tick).
+            request = wanted & tally.stepped if self._watched else set()
+            self._requested = set(request)
+            self._request = request or None
             with self._tick_cond:
                 self._frames.update(encoded)
                 self._tick += 1
@@ -364,4 +390,5 @@ class Watcher:
             frame = _frames.frame(timestep.observation, position, chosen)
             self.frames_encoded += 1
             encoded[world] = {**frame, "step": step, "version": next(self._versions)}
+        latest.clear()  # steps of worlds no page is due for: let them go
         return encoded

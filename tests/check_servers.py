@@ -11,7 +11,8 @@ is refused (so the ``multi-agent.*`` rules are skipped; ``multiagent_check_serve
 the multi-agent servers).
 
 ``reference_server()`` serves Catch on the reference package's servicer, with its
-``tensor_utils``, ``tensor_spec_utils`` and ``dm_env_utils``; nothing of this SDK's server.
+``tensor_utils``, ``tensor_spec_utils`` and ``dm_env_utils`` (its specs written as
+``bench/_lib/foreign_server.py`` writes them); nothing of this SDK's server.
 It too takes one agent per world.
 """
 
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import pathlib
 import queue
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -300,12 +303,23 @@ def raw_server(fault: str | None = None) -> Iterator[str]:
         yield address
 
 
+def _bench_on_path() -> None:
+    """Puts ``bench/`` on ``sys.path``, so its ``_lib`` imports (as in ``stand_in_server``)."""
+    bench = str(pathlib.Path(__file__).resolve().parent.parent / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+
+
 @contextlib.contextmanager
 def reference_server() -> Iterator[str]:
     """A conforming multi-world Catch server on the reference package; yields the address."""
     from dm_env_rpc.v1 import dm_env_rpc_pb2 as ref
-    from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc, dm_env_utils, tensor_spec_utils, tensor_utils
+    from dm_env_rpc.v1 import dm_env_rpc_pb2_grpc, tensor_spec_utils, tensor_utils
     from google.rpc import code_pb2, status_pb2
+
+    # The specs as the benchmarks' reference-package server writes them (bench/_lib).
+    _bench_on_path()
+    from _lib.foreign_server import copy_specs, tensor_specs
 
     from dm_env_rpc_client.server.catch import Catch
 
@@ -324,18 +338,6 @@ def reference_server() -> Iterator[str]:
         def __init__(self, code: int, message: str) -> None:
             super().__init__(message)
             self.code = code
-
-    def specs_of(env: Any) -> tuple[dict[int, Any], dict[int, Any]]:
-        uids = itertools.count(1)
-        actions = {
-            next(uids): dm_env_utils.dm_env_spec_to_tensor_spec(spec)
-            for spec in env.action_spec().values()
-        }
-        observations = {
-            next(uids): dm_env_utils.dm_env_spec_to_tensor_spec(spec)
-            for spec in [*env.observation_spec().values(), env.reward_spec(), env.discount_spec()]
-        }
-        return actions, observations
 
     class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
         def Process(self, request_iterator: Any, context: Any) -> Any:
@@ -370,7 +372,7 @@ def reference_server() -> Iterator[str]:
                     raise Refused(code_pb2.INVALID_ARGUMENT, str(exc)) from exc
                 with lock:
                     name = f"catch-{next(names)}"
-                    worlds[name] = (env, *specs_of(env))
+                    worlds[name] = (env, *tensor_specs(env))
                 response.create_world.world_name = name
             elif kind == "join_world":
                 if state["joined"] is not None:
@@ -380,10 +382,7 @@ def reference_server() -> Iterator[str]:
                     if taken.setdefault(request.join_world.world_name, id(state)) != id(state):
                         raise Refused(code_pb2.FAILED_PRECONDITION, "one agent per world")
                 state.update(joined=request.join_world.world_name, first=True)
-                for uid, spec in actions.items():
-                    response.join_world.specs.actions[uid].CopyFrom(spec)
-                for uid, spec in observations.items():
-                    response.join_world.specs.observations[uid].CopyFrom(spec)
+                copy_specs(response.join_world.specs, actions, observations)
             elif kind in ("step", "reset") and state["joined"] is None:
                 raise Refused(code_pb2.FAILED_PRECONDITION, "join a world first")
             elif kind == "step":
@@ -391,10 +390,7 @@ def reference_server() -> Iterator[str]:
             elif kind == "reset":
                 state["first"] = True
                 _, actions, observations = self._world(state["joined"])
-                for uid, spec in actions.items():
-                    response.reset.specs.actions[uid].CopyFrom(spec)
-                for uid, spec in observations.items():
-                    response.reset.specs.observations[uid].CopyFrom(spec)
+                copy_specs(response.reset.specs, actions, observations)
             elif kind == "reset_world":
                 self._world(request.reset_world.world_name)
                 if state["joined"] == request.reset_world.world_name:

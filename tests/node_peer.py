@@ -1,7 +1,7 @@
 """The Node.js @grpc/grpc-js dm_env_rpc test server (tests/node_server/server.js), started and
 stopped from Python.
 
-``node_server(max_concurrent_streams=..., max_worlds=...)`` starts it on a free loopback port
+``node_server(max_concurrent_streams=..., max_worlds=..., agent_timeout=...)`` starts it on a free loopback port
 (the server binds port 0 and prints ``{"port": N}``), waits with a deadline until that port
 takes connections, yields ``NodeServer(address, process)``, and stops it at the end. The server
 exits by itself when its stdin closes or its parent changes, so it never outlives the process
@@ -77,9 +77,13 @@ def _wait_listening(port: int, deadline: float) -> None:
 
 @contextlib.contextmanager
 def node_server(
-    max_concurrent_streams: int = 0, max_worlds: int = 0, start_timeout: float = 30.0
+    max_concurrent_streams: int = 0,
+    max_worlds: int = 0,
+    start_timeout: float = 30.0,
+    agent_timeout: float = 30.0,
 ) -> Iterator[NodeServer]:
-    """Runs the Node test server (0 = no limit); yields its address and process."""
+    """Runs the Node test server (0 = no limit; ``agent_timeout``: its multi-agent worlds'
+    lockstep barrier's bound, in seconds); yields its address and process."""
     if NODE_SKIP_REASON is not None:
         raise RuntimeError(NODE_SKIP_REASON)
     command = [
@@ -93,6 +97,8 @@ def node_server(
         str(max_concurrent_streams),
         "--max-worlds",
         str(max_worlds),
+        "--agent-timeout",
+        str(agent_timeout),
     ]
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(

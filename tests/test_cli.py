@@ -148,6 +148,46 @@ def test_errors_are_one_paragraph_without_traceback() -> None:
     assert bad.returncode == 1 and "'colour'" in bad.stderr
 
 
+@pytest.mark.parametrize("program", ["dm-env-rpc-client", "server"])
+def test_main_as_the_program_puts_the_process_back_when_it_returns(
+    program: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capfd: Any
+) -> None:
+    # main() reads sys.argv and silences gRPC's C core while it runs (GRPC_VERBOSITY=NONE for
+    # children, descriptor 2 on /dev/null, sys.stderr on a copy of the real one); called from
+    # Python (a notebook, a test) it must leave none of that behind.
+    from dm_env_rpc_client.server import __main__ as server_main
+
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    seen: list[tuple[str | None, bool, bool]] = []
+    stderr, descriptor = sys.stderr, os.fstat(2)
+
+    def state() -> tuple[str | None, bool, bool]:
+        same_fd = os.path.samestat(os.fstat(2), descriptor)
+        return os.environ.get("GRPC_VERBOSITY"), sys.stderr is stderr, same_fd
+
+    missing = str(tmp_path / "missing.pem")
+    if program == "server":
+        argv, main, code, said = ["--certificate", missing], server_main.main, 2, "error: "
+        inner = server_main.serve_command
+        monkeypatch.setattr(
+            server_main, "serve_command", lambda *a: (seen.append(state()), inner(*a))[1]
+        )
+        argv += ["--private-key", missing]
+    else:
+        with socket.socket() as unused:  # a port nothing listens on
+            unused.bind(("127.0.0.1", 0))
+            refused = f"127.0.0.1:{unused.getsockname()[1]}"
+        argv, main, code = ["specs", refused, "--timeout", "5"], cli.main, 1
+        said = f"Nothing accepts connections at {refused}"
+        inner_parser = cli.build_parser
+        monkeypatch.setattr(cli, "build_parser", lambda: (seen.append(state()), inner_parser())[1])
+    monkeypatch.setattr(sys, "argv", [program, *argv])
+    assert main() == code
+    assert seen == [("NONE", False, False)]  # silenced while it ran
+    assert state() == (None, True, True)  # and put back
+    assert said in capfd.readouterr().err  # what Python printed meanwhile reached stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -202,13 +202,45 @@ def test_ray_shards_give_one_dataset_matching_a_single_process_run(tmp_path, cap
         assert {world for world, _ in sharded} == {0, 1, 2, 3}
 
 
-def _run_and_kill_a_server(folder: pathlib.Path, fmt: str, committed) -> dict:  # type: ignore[no-untyped-def]
+def _minari_ends(folder: pathlib.Path) -> list[tuple[int, int, str]]:
+    """(world, episode, end) of each episode the Minari dataset has committed so far."""
+    data = folder / "data"
+    ends = []
+    for i in range(_minari_committed(folder)):
+        meta = json.loads((data / str(i) / "metadata.json").read_text())
+        ends.append((meta["world"], meta["episode"], meta["end"]))
+    return ends
+
+
+def _rlds_ends(folder: pathlib.Path) -> list[tuple[int, int, str]]:
+    """(world, episode, end) of each episode in the RLDS shards committed so far."""
+    if not _rlds_shards(folder):
+        return []
+    with envlogger.Reader(str(folder)) as reader:
+        return [(int(m["world"]), int(m["episode"]), m["end"]) for m in reader.episode_metadata()]
+
+
+def _restarted_worlds_whole_again(ends: list[tuple[int, int, str]]) -> bool:
+    """Whether worlds 1 and 3 each have a cut episode followed by a terminated one."""
+    for world in (1, 3):
+        cuts = [n for w, n, end in ends if w == world and end == "cut"]
+        if not cuts or not any(
+            w == world and n > cuts[0] and end == "terminated" for w, n, end in ends
+        ):
+            return False
+    return True
+
+
+def _run_and_kill_a_server(folder: pathlib.Path, fmt: str) -> dict:
     """``run`` over two servers into ``--format fmt``; the second server is SIGKILLed once
-    ``committed()`` holds, and its worlds (1 and 3) restart on the first. The run has far
-    more steps than it takes: once ``committed()`` has grown again after the kill (the
-    restarted worlds have written episodes), SIGTERM ends it, as Ctrl-C would. (A run of
-    a fixed length raced the writer: on a fast machine it finished before the first commit
-    and the kill came after its last step.)"""
+    the dataset has committed episodes, and its worlds (1 and 3) restart on the first. The
+    run has far more steps than it takes: SIGTERM ends it, as Ctrl-C would, once each
+    restarted world's cut episode is followed by a whole one in the committed dataset (or,
+    for a world killed right at an episode's boundary, which has no cut one, after 30 s).
+    (A run of a fixed length raced the writer: on a fast machine it finished before the
+    first commit and the kill came after its last step; a SIGTERM soon after the kill came
+    while a world's restart was still under way.)"""
+    ends = _minari_ends if fmt == "minari" else _rlds_ends
     with server_subprocess() as first, server_subprocess() as second:
         command = [sys.executable, "-m", "dm_env_rpc_client", "run", "--quiet", "--json"]
         command += ["--address", first.address, second.address, "--num-envs", "4"]
@@ -219,10 +251,9 @@ def _run_and_kill_a_server(folder: pathlib.Path, fmt: str, committed) -> dict:  
         command += ["--record", str(folder), "--format", fmt]
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            assert wait_for(committed, timeout=60), "nothing committed in time"
+            assert wait_for(lambda: len(ends(folder)) >= 30, timeout=60), "nothing committed"
             second.kill()
-            at_kill = committed()
-            assert wait_for(lambda: committed() > at_kill, timeout=60), "nothing after the kill"
+            wait_for(lambda: _restarted_worlds_whole_again(ends(folder)), 30, interval=0.2)
             child.send_signal(signal.SIGTERM)
             stdout, stderr = child.communicate(timeout=120)
         finally:
@@ -241,7 +272,9 @@ def _check_cut_then_whole(episodes: dict[tuple[int, int], tuple[str, list[int]]]
     for world in (1, 3):
         numbers = sorted(n for w, n in episodes if w == world)
         cuts += [(world, n) for n in numbers if episodes[world, n][0] == "cut" and n != numbers[-1]]
-    ends = {w: [episodes[w, n][0] for n in sorted(n for v, n in episodes if v == w)] for w in (1, 3)}
+    ends = {
+        w: [episodes[w, n][0] for n in sorted(n for v, n in episodes if v == w)] for w in (1, 3)
+    }
     assert cuts, f"no killed world was cut mid-episode: {ends}"  # both at a boundary: rare
     whole = 0
     for world, n in cuts:
@@ -258,7 +291,7 @@ def _check_cut_then_whole(episodes: dict[tuple[int, int], tuple[str, list[int]]]
 
 def test_a_restarted_world_through_minari(tmp_path) -> None:
     folder = tmp_path / "restart-v0"
-    _run_and_kill_a_server(folder, "minari", lambda: _minari_committed(folder))
+    _run_and_kill_a_server(folder, "minari")
     dataset = minari.MinariDataset(folder / "data")
     metas = dataset.storage.get_episode_metadata(range(dataset.total_episodes))
     episodes = {}
@@ -275,7 +308,7 @@ def test_a_restarted_world_through_minari(tmp_path) -> None:
 
 def test_a_restarted_world_through_rlds(tmp_path) -> None:
     folder = tmp_path / "restart"
-    _run_and_kill_a_server(folder, "rlds", lambda: _rlds_shards(folder))
+    _run_and_kill_a_server(folder, "rlds")
     with envlogger.Reader(str(folder)) as reader:
         episodes = {
             (int(m["world"]), int(m["episode"])): (

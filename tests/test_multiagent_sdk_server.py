@@ -62,3 +62,45 @@ def test_a_batch_of_the_sdks_worlds_and_collect(server):
         steps = batch.step_agents(actions)
         assert steps["agent_1"].env_ids.tolist() == [0, 1, 2]
         assert dmr.collect(batch, steps=6 * 20, seed=0).steps == 120
+
+
+def test_connect_takes_the_option_groups_and_their_keywords_alone(server):
+    """``connection=`` and ``failure_policy=`` do what their keywords do, as for
+    ``BatchedEnvironment.connect``; the keywords alone still work."""
+    settings = {"num_agents": 2}
+    with dmr.MultiAgentBatch.connect(
+        server.address,
+        3,
+        2,
+        create_world_settings=settings,
+        connection=dmr.ConnectionOptions(max_streams_per_connection=2, metadata=[("k", "v")]),
+        failure_policy=dmr.FailurePolicy("restart", step_timeout=7.0),
+    ) as batch:
+        assert len(batch._channels) == 3  # 6 agent streams, 2 on each connection
+        assert (batch._policy, batch._step_timeout) == ("restart", 7.0)
+        assert batch.step_agents({a: [{}] * 3 for a in batch.agents})["agent_0"].env_ids.size == 3
+    with dmr.MultiAgentWorld.connect(
+        server.address, 2, create_world_settings=settings, step_timeout=4.0, insecure=True
+    ) as world:
+        assert world.batch._step_timeout == 4.0
+        assert all(step.first() for step in world.reset().values())
+
+
+def test_steps_cut_by_agent_are_the_same_either_way(server):
+    """A round's steps of every agent of every world are cut by strided views; any other batch
+    by its env_ids: both give each agent the same steps."""
+    with dmr.MultiAgentBatch.connect(
+        server.address, 3, 3, create_world_settings={"num_agents": 3}, seed=2
+    ) as batch:
+        batch.reset_agents()
+        worlds, slots = batch._slots(None)
+        batch.send({"paddle": np.array([1, 0, -1] * 3, np.int8)}, slots)
+        flat = batch.recv(len(slots), timeout=10, env_ids=slots)
+        strided, by_ids = batch._by_agent(flat, worlds), batch._by_agent(flat)
+        for name in batch.agents:
+            assert strided[name].env_ids.tolist() == by_ids[name].env_ids.tolist() == [0, 1, 2]
+            np.testing.assert_array_equal(
+                strided[name].observation["board"], by_ids[name].observation["board"]
+            )
+            np.testing.assert_array_equal(strided[name].reward, by_ids[name].reward)
+        assert batch._slots(None) == (worlds, slots) and batch._slots(worlds)[1] is slots

@@ -27,6 +27,7 @@ from conftest import run_child, wait_for
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import BatchedEnvironment, RestartPolicy
 from dm_env_rpc_client._watch import frames
+from dm_env_rpc_client._watch.tally import Tally
 from dm_env_rpc_client.watch import Watcher, WatchPortError
 
 # Restarts that give up fast, as in test_faults.py.
@@ -63,6 +64,31 @@ def test_pictures_are_chosen_as_show_chooses_them_and_the_rest_are_numbers() -> 
     numbers = dict(frame["numbers"])
     assert numbers["depth"].startswith("[7.5, 7.5") and "shape [3, 2]" in numbers["depth"]
     assert "(20 values)" in numbers["arm.joints"] and numbers["arm.joints"].startswith("[20, 21")
+
+
+def test_the_tally_counts_episodes_across_batches_and_ticks() -> None:
+    def batch(ids: list[int], kinds: list[int], rewards: list[float]) -> tuple[Any, ...]:
+        return (np.array(ids), np.array(kinds, np.uint8), np.array(rewards), None)
+
+    tally = Tally()
+    # World 0: FIRST, MID, LAST over three batches and two ticks: return 1 + 2 = 3.
+    # World 1: starts mid-episode (no return for it), then a FIRST cut short by another
+    # FIRST (a restart: no return), then FIRST, LAST: return 5. A stray LAST counts nothing.
+    tally.take([batch([0, 1], [0, 1], [9, 4]), batch([1, 0], [2, 1], [1, 1])], set())
+    tally.take([batch([1], [0], [0]), batch([0, 1], [2, 1], [2, 7])], set())
+    tally.take([batch([1], [0], [0]), batch([1], [2], [5]), batch([1], [2], [3])], set())
+    assert tally.counts == [3, 7] and tally.total == 10
+    assert tally.returns.items == [(0, 6, 3.0), (1, 9, 5.0)]
+    assert tally.stepped == {1}
+
+
+def test_captured_steps_carry_their_worlds_step_index() -> None:
+    tally = Tally()
+    first = (np.array([0, 1]), np.zeros(2, np.uint8), np.zeros(2), None)
+    captured = object()
+    second = (np.array([1, 0, 1]), np.ones(3, np.uint8), np.ones(3), captured)
+    tally.take([first, second], {1})
+    assert tally.latest == {1: (captured, 2, 3)} and tally.stepped == {0, 1}
 
 
 def _stream(url: str) -> Any:
@@ -102,7 +128,7 @@ def test_with_no_page_open_no_observation_is_kept(batch: Any) -> None:
         gc.collect()
         assert all(ref() is None for ref in kept[:-1])  # not one board held (the last is local)
         assert watcher._frames == {} and watcher._tally.latest == {}
-        assert watcher.frames_encoded == 0
+        assert watcher.frames_encoded == 0 and watcher.batches_captured == 0
 
 
 def test_a_page_gets_frames_steps_and_returns_and_a_closed_one_is_let_go(batch: Any) -> None:
@@ -128,6 +154,42 @@ def test_a_page_gets_frames_steps_and_returns_and_a_closed_one_is_let_go(batch: 
             assert wait_for(lambda: watcher.subscribers == 0, timeout=10)
             assert wait_for(lambda: threading.active_count() == threads, timeout=10)
             assert watcher._frames == {} and runner.is_alive()
+            # No page: no batch is kept for frames any more, and none is encoded.
+            captured, encoded, steps = (
+                watcher.batches_captured,
+                watcher.frames_encoded,
+                watcher.steps,
+            )
+            assert wait_for(lambda: watcher.steps > steps + 400)
+            assert (watcher.batches_captured, watcher.frames_encoded) == (captured, encoded)
+            assert watcher._request is None and watcher._tally.latest == {}
+        finally:
+            stop.set()
+            runner.join(timeout=30)
+
+
+def test_frames_are_kept_and_encoded_only_for_a_page_that_took_its_last_push(batch: Any) -> None:
+    stop = threading.Event()
+    with Watcher(stop=stop) as watcher:
+        runner = stepping(batch, [watcher], stop)
+        try:
+            slow = watcher.subscribe()  # a page whose stream has not taken a push yet
+            steps = watcher.steps
+            assert wait_for(lambda: watcher.steps > steps + 400)
+            assert watcher.batches_captured == 0 and watcher.frames_encoded == 0
+            watcher.message(slow)  # it takes one push: due for the next one
+            assert wait_for(lambda: watcher.frames_encoded > 0)
+            assert watcher.batches_captured > 0
+            # One push's worth of frames for it (each of its 4 worlds at most once), then
+            # none until it takes the next.
+            steps = watcher.steps
+            assert wait_for(lambda: watcher.steps > steps + 400)
+            encoded, steps = watcher.frames_encoded, watcher.steps
+            assert wait_for(lambda: watcher.steps > steps + 400)
+            assert watcher.frames_encoded == encoded <= 4
+            frames = watcher.message(slow)["frames"]
+            assert len({f["world"] for f in frames}) == len(frames) == encoded
+            assert wait_for(lambda: watcher.frames_encoded > encoded)
         finally:
             stop.set()
             runner.join(timeout=30)

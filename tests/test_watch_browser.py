@@ -70,6 +70,47 @@ _READ_WORLD = """(world) => {
 }"""
 
 
+# The returns chart's box (its section's content) and what is drawn in it: the canvas's
+# place, its bitmap's size against its size on the page, and the rightmost drawn column.
+_CHART = """() => {
+  const canvas = document.getElementById("returns"), box = canvas.parentElement;
+  const c = canvas.getBoundingClientRect(), b = box.getBoundingClientRect();
+  const style = getComputedStyle(box), px = (name) => parseFloat(style[name]);
+  const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  let right = -1;
+  for (let i = 3; i < pixels.length; i += 4) {
+    if (pixels[i]) right = Math.max(right, ((i - 3) / 4) % canvas.width);
+  }
+  return {
+    canvas: [c.left, c.top, c.right, c.bottom],
+    box: [b.left + px("borderLeftWidth") + px("paddingLeft"),
+          b.top + px("borderTopWidth") + px("paddingTop"),
+          b.right - px("borderRightWidth") - px("paddingRight"),
+          b.bottom - px("borderBottomWidth") - px("paddingBottom")],
+    bitmap: [canvas.width, canvas.height], size: [c.width, c.height],
+    ratio: window.devicePixelRatio, right: right,
+  };
+}"""
+
+
+def _chart_inside_its_box(page: Any) -> dict[str, Any]:
+    """The returns chart's geometry, once something is drawn in it."""
+    assert wait_for(lambda: page.evaluate(_CHART)["right"] >= 0, timeout=10)
+    chart: dict[str, Any] = page.evaluate(_CHART)
+    (left, top, right, bottom), (box_left, box_top, box_right, box_bottom) = (
+        chart["canvas"],
+        chart["box"],
+    )
+    # The canvas lies within its box's content (no part of it past the border) ...
+    assert box_left - 0.5 <= left and right <= box_right + 0.5, chart
+    assert box_top - 0.5 <= top and bottom <= box_bottom + 0.5, chart
+    # ... its bitmap is its size on the page (nothing drawn is stretched or cut off) ...
+    assert chart["bitmap"] == [round(v * chart["ratio"]) for v in chart["size"]], chart
+    # ... and the drawing spans it to its right edge (the newest returns), not past it.
+    assert 0.9 * chart["bitmap"][0] <= chart["right"] < chart["bitmap"][0], chart
+    return chart
+
+
 def _shown(page: Any, world: int) -> dict[str, Any] | None:
     result: dict[str, Any] | None = page.evaluate(_READ_WORLD, world)
     return result
@@ -130,6 +171,15 @@ def test_the_page_shows_the_run_live_and_controls_it(
         assert page.locator("#events li.restart").count() == 2
         assert "restart: world 1: " in page.inner_text("#events")
         assert wait_for(lambda: page.evaluate("watch.returns.length") > 20, timeout=10)
+        # The returns chart stays inside its box, at this width and after the page widens
+        # (its box with it) and narrows again.
+        _chart_inside_its_box(page)
+        page.set_viewport_size({"width": 1400, "height": 640})
+        assert wait_for(lambda: page.evaluate(_CHART)["bitmap"][0] > 300, timeout=10)
+        _chart_inside_its_box(page)
+        page.set_viewport_size({"width": 1100, "height": 640})
+        assert wait_for(lambda: page.evaluate(_CHART)["bitmap"][0] < 260, timeout=10)
+        _chart_inside_its_box(page)
         picture = tmp_path / "watch.png"
         page.screenshot(path=str(picture))
         assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

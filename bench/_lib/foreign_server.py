@@ -51,7 +51,10 @@ _STATE = {
 }
 
 
-def _specs(env: dm_env.Environment) -> tuple[dict[int, Any], dict[int, Any]]:
+def tensor_specs(env: dm_env.Environment) -> tuple[dict[int, Any], dict[int, Any]]:
+    """``env``'s ``({uid: action TensorSpec}, {uid: observation TensorSpec})``, written by the
+    reference package's ``dm_env_utils``: uids from 1, actions first, then the observations,
+    ``reward`` and ``discount`` (also used by ``tests/check_servers.py``'s reference server)."""
     uids = itertools.count(1)
     actions = {
         next(uids): dm_env_utils.dm_env_spec_to_tensor_spec(spec)
@@ -62,6 +65,14 @@ def _specs(env: dm_env.Environment) -> tuple[dict[int, Any], dict[int, Any]]:
         for spec in [*env.observation_spec().values(), env.reward_spec(), env.discount_spec()]
     }
     return actions, observations
+
+
+def copy_specs(into: Any, actions: dict[int, Any], observations: dict[int, Any]) -> None:
+    """Writes the specs of ``tensor_specs`` into a JoinWorld's or Reset's ``specs`` message."""
+    for uid, spec in actions.items():
+        into.actions[uid].CopyFrom(spec)
+    for uid, spec in observations.items():
+        into.observations[uid].CopyFrom(spec)
 
 
 class _Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
@@ -85,7 +96,7 @@ class _Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
             try:
                 if field == "create_world":
                     env = self._make_env()
-                    action_specs, observation_specs = _specs(env)
+                    action_specs, observation_specs = tensor_specs(env)
                     names = {uid: spec.name for uid, spec in observation_specs.items()}
                     defaults = {
                         name: spec.generate_value() for name, spec in env.action_spec().items()
@@ -93,11 +104,7 @@ class _Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
                     response.create_world.world_name = f"world-{next(self._worlds)}"
                 elif field == "join_world":
                     assert env is not None, "create a world first"
-                    specs = response.join_world.specs
-                    for uid, spec in action_specs.items():
-                        specs.actions[uid].CopyFrom(spec)
-                    for uid, spec in observation_specs.items():
-                        specs.observations[uid].CopyFrom(spec)
+                    copy_specs(response.join_world.specs, action_specs, observation_specs)
                     needs_reset = True
                 elif field == "step":
                     assert env is not None, "join a world first"
@@ -132,11 +139,7 @@ class _Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
                 elif field == "reset":
                     assert env is not None, "join a world first"
                     needs_reset = True
-                    specs = response.reset.specs
-                    for uid, spec in action_specs.items():
-                        specs.actions[uid].CopyFrom(spec)
-                    for uid, spec in observation_specs.items():
-                        specs.observations[uid].CopyFrom(spec)
+                    copy_specs(response.reset.specs, action_specs, observation_specs)
                 elif field == "leave_world":
                     response.leave_world.SetInParent()
                 elif field == "destroy_world":

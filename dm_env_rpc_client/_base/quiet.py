@@ -2,11 +2,14 @@
 
 gRPC reads ``GRPC_VERBOSITY`` once, when ``grpc`` is imported, and importing
 this package imports grpc before any command runs. So ``quiet_grpc_logs()``
-(called by the programs' entry points, never by the library) sets
+(entered by the programs' entry points, never by the library) sets
 ``GRPC_VERBOSITY=NONE`` for child processes, and points this process's file
 descriptor 2, where the C core writes, at ``/dev/null``, while Python's
 ``sys.stderr`` moves to a duplicate of the real standard error: everything
-Python prints (errors, warnings, the progress bar) still shows.
+Python prints (errors, warnings, the progress bar) still shows. It is a context
+manager: when the entry point returns, the variable, descriptor 2 and
+``sys.stderr`` are as they were, so a program's ``main`` called from Python
+leaves its caller's process as it found it.
 
 Nothing is silenced with ``--debug``, or when ``GRPC_VERBOSITY`` is already set.
 
@@ -21,37 +24,55 @@ still show. Set ``GRPC_VERBOSITY`` (e.g. ``INFO``) to see everything.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 
-def quiet_grpc_logs(argv: Sequence[str]) -> bool:
-    """Silences gRPC's C-core logs for this program and its children.
+@contextlib.contextmanager
+def quiet_grpc_logs(argv: Sequence[str]) -> Iterator[bool]:
+    """Silences gRPC's C-core logs for this program and its children, until the block ends.
 
     Args:
       argv: the program's arguments; ``--debug`` among them keeps the logs.
 
-    Returns:
-      Whether the logs were silenced.
+    Yields:
+      Whether the logs are silenced. On leaving, ``GRPC_VERBOSITY``, file
+      descriptor 2 and ``sys.stderr`` are put back as they were.
     """
     # GRPC_VERBOSITY=NONE (inherited from a parent that silenced itself) still silences: gRPC's
     # absl logging prints a bind failure's E line whatever the level, so stderr goes too.
-    if "--debug" in argv or os.environ.get("GRPC_VERBOSITY", "NONE").upper() != "NONE":
-        return False
-    os.environ["GRPC_VERBOSITY"] = "NONE"
+    before = os.environ.get("GRPC_VERBOSITY")
+    if "--debug" in argv or (before or "NONE").upper() != "NONE":
+        yield False
+        return
     try:
         sys.stderr.flush()
         real = os.dup(2)
-        devnull = os.open(os.devnull, os.O_WRONLY)
     except (OSError, ValueError, AttributeError):
-        return False  # no usable standard error: nothing to keep clean
+        yield False  # no usable standard error: nothing to keep clean
+        return
+    python_stderr = sys.stderr
+    os.environ["GRPC_VERBOSITY"] = "NONE"
+    devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     os.close(devnull)
-    sys.stderr = open(  # noqa: SIM115 - lives as long as the program
-        real, "w", buffering=1, encoding="utf-8", errors="backslashreplace"
-    )
-    return True
+    ours = open(real, "w", buffering=1, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+    sys.stderr = ours
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            ours.flush()
+        os.dup2(real, 2)
+        if sys.stderr is ours:
+            sys.stderr = python_stderr
+        ours.close()  # closes ``real``
+        if before is None:
+            os.environ.pop("GRPC_VERBOSITY", None)
+        else:
+            os.environ["GRPC_VERBOSITY"] = before
 
 
 LIBRARY_VERBOSITY = "ERROR"  # gRPC's level in library use: its errors show, its chatter not

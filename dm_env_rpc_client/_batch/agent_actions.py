@@ -52,7 +52,9 @@ def check_agents(actions_by_agent: Any, agents: Sequence[str]) -> None:
         )
 
 
-def take_rows(batch: BatchedTimeStep, rows: np.ndarray, ids: np.ndarray) -> BatchedTimeStep:
+def take_rows(batch: BatchedTimeStep, rows: np.ndarray | slice, ids: np.ndarray) -> BatchedTimeStep:
+    """The steps of ``batch`` at ``rows`` (indices, or a slice: views), as worlds ``ids``."""
+
     def pick(tree: Any) -> Any:
         if isinstance(tree, Mapping):
             return {key: pick(value) for key, value in tree.items()}

@@ -1,7 +1,7 @@
 """Opening M multi-agent worlds of N agents each, for ``MultiAgentBatch.connect``.
 
-Every agent gets its own stream on one background event loop (streams to one
-address share a channel, as in ``_batch.opening``). Each world is made by
+Every agent gets its own stream on one background event loop (``_batch.streams``:
+streams to one address share channels, as a ``BatchedEnvironment``'s do). Each world is made by
 ``_batch.agents.make_world``: created once on its first agent's stream (or a
 named world taken), then every agent joined at once; up to
 ``OPENING_PER_SERVER`` streams are being opened at a time per server. All or
@@ -12,25 +12,24 @@ nothing: if a world cannot be made, the worlds made are left and destroyed
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-import grpc
 import numpy as np
 
 from .. import errors
 from .._base import checks as _checks
 from .._base import collector
-from .._transport.loop import LoopConnection, LoopThread
-from ..aio import AsyncConnection
-from ..connection import create_channel
+from .._transport.loop import LoopConnection
 from ..environment import DmEnvAdaptor
 from . import restart as _restart
 from .agents import AGENT_SETTING, AgentBatch, Made, WorldPlan, make_world, unmake_world
 from .closing import shut_down
 from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED
-from .opening import _NO_RETRIES, OPENING_PER_SERVER, _adaptor_like, check_descriptors, equip
+from .opening import _adaptor_like, equip
+from .options import ConnectionOptions, FailurePolicy
 from .restart import RestartPolicy
+from .streams import OPENING_PER_SERVER, start_streams
 
 Batch = TypeVar("Batch", bound=AgentBatch)
 _NO_ADDRESS = "addresses is empty: give at least one server address, e.g. ['127.0.0.1:50051']."
@@ -98,18 +97,14 @@ def open_agent_batch(
     world_names: Sequence[str] | None,
     requested_observations: Sequence[str] | None,
     timeout: float | None,
-    credentials: grpc.ChannelCredentials | None,
-    options: Sequence[tuple[str, Any]] | None,
-    insecure: bool,
-    metadata: Sequence[tuple[str, str]] | None,
     seed: int | None,
     seed_setting: str | None,
-    on_world_failure: str,
-    step_timeout: float | None,
-    restart: RestartPolicy | None,
-    wait_for_ready: bool,
+    connection: ConnectionOptions,
+    failure_policy: FailurePolicy,
 ) -> Batch:
-    """``MultiAgentBatch.connect`` (its arguments and errors are documented there)."""
+    """``MultiAgentBatch.connect`` (its arguments and errors are documented there), with both
+    groups of keywords whole (``_batch.options.regroup``)."""
+    on_world_failure, step_timeout, restart = failure_policy
     _restart.check_policy(on_world_failure)
     if isinstance(addresses, str):
         addresses = [addresses]
@@ -145,15 +140,8 @@ def open_agent_batch(
         name = None if world_names is None else world_names[world]
         plans.append(WorldPlan(settings, joins, name, timeout, requested))
     where = [addresses[world % len(addresses)] for world in range(count)]
-    check_descriptors(addresses)
-    runner, channels, open_stream = start_loop(
-        "dm_env_rpc_client-multiagent",
-        timeout=timeout,
-        credentials=credentials,
-        options=options,
-        insecure=insecure,
-        metadata=metadata,
-        wait_for_ready=wait_for_ready,
+    runner, channels, open_stream = start_streams(
+        "dm_env_rpc_client-multiagent", addresses, count * num_agents, timeout, connection
     )
     opened: list[list[LoopConnection]] = [[] for _ in range(count)]
     made: list[Made | None] = [None] * count
@@ -218,50 +206,6 @@ def open_agent_batch(
     if step_timeout is not None:
         runner.call(batch._watch)
     return batch
-
-
-def start_loop(
-    name: str,
-    *,
-    timeout: float | None,
-    credentials: grpc.ChannelCredentials | None,
-    options: Sequence[tuple[str, Any]] | None,
-    insecure: bool,
-    metadata: Sequence[tuple[str, str]] | None,
-    wait_for_ready: bool,
-) -> tuple[LoopThread, dict[str, grpc.aio.Channel], Callable[..., Coroutine[Any, Any, Any]]]:
-    """The batch's background loop (thread ``name``), its channels (one per address, made on
-    first use) and its ``open_stream(address, wait=timeout, *, first=False)``: a world's first
-    stream (``first``) fails at once on a refusing port unless ``wait_for_ready``; a restart's
-    waits for its server to come back. gRPC never retries a batch's streams."""
-    runner = LoopThread(name=name)
-    channels: dict[str, grpc.aio.Channel] = {}
-    batch_options = list(options or ())
-    if not any(option == _NO_RETRIES[0] for option, _ in batch_options):
-        batch_options.insert(0, _NO_RETRIES)
-
-    async def open_stream(
-        address: str, wait: float | None = timeout, *, first: bool = False
-    ) -> LoopConnection:
-        channel = channels.get(address)
-        if channel is None:
-            channel = channels[address] = create_channel(
-                address, credentials=credentials, options=batch_options, insecure=insecure, aio=True
-            )
-        if channel.get_state() == grpc.ChannelConnectivity.READY:  # no wait for each stream
-            connection = await AsyncConnection.open(channel, metadata)
-            connection.address = address
-            return LoopConnection(runner, connection)
-        return await LoopConnection.open(
-            runner,
-            address,
-            channel=channel,
-            timeout=wait,
-            metadata=metadata,
-            wait_for_ready=wait_for_ready or not first,
-        )
-
-    return runner, channels, open_stream
 
 
 def _adaptors(

@@ -38,8 +38,8 @@ from ..aio import AsyncConnection
 from ..batched import BatchedEnvironment
 from ..environment import DmEnvAdaptor, pack_settings
 from .closing import shut_down
-from .core import _FAILED, _LIVE, _REMOVED_STATE, _RESTARTING, _Failure
-from .restart import RAISE, GaveUp, RestartPolicy, WorldFailure, back_off
+from .core import _FAILED, _LIVE, _RESTARTING, _Failure
+from .restart import RAISE, GaveUp, RestartPolicy, back_off
 from .undo import ask as _ask
 
 _SIBLING = "agent {agent} of the same world failed: {cause}"
@@ -288,46 +288,15 @@ class AgentBatch(BatchedEnvironment):
                 rng=self._rng,
             )
         except GaveUp as gave_up:
-            held = {slot: len(self._held[slot]) for slot in slots}
-            with self._cond:
-                for slot in slots:
-                    self._state[slot] = _REMOVED_STATE
-                    self._held[slot] = []
-            downtime = time.monotonic() - started
-            self.failures.append(
-                WorldFailure(
-                    index,
-                    address,
-                    cause,
-                    detected,
-                    gave_up.attempts,
-                    "removed",
-                    None,
-                    sum(lost.values()) + sum(held.values()),
-                    downtime,
-                    gave_up.last_error,
-                )
-            )
-            for slot in slots:
-                if lost[slot] or held[slot]:
-                    failure = _Failure(cause, lost[slot] + held[slot], removed=True)
-                    self._file(slot, self._gen[slot], time.perf_counter(), failure)
+            lost_by_slot = [lost[slot] for slot in slots]
+            self._removed(index, address, slots, lost_by_slot, cause, detected, started, gave_up)
             return
         old_name, self.world_names[world] = self.world_names[world], remade.made.name
         if self._created[world]:  # the failed world's agents are gone: it goes too
             self._spawn(self._destroy_apart(address, old_name, self._restart_policy.call_timeout))
-        self.failures.append(
-            WorldFailure(
-                index,
-                address,
-                cause,
-                detected,
-                remade.attempts,
-                "restarted",
-                address,
-                sum(lost.values()),
-                time.monotonic() - started,
-            )
+        lost_in_all = sum(lost.values())
+        self._restarted(
+            index, address, cause, detected, started, remade.attempts, address, lost_in_all
         )
         for agent, slot in enumerate(slots):
             env, conn = remade.envs[agent], remade.connections[agent]

@@ -343,42 +343,13 @@ class BatchCore:
                 rng=self._rng,
             )
         except _restart.GaveUp as gave_up:
-            held, self._held[index] = self._held[index], []
-            with self._cond:
-                self._state[index] = _REMOVED_STATE
-            self.failures.append(
-                WorldFailure(
-                    index,
-                    address,
-                    cause,
-                    detected,
-                    gave_up.attempts,
-                    "removed",
-                    None,
-                    lost + len(held),
-                    time.monotonic() - started,
-                    gave_up.last_error,
-                )
-            )
-            if lost or held:
-                failure = _Failure(cause, lost + len(held), removed=True)
-                self._file(index, self._gen[index], time.perf_counter(), failure)
+            self._removed(index, address, [index], [lost], cause, detected, started, gave_up)
             self._balancer.restored(index)
             return
         env = restored.env
         self._balancer.adopt(index, restored)
-        self.failures.append(
-            WorldFailure(
-                index,
-                address,
-                cause,
-                detected,
-                restored.attempts,
-                "restarted",
-                restored.address,
-                lost,
-                time.monotonic() - started,
-            )
+        self._restarted(
+            index, address, cause, detected, started, restored.attempts, restored.address, lost
         )
         if restored.first is not None:
             step_type = env._advance(restored.first.state)
@@ -389,6 +360,64 @@ class BatchCore:
             self._truncate_next[index] = True
         self._balancer.flush_held(index)
         self._balancer.restored(index)
+
+    def _restarted(
+        self,
+        index: int,
+        address: str | None,
+        cause: BaseException,
+        detected: float,
+        started: float,
+        attempts: int,
+        to: str | None,
+        lost: int,
+    ) -> None:
+        """Records world ``index``'s failure (at ``address``), made good by a restart (on
+        ``to``)."""
+        downtime = time.monotonic() - started
+        record = WorldFailure(
+            index, address, cause, detected, attempts, "restarted", to, lost, downtime
+        )
+        self.failures.append(record)
+
+    def _removed(
+        self,
+        index: int,
+        address: str | None,
+        slots: Sequence[int],
+        lost: Sequence[int],
+        cause: BaseException,
+        detected: float,
+        started: float,
+        gave_up: _restart.GaveUp,
+    ) -> None:
+        """World ``index`` (at ``address``) could not be made again: its ``slots`` (the world itself, or a
+        multi-agent world's agents, ``_batch.agents``) leave the batch, its failure is recorded,
+        and each slot's lost steps (``lost``, one count per slot) and held ones are filed as
+        one removed failure."""
+        held = [len(self._held[slot]) for slot in slots]
+        with self._cond:
+            for slot in slots:
+                self._state[slot] = _REMOVED_STATE
+                self._held[slot] = []
+        self.failures.append(
+            WorldFailure(
+                index,
+                address,
+                cause,
+                detected,
+                gave_up.attempts,
+                "removed",
+                None,
+                sum(lost) + sum(held),
+                time.monotonic() - started,
+                gave_up.last_error,
+            )
+        )
+        for slot, lost_here, held_here in zip(slots, lost, held, strict=True):
+            if lost_here or held_here:
+                failure = _Failure(cause, lost_here + held_here, removed=True)
+                self._file(slot, self._gen[slot], time.perf_counter(), failure)
 
     def _finished(
         self, index: int, gen: int, sent: float, future: concurrent.futures.Future[Any]

@@ -7,9 +7,8 @@ of one HTTP/2 connection takes all the worlds. ``open_worlds`` opens the streams
 (or joins) the worlds all at once on the loop, up to ``OPENING_PER_SERVER`` at a
 time per server, so connecting takes about as long as the slowest server needs
 for its share, not one round trip per world after another. Worlds whose specs
-are alike share one adaptor's spec machinery (``_adaptor_like``). Before
-anything is opened, ``check_descriptors`` makes sure the process may open a
-connection to every server. All or nothing: on any failure every world made so
+are alike share one adaptor's spec machinery (``_adaptor_like``). The loop,
+channels and streams come from ``_batch.streams.start_streams``. All or nothing: on any failure every world made so
 far is left and destroyed (a joined named world only left), then every stream
 is shut down, before the error is raised; a world whose CreateWorldRequest went
 out is waited for (within ``timeout``) rather than cancelled, so its name is
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import threading
 import warnings
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -37,40 +35,20 @@ from .._base import collector
 from .._fastpath.step_encoder import StepEncoder
 from .._proto import dm_env_rpc_pb2
 from .._transport.loop import LoopConnection, LoopThread
-from ..aio import AsyncConnection
-from ..connection import create_channel
 from ..environment import DmEnvAdaptor
 from ..launch import LaunchedServers
 from . import restart as _restart
 from .balance import Balancer
-from .channels import DEFAULT_STREAMS_PER_CONNECTION, ChannelPool, Slot, connections_needed
+from .channels import DEFAULT_STREAMS_PER_CONNECTION, Slot
 from .closing import shut_down
 from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED, BatchCore
+from .options import ConnectionOptions
 from .restart import RestartPolicy
+from .streams import OPENING_PER_SERVER, start_streams
 from .undo import Made, ask, undo_worlds
-
-try:
-    import resource
-except ImportError:  # not on Windows: no descriptor limit to check there
-    resource = None  # type: ignore[assignment]
 
 Batch = TypeVar("Batch", bound=BatchCore)
 _NO_ADDRESS = "addresses is empty: give at least one server address, e.g. ['127.0.0.1:50051']."
-OPENING_PER_SERVER = 64  # worlds being opened at once on one server
-# File descriptors a connection to one server takes (its socket), and what gRPC and the
-# loop need besides (epoll, wake-up pipes, a restart's new connection).
-DESCRIPTORS_PER_SERVER = 1
-DESCRIPTORS_SPARE = 32
-# gRPC's retry machinery keeps state per stream (about 6 KB of a world's 45 at 1,024 worlds); a
-# batch never has gRPC retry a stream (its own restart policy deals with a broken world).
-_NO_RETRIES = ("grpc.enable_retries", 0)
-_TOO_MANY_SERVERS = (
-    "Connecting to {servers} servers needs about {needed} file descriptors (one connection "
-    "each, and {spare} spare; {open} are open already), but this process may open only "
-    "{limit} (RLIMIT_NOFILE; the hard limit is {hard}). Raise it before connecting: "
-    "`ulimit -n {suggest}` in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, "
-    "({suggest}, hard)) in Python; or use fewer servers per client."
-)
 _STREAM_LIMIT = (
     "{error} ({answered} other streams on the same HTTP/2 connection to {address} were "
     "answered, so the server is up but this stream was not taken: the server, or a proxy in "
@@ -139,11 +117,6 @@ def open_batch(
     if num_envs is not None:
         _checks.check_count(num_envs, "num_envs")
     _checks.check_seconds(timeout)
-    if max_response_bytes is not None:
-        _checks.check_count(max_response_bytes, "max_response_bytes")
-    if max_streams_per_connection is None:  # the default (the command line's, unless given)
-        max_streams_per_connection = DEFAULT_STREAMS_PER_CONNECTION
-    per_connection = _checks.check_count(max_streams_per_connection, "max_streams_per_connection")
     # Checked once, here, by packing them (before anything opens): open_worlds sends these.
     packed = (
         pack_settings(create_world_settings, "create_world_settings"),
@@ -165,55 +138,18 @@ def open_batch(
             raise ValueError(_SEED_TWICE.format(name=seed_setting))
     else:
         seed_setting = None
-    batch_options = list(options or ())
-    if not any(name == _NO_RETRIES[0] for name, _ in batch_options):
-        batch_options.insert(0, _NO_RETRIES)
-    # before gRPC or the loop open any (gRPC aborts without them)
-    check_descriptors(addresses, connections_needed(addresses, count, per_connection))
-    runner = LoopThread(name="dm_env_rpc_client-batched")
-    channels: dict[str, grpc.aio.Channel] = {}
-
-    def make_channel(address: str, extra: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
-        opts = [*batch_options, *extra]
-        return create_channel(
-            address,
-            credentials=credentials,
-            options=opts,
-            insecure=insecure,
-            aio=True,
-            max_response_bytes=max_response_bytes,
-        )
-
-    pool = ChannelPool(make_channel, per_connection, channels)
-
-    async def open_stream(
-        address: str, wait: float | None = timeout, *, first: bool = False
-    ) -> LoopConnection:
-        """A stream to ``address``; a world's first (``first``) fails at once on a refusing port
-        unless ``wait_for_ready``; a restart's waits for its server to come back."""
-        channel, slot = pool.acquire(address)
-        try:
-            if channel.get_state() == grpc.ChannelConnectivity.READY:  # no wait for each stream
-                connection = await AsyncConnection.open(channel, metadata)
-                connection.address = address
-                opened = LoopConnection(runner, connection)
-            else:
-                opened = await LoopConnection.open(
-                    runner,
-                    address,
-                    channel=channel,
-                    timeout=wait,
-                    metadata=metadata,
-                    wait_for_ready=wait_for_ready or not first,
-                    tls=credentials is not None,
-                )
-        except BaseException:
-            slot.released = True
-            raise
-        slot.connection = opened
-        opened.slot = slot  # type: ignore[attr-defined]
-        return opened
-
+    connection = ConnectionOptions(
+        credentials,
+        options,
+        insecure,
+        metadata,
+        wait_for_ready,
+        max_streams_per_connection,
+        max_response_bytes,
+    )
+    runner, channels, open_stream = start_streams(
+        "dm_env_rpc_client-batched", addresses, count, timeout, connection
+    )
     connections: list[LoopConnection] = []
     made: dict[int, Made] = {}
     try:
@@ -276,39 +212,6 @@ def equip(
         batch._decoder = StackedDecoder(envs[0])
         batch._encoder = StepEncoder(envs[0])
     batch._open_stream = open_stream
-
-
-def check_descriptors(addresses: Sequence[str], connections: int | None = None) -> None:
-    """Raises ``DmEnvRpcConnectionError`` if the process may not open its connections.
-
-    Streams to one server share its connections, so the worlds count only as
-    ``connections`` (default: one per distinct server). Checked where the limit
-    can be read (Unix).
-    """
-    if resource is None:
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return
-    try:
-        already = len(os.listdir("/proc/self/fd"))
-    except OSError:  # no /proc (macOS): count none open
-        already = 0
-    servers = len(set(addresses)) if connections is None else connections
-    needed = servers * DESCRIPTORS_PER_SERVER + DESCRIPTORS_SPARE
-    if already + needed > soft:
-        suggest = already + needed if hard == resource.RLIM_INFINITY else hard
-        raise errors.DmEnvRpcConnectionError(
-            _TOO_MANY_SERVERS.format(
-                servers=servers,
-                needed=needed,
-                spare=DESCRIPTORS_SPARE,
-                open=already,
-                limit=soft,
-                hard="unlimited" if hard == resource.RLIM_INFINITY else hard,
-                suggest=max(suggest, already + needed),
-            )
-        )
 
 
 def _adaptor_like(

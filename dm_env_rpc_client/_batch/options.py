@@ -13,11 +13,14 @@ every batch::
 The single keywords still work. ``ungroup`` turns a group back into them, and
 refuses a keyword given both ways (a single keyword that is not its default,
 next to a group that holds it): one of them would be silently dropped.
+``regroup`` does the same the other way round, for an entry point that takes the
+groups and the single keywords as ``**single`` (``MultiAgentBatch.connect``):
+it gives both groups, whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import grpc
@@ -110,3 +113,41 @@ def ungroup(
                 )
             merged[field] = getattr(group, field)
     return merged
+
+
+_FIELDS = (*ConnectionOptions._fields, *FailurePolicy._fields)
+
+
+def regroup(
+    caller: str,
+    connection: ConnectionOptions | None,
+    failure_policy: FailurePolicy | None,
+    single: Mapping[str, Any],
+    known: Sequence[str] = (),
+) -> tuple[ConnectionOptions, FailurePolicy]:
+    """Both groups, from the groups given and the single keywords of ``single``.
+
+    Args:
+      caller: the entry point, for the errors (e.g. ``"MultiAgentBatch.connect"``).
+      connection: the connection's group, or None.
+      failure_policy: the failure policy's group, or None.
+      single: single keywords of either group (``step_timeout=10.0``), as given.
+      known: the caller's other keywords, to suggest one for a misspelled keyword.
+
+    Returns:
+      ``(ConnectionOptions, FailurePolicy)``, defaults where nothing was given.
+
+    Raises:
+      ArgumentTypeError: a keyword of neither group (with the closest known one), or a
+        group of the wrong type.
+      ArgumentValueError: a keyword given both as a keyword and in its group.
+    """
+    for name in single:
+        if name not in _FIELDS:
+            raise _checks.unknown_keyword(caller, name, [*known, *_FIELDS])
+    keywords = {**ConnectionOptions()._asdict(), **FailurePolicy()._asdict(), **single}
+    merged = ungroup(connection, failure_policy, **keywords)
+    return (
+        ConnectionOptions(**{field: merged[field] for field in ConnectionOptions._fields}),
+        FailurePolicy(**{field: merged[field] for field in FailurePolicy._fields}),
+    )

@@ -37,6 +37,13 @@ public face; the command line's ``run``, the Ray shards, the RLlink client and
   cut episode is recorded truncated, its unanswered steps are not sent again,
   and the other worlds go on. ``restarts`` and ``worlds_lost`` list the
   batch's failures.
+- A multi-agent batch (``dmr.MultiAgentBatch``: ``num_agents`` slots per world)
+  steps whole worlds: a world's agents are always sent their steps together (a
+  lockstep server answers none of them until every one has acted), ``steps``
+  counts agent-steps and is rounded up to whole world steps, and a stopped run
+  receives the world steps still in flight before it returns. So a run never
+  leaves an agent waiting at its world's barrier: at its end nothing is in
+  flight and every agent of a world has taken the same steps.
 - Observers get every received batch (``on_steps``, before actions are chosen
   for it) and the run's restarts, relaunches, lost worlds and the error that
   ends it (``on_event``).
@@ -141,6 +148,10 @@ class _Loop:
         resume: RunStats | None = None,
     ) -> None:
         count = len(batch.envs)  # every world; a removed one stops taking steps
+        # Slots that step together: a multi-agent world's agents (see the module docs).
+        self.group = group = int(getattr(batch, "num_agents", 1))
+        if isinstance(steps, int):
+            steps = -(-steps // group) * group
         total = steps if isinstance(steps, int) else sum(steps)
         self.batch, self.steps, self.policy, self.pipeline = batch, total, policy, pipeline
         self.timeout, self.recording, self.progress, self.watch = (
@@ -165,7 +176,9 @@ class _Loop:
         self.requested = 0
         if policy is None:
             if self.left is None:
-                self.left = [total // count + (world < total % count) for world in range(count)]
+                worlds, rounds = count // group, total // group
+                shares = [rounds // worlds + (world < rounds % worlds) for world in range(worlds)]
+                self.left = [shares[slot // group] for slot in range(count)]
             self.spec = batch.action_spec()
             self.rngs = [np.random.default_rng((seed + w, ACTION_STREAM)) for w in range(count)]
         # The worlds that may take a step (random actions): every world at first, then those
@@ -215,7 +228,9 @@ class _Loop:
             if self.policy is None:
                 self.wanting.update(result.env_ids.tolist())
             else:
-                self.ready = result
+                self.ready = result if self.ready is None else join([self.ready, result])
+        if self.group > 1 and stop.is_set():
+            self._drain()
         watch.poll()
         tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
         assert stats.carry is not None
@@ -223,6 +238,27 @@ class _Loop:
         if self.policy is not None:
             stats.waiting = join([*self.parked, *([self.ready] if self.ready is not None else [])])
         return stats
+
+    def _drain(self) -> None:
+        """A stopped multi-agent run takes the whole world steps still in flight (each barrier
+        completes: every agent of the world was sent its step), so none is left waiting."""
+        batch = self.batch
+        while batch.pending():
+            try:
+                result = batch.recv(batch.pending(), timeout=self.timeout)
+            except errors.RequestTimeoutError:
+                raise _stalled(batch, self.timeout, self.watch.first_world) from None
+            self.tally.take(result, self.progress)
+            self.watch.steps(result)
+
+    def _whole(self, slots: list[int]) -> list[int]:
+        """The slots of ``slots`` whose world's agents are all there, by world (all of them
+        outside a multi-agent batch)."""
+        group = self.group
+        if group == 1:
+            return slots
+        there = set(slots)
+        return sorted(slot for slot in there if all(s in there for s in _agents_of(slot, group)))
 
     def _reset(self) -> None:
         first = self.batch.reset(timeout=self.timeout)
@@ -243,10 +279,11 @@ class _Loop:
         """Sends random actions to the worlds that want them; returns the worlds sent to."""
         batch, left, live, pipeline = self.batch, self.left, self.live, self.pipeline
         assert left is not None
-        ids = sorted(
-            w for w in self.wanting if left[w] and w in live and batch.in_flight(w) < pipeline
-        )
+        able = [w for w in self.wanting if left[w] and w in live and batch.in_flight(w) < pipeline]
+        ids = self._whole(sorted(able))
         self.wanting.clear()
+        if len(ids) < len(able):  # agents whose world's others cannot step yet: later
+            self.wanting.update(set(able) - set(ids))
         if not ids:
             return []
         actions = [random_action(self.spec, self.rngs[world]) for world in ids]
@@ -278,13 +315,19 @@ class _Loop:
             assert ready is not None
         ids = ready.env_ids.tolist()
         positions = [p for p, world in enumerate(ids) if world in live]
+        rest = None
+        if self.group > 1:  # whole worlds only: the others wait here for their agents' steps
+            whole = set(self._whole([ids[p] for p in positions]))
+            waiting = [p for p in positions if ids[p] not in whole]
+            positions = sorted((p for p in positions if ids[p] in whole), key=ids.__getitem__)
+            rest = rows(ready, waiting) if waiting else None
         if left is not None:
             chosen = [p for p in positions if left[ids[p]] > 0]
         else:
             chosen = positions[: self.steps - self.requested]
         if not chosen:
             self._park(ready, positions)
-            self.ready = None
+            self.ready = rest
             return []
         timestep = ready if len(chosen) == len(ids) else rows(ready, chosen)
         assert self.policy is not None
@@ -302,7 +345,7 @@ class _Loop:
         if len(chosen) < len(positions):
             taken = set(chosen)
             self._park(ready, [p for p in positions if p not in taken])
-        self.ready = None
+        self.ready = rest
         return sent
 
     def _park(self, ready: BatchedTimeStep, positions: list[int]) -> None:
@@ -332,6 +375,12 @@ class _Loop:
                 raise
             self.failures = -1
             return _REMOVED
+
+
+def _agents_of(slot: int, group: int) -> range:
+    """The slots of the world of agent slot ``slot`` (``group`` agents per world)."""
+    first = slot - slot % group
+    return range(first, first + group)
 
 
 def _stack(actions: list[Any]) -> Any:

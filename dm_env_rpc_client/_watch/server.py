@@ -144,6 +144,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _stream(self) -> None:
         hub = self.server.hub
+        threading.current_thread().name = "dm_env_rpc_client-watch-stream"
         subscriber = hub.subscribe()
         try:
             self.send_response(200)

@@ -267,11 +267,21 @@ def serve_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; with ``argv`` None (the program), gRPC's log lines are silenced too."""
-    if argv is None:
-        quiet_grpc_logs(sys.argv[1:])
+    """Entry point; with ``argv`` None (the program), gRPC's log lines are silenced too, until
+    this returns (the process's environment and standard error are then as they were).
+
+    Args:
+      argv: the arguments (without the program's name), or None for ``sys.argv[1:]``.
+
+    Returns:
+      The exit code: 130 after Ctrl-C, 0 after SIGTERM, 1 a server error (the port in
+      use), 2 bad flags.
+    """
     parser = build_parser()
-    return serve_command(parser, parser.parse_args(argv))
+    if argv is not None:
+        return serve_command(parser, parser.parse_args(argv))
+    with quiet_grpc_logs(sys.argv[1:]):
+        return serve_command(parser, parser.parse_args(None))
 
 
 if __name__ == "__main__":

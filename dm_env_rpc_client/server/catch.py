@@ -59,6 +59,39 @@ def reset_seed(settings: dict[str, Any], game: str) -> int | None:
     return _int_setting("seed", settings["seed"], 0, game) if "seed" in settings else None
 
 
+class SeedResetHook:
+    """The reset-settings hook of a game whose only reset setting is ``seed`` (Catch, Paddles).
+
+    A ResetRequest's or ResetWorldRequest's ``seed`` re-seeds the game's random
+    generator (``_rng``, from ``_seed``) from the next episode on, so the same seed
+    replays the same episodes. A game names itself in ``_GAME`` (for the messages)
+    and may do more in ``_reseeded``.
+    """
+
+    _GAME = "Catch"
+    _seed: int
+    _rng: np.random.Generator
+
+    def dm_env_rpc_reset_settings(self, settings: dict[str, Any]) -> None:
+        """The reset-settings hook of the embedded server: ``seed`` re-seeds the game.
+
+        Args:
+          settings: the request's settings, unpacked.
+
+        Raises:
+          TypeError: for a setting other than ``seed``.
+          ValueError: for a seed that is not an integer >= 0.
+        """
+        seed = reset_seed(settings, self._GAME)
+        if seed is not None:
+            self._seed = seed
+            self._rng = np.random.default_rng(self._seed)
+            self._reseeded()
+
+    def _reseeded(self) -> None:
+        """What the game does beyond re-seeding (nothing here)."""
+
+
 @functools.lru_cache(maxsize=64)
 def _specs(rows: int, columns: int) -> tuple[specs.Array, ...]:
     """The board, paddle, reward and discount specs of one board size, made once.
@@ -75,8 +108,10 @@ def _specs(rows: int, columns: int) -> tuple[specs.Array, ...]:
     )
 
 
-class Catch(dm_env.Environment):
+class Catch(SeedResetHook, dm_env.Environment):
     """The Catch game. See the module docstring."""
+
+    _GAME = "Catch"
 
     def __init__(
         self, rows: int = 10, columns: int = 5, seed: int = 0, max_steps: int | None = None
@@ -127,18 +162,9 @@ class Catch(dm_env.Environment):
             return dm_env.truncation(np.float32(0.0), observation, np.float32(1.0))
         return dm_env.transition(np.float32(0.0), observation, np.float32(1.0))
 
-    def dm_env_rpc_reset_settings(self, settings: dict[str, Any]) -> None:
-        """The reset-settings hook of the embedded server: ``seed`` re-seeds the game.
-
-        Raises:
-          TypeError: for a setting other than ``seed``.
-          ValueError: for a seed that is not an integer >= 0.
-        """
-        seed = reset_seed(settings, "Catch")
-        if seed is not None:
-            self._seed = seed
-            self._rng = np.random.default_rng(self._seed)
-            self._reset_next = True
+    def _reseeded(self) -> None:
+        """A re-seeded Catch starts a new sequence on its next step."""
+        self._reset_next = True
 
     def observation_spec(self) -> dict[str, specs.Array]:
         return {"board": _specs(self._rows, self._columns)[0]}

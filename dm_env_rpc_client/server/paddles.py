@@ -33,7 +33,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from .catch import _int_setting, reset_seed
+from .catch import SeedResetHook, _int_setting
 from .multiagent import LOCKSTEP, TURNS, Mode, MultiAgentEnvironment
 
 MIN_AGENTS, MAX_AGENTS = 2, 4
@@ -53,8 +53,10 @@ def _specs(rows: int, columns: int) -> tuple[specs.Array, ...]:
     )
 
 
-class Paddles(MultiAgentEnvironment):
+class Paddles(SeedResetHook, MultiAgentEnvironment):
     """The Paddles game. See the module docstring."""
+
+    _GAME = "Paddles"
 
     def __init__(
         self,
@@ -120,18 +122,6 @@ class Paddles(MultiAgentEnvironment):
             name: dm_env.termination(np.float32(reward), observations[name])
             for name, reward in zip(self._names, rewards, strict=True)
         }
-
-    def dm_env_rpc_reset_settings(self, settings: dict[str, Any]) -> None:
-        """The reset-settings hook of the embedded server: ``seed`` re-seeds the game.
-
-        Raises:
-          TypeError: for a setting other than ``seed``.
-          ValueError: for a seed that is not an integer >= 0.
-        """
-        seed = reset_seed(settings, "Paddles")
-        if seed is not None:
-            self._seed = seed
-            self._rng = np.random.default_rng(self._seed)
 
     def action_spec(self) -> dict[str, dict[str, specs.Array]]:
         return {name: {"paddle": _specs(self._rows, self._columns)[1]} for name in self._names}

@@ -13,7 +13,19 @@
  *               reward  (UID 2) float32 []
  *               discount(UID 3) float32 [], bounds [0, 1]
  *   settings    CreateWorld: seed (0), rows (10), columns (5), max_steps (none: INTERRUPTED
- *               after that many steps); Reset and ResetWorld: seed
+ *               after that many steps), num_agents (1); Reset and ResetWorld: seed;
+ *               JoinWorld: agent (an index; default the lowest free one)
+ *
+ * A world of num_agents >= 2 is a multi-agent world: one JoinWorld per stream, each agent with
+ * a paddle of its own under one falling ball (its board shows the ball and its own paddle; its
+ * reward is +1 if the ball lands on its paddle, -1 elsewhere). Its step is lockstep: an
+ * agent's StepRequest is answered only once every joined agent has sent one (the later
+ * requests of a waiting stream wait behind it); a step that waits longer than --agent-timeout
+ * seconds is answered DEADLINE_EXCEEDED naming the agents that did not act. ResetWorld makes
+ * every joined agent's next step INTERRUPTED when a sequence is running (then the next starts);
+ * a leave frees the agent's place and the others go on (a barrier waiting only for it
+ * completes); DestroyWorld while any agent is joined is FAILED_PRECONDITION. A taken agent is
+ * ALREADY_EXISTS, one out of range INVALID_ARGUMENT, a full world RESOURCE_EXHAUSTED.
  *
  * The protocol as WIRE.md has it: many worlds and streams at once, requests answered in order
  * as they come (pipelining), errors as google.rpc.Status in the response's `error` field (the
@@ -25,7 +37,7 @@
  * and responses are written with decimal string keys, which protobufjs's encoder parses.
  *
  * Usage: node server.js --proto-root DIR --include DIR [--port 0] [--host 127.0.0.1]
- *          [--max-concurrent-streams N] [--max-worlds N]
+ *          [--max-concurrent-streams N] [--max-worlds N] [--agent-timeout SECONDS (30)]
  * Prints one line `{"port": N}` on stdout once it listens. It exits when its stdin closes or
  * its parent process changes (the process that started it died, even by SIGKILL).
  */
@@ -36,6 +48,8 @@ const protobuf = require('protobufjs');
 
 const CODE = {
   INVALID_ARGUMENT: 3,
+  DEADLINE_EXCEEDED: 4,
+  ALREADY_EXISTS: 6,
   NOT_FOUND: 5,
   FAILED_PRECONDITION: 9,
   RESOURCE_EXHAUSTED: 8,
@@ -46,7 +60,9 @@ const DTYPE = { FLOAT: 1, INT8: 3 };
 const UID = { paddle: '1', board: '1', reward: '2', discount: '3' };
 
 function parseArgs(argv) {
-  const args = { port: 0, host: '127.0.0.1', protoRoot: null, include: [], maxStreams: 0, maxWorlds: 0 };
+  const args = {
+    port: 0, host: '127.0.0.1', protoRoot: null, include: [], maxStreams: 0, maxWorlds: 0, agentTimeout: 30,
+  };
   for (let i = 0; i < argv.length; i += 2) {
     const [flag, value] = [argv[i], argv[i + 1]];
     if (value === undefined) throw new Error(`${flag} needs a value`);
@@ -56,6 +72,7 @@ function parseArgs(argv) {
     else if (flag === '--include') args.include.push(value);
     else if (flag === '--max-concurrent-streams') args.maxStreams = Number(value);
     else if (flag === '--max-worlds') args.maxWorlds = Number(value);
+    else if (flag === '--agent-timeout') args.agentTimeout = Number(value);
     else throw new Error(`unknown flag ${flag}`);
   }
   if (!args.protoRoot) throw new Error('--proto-root DIR (the repository protos/) is required');
@@ -123,13 +140,14 @@ function checkSettings(settings, allowed) {
 
 class World {
   constructor(name, settings) {
-    checkSettings(settings, ['seed', 'rows', 'columns', 'max_steps']);
+    checkSettings(settings, ['seed', 'rows', 'columns', 'max_steps', 'num_agents']);
     const get = (key, fallback, minimum) => (key in settings ? integerSetting(key, settings[key], minimum) : fallback);
     this.name = name;
     this.rows = get('rows', 10, 2);
     this.columns = get('columns', 5, 1);
     this.seed = get('seed', 0, 0);
     this.maxSteps = get('max_steps', null, 1);
+    this.numAgents = get('num_agents', 1, 1);
     this.random = rng(this.seed);
     this.joinedBy = null;
     this.resetNext = true;
@@ -145,6 +163,10 @@ class World {
       this.random = rng(this.seed);
     }
     this.resetNext = true;
+  }
+
+  isJoined() {
+    return this.joinedBy !== null;
   }
 
   specs() {
@@ -204,6 +226,158 @@ class World {
   }
 }
 
+/** A multi-agent world (num_agents >= 2): one paddle per agent under one ball, lockstep. */
+class MultiWorld extends World {
+  constructor(name, settings, agentTimeout) {
+    super(name, settings);
+    this.agents = new Array(this.numAgents).fill(null); // the joined sessions
+    this.paddles = new Array(this.numAgents).fill(Math.floor(this.columns / 2));
+    this.waiting = new Map(); // agent -> {move, answer} of the steps at the barrier
+    this.timer = null;
+    this.agentTimeout = agentTimeout;
+    this.running = false; // a sequence is running (a FIRST step and no end since)
+    this.interruptNext = false; // ResetWorld: the next round answers INTERRUPTED
+  }
+
+  isJoined() {
+    return this.agents.some((session) => session !== null);
+  }
+
+  joined() {
+    return this.agents.flatMap((session, agent) => (session === null ? [] : [agent]));
+  }
+
+  join(session, settings) {
+    checkSettings(settings, ['agent']);
+    let agent;
+    if ('agent' in settings) {
+      agent = integerSetting('agent', settings.agent, 0);
+      if (agent >= this.numAgents) {
+        throw new StatusError(CODE.INVALID_ARGUMENT, `agent ${agent} is out of range: world '${this.name}' has agents 0 to ${this.numAgents - 1}`);
+      }
+      if (this.agents[agent] !== null) {
+        throw new StatusError(CODE.ALREADY_EXISTS, `agent_${agent} of world '${this.name}' is taken by another stream`);
+      }
+    } else {
+      agent = this.agents.indexOf(null);
+      if (agent < 0) {
+        throw new StatusError(CODE.RESOURCE_EXHAUSTED, `world '${this.name}' is full: its ${this.numAgents} agents are all joined`);
+      }
+    }
+    this.agents[agent] = session;
+    this.resetNext = true;
+    this.running = false;
+    this.interruptNext = false;
+    return agent;
+  }
+
+  leave(agent) {
+    this.agents[agent] = null;
+    this.waiting.delete(agent); // its stream is gone or done: nothing to answer
+    this.maybeRound();
+  }
+
+  /** ResetWorld: re-seeds; a running sequence's next round is INTERRUPTED, then one starts. */
+  reseed(settings) {
+    const running = this.running;
+    super.reseed(settings);
+    this.interruptNext = running;
+  }
+
+  /** A joined agent's ResetRequest: the next round starts a sequence (FIRST). */
+  restart(settings) {
+    super.reseed(settings);
+    this.running = false;
+    this.interruptNext = false;
+  }
+
+  /** Agent `agent`'s step: `answer([state, observations] or an error response)` once every
+   * joined agent has acted, or at the barrier's timeout. */
+  arrive(agent, move, answer) {
+    this.waiting.set(agent, { move, answer });
+    if (this.timer === null) {
+      const started = Date.now();
+      this.timer = setTimeout(() => this.expire(started), this.agentTimeout * 1000);
+    }
+    this.maybeRound();
+  }
+
+  maybeRound() {
+    const joined = this.joined();
+    if (this.waiting.size === 0 || !joined.every((agent) => this.waiting.has(agent))) return;
+    clearTimeout(this.timer);
+    this.timer = null;
+    const waiting = this.waiting;
+    this.waiting = new Map();
+    const results = this.round(waiting);
+    for (const [agent, entry] of waiting) entry.answer(results.get(agent));
+  }
+
+  expire(started) {
+    this.timer = null;
+    const missing = this.joined().filter((agent) => !this.waiting.has(agent)).map((agent) => `agent_${agent}`);
+    const seconds = ((Date.now() - started) / 1000).toFixed(1);
+    const waiting = this.waiting;
+    this.waiting = new Map();
+    for (const [agent, entry] of waiting) {
+      const message = `lockstep step of agent_${agent} waited ${seconds} s; agents that did not act: ${missing.join(', ')}`;
+      entry.answer(errorResponse(new StatusError(CODE.DEADLINE_EXCEEDED, message)));
+    }
+  }
+
+  /** One lockstep round with every waiting agent's move: agent -> [state, observations]. */
+  round(waiting) {
+    let state = STATE.RUNNING;
+    let discount = 1;
+    const rewards = new Array(this.numAgents).fill(0);
+    if (this.interruptNext) {
+      this.interruptNext = false;
+      this.running = false;
+      state = STATE.INTERRUPTED;
+    } else if (this.resetNext) { // the first step of a sequence ignores its actions
+      this.ball = [0, Math.floor(this.random() * this.columns)];
+      this.paddles.fill(Math.floor(this.columns / 2));
+      this.steps = 0;
+      this.resetNext = false;
+      this.running = true;
+    } else {
+      for (const [agent, entry] of waiting) {
+        this.paddles[agent] = Math.min(Math.max(this.paddles[agent] + entry.move, 0), this.columns - 1);
+      }
+      this.ball = [this.ball[0] + 1, this.ball[1]];
+      this.steps += 1;
+      if (this.ball[0] === this.rows - 1) {
+        state = STATE.TERMINATED;
+        discount = 0;
+        for (const agent of waiting.keys()) rewards[agent] = this.ball[1] === this.paddles[agent] ? 1 : -1;
+        this.resetNext = true;
+        this.running = false;
+      } else if (this.maxSteps !== null && this.steps >= this.maxSteps) {
+        state = STATE.INTERRUPTED;
+        this.resetNext = true;
+        this.running = false;
+      }
+    }
+    const results = new Map();
+    for (const agent of waiting.keys()) {
+      const board = new Array(this.rows * this.columns).fill(0);
+      board[this.ball[0] * this.columns + this.ball[1]] = 1;
+      board[(this.rows - 1) * this.columns + this.paddles[agent]] = 1;
+      results.set(agent, [state, {
+        [UID.board]: { shape: [this.rows, this.columns], floats: { array: board } },
+        [UID.reward]: { shape: [], floats: { array: [rewards[agent]] } },
+        [UID.discount]: { shape: [], floats: { array: [discount] } },
+      }]);
+    }
+    return results;
+  }
+}
+
+function errorResponse(error) {
+  const code = error instanceof StatusError ? error.code : 13;
+  return { error: { code, message: error.message, details: [] } };
+}
+
 function paddleMove(actions) {
   const unknown = Object.keys(actions).filter((uid) => uid !== UID.paddle);
   if (unknown.length) {
@@ -226,9 +400,68 @@ function paddleMove(actions) {
 }
 
 class Session {
-  constructor(server) {
+  constructor(server, write) {
     this.server = server;
     this.world = null;
+    this.agent = null; // in a multi-agent world: the agent joined
+    this.write = write;
+    this.queue = []; // requests not yet handled: they wait behind a step at a barrier
+    this.busy = false;
+    this.closed = false;
+  }
+
+  /** Handles requests in order; a multi-agent step holds the later ones until it is answered. */
+  take(request) {
+    this.queue.push(request);
+    this.pump();
+  }
+
+  pump() {
+    while (!this.busy && this.queue.length && !this.closed) {
+      const request = this.queue.shift();
+      let response;
+      try {
+        if (request.payload === 'step' && this.world instanceof MultiWorld) {
+          this.busy = true;
+          this.stepTogether(request.step || {});
+          continue;
+        }
+        response = this.handle(request);
+      } catch (error) {
+        this.busy = false;
+        response = errorResponse(error);
+      }
+      this.write(response);
+    }
+  }
+
+  stepTogether(body) {
+    const world = this.world;
+    const requested = this.requested(world, body);
+    // The round that starts a sequence (or answers INTERRUPTED) ignores every action.
+    const ignored = world.resetNext || world.interruptNext;
+    const move = ignored ? 0 : paddleMove(decimalKeys(body.actions));
+    world.arrive(this.agent, move, (result) => {
+      if (this.closed) return;
+      let response = result;
+      if (Array.isArray(result)) {
+        const [state, observations] = result;
+        const chosen = {};
+        for (const uid of requested) chosen[uid] = observations[uid];
+        response = { step: { state, observations: chosen } };
+      }
+      this.write(response);
+      this.busy = false;
+      this.pump();
+    });
+  }
+
+  requested(world, body) {
+    const requested = (body.requested_observations || []).map(String);
+    const known = world.specs().observations;
+    const missing = requested.filter((uid) => !(uid in known));
+    if (missing.length) throw new StatusError(CODE.INVALID_ARGUMENT, `unknown observation UIDs ${JSON.stringify(missing)}`);
+    return requested;
   }
 
   handle(request) {
@@ -249,6 +482,11 @@ class Session {
   join(body) {
     if (this.world) throw new StatusError(CODE.FAILED_PRECONDITION, `this stream already joined world '${this.world.name}'; leave it first`);
     const world = this.server.world(body.world_name);
+    if (world instanceof MultiWorld) {
+      this.agent = world.join(this, body.settings || {});
+      this.world = world;
+      return world.specs();
+    }
     checkSettings(body.settings, []);
     if (world.joinedBy) throw new StatusError(CODE.FAILED_PRECONDITION, `world '${world.name}' is joined by another stream`);
     world.joinedBy = this;
@@ -264,10 +502,7 @@ class Session {
 
   step(body) {
     const world = this.joined();
-    const requested = (body.requested_observations || []).map(String);
-    const known = world.specs().observations;
-    const missing = requested.filter((uid) => !(uid in known));
-    if (missing.length) throw new StatusError(CODE.INVALID_ARGUMENT, `unknown observation UIDs ${JSON.stringify(missing)}`);
+    const requested = this.requested(world, body);
     const actions = decimalKeys(body.actions);
     const [state, observations] = world.step(actions);
     const chosen = {};
@@ -277,21 +512,26 @@ class Session {
 
   reset(body) {
     const world = this.joined();
-    world.reseed(body.settings || {});
+    if (world instanceof MultiWorld) world.restart(body.settings || {});
+    else world.reseed(body.settings || {});
     return world.specs();
   }
 
   leave() {
-    if (this.world) this.world.joinedBy = null;
+    const world = this.world;
     this.world = null;
+    if (world instanceof MultiWorld) world.leave(this.agent);
+    else if (world) world.joinedBy = null;
+    this.agent = null;
   }
 }
 
 class Server {
-  constructor(maxWorlds) {
+  constructor(maxWorlds, agentTimeout) {
     this.worlds = new Map();
     this.made = 0;
     this.maxWorlds = maxWorlds;
+    this.agentTimeout = agentTimeout;
   }
 
   create(settings) {
@@ -299,7 +539,8 @@ class Server {
       throw new StatusError(CODE.RESOURCE_EXHAUSTED, `this server holds at most ${this.maxWorlds} worlds; destroy one first`);
     }
     const name = `world_${this.made}`;
-    const world = new World(name, settings);
+    let world = new World(name, settings);
+    if (world.numAgents > 1) world = new MultiWorld(name, settings, this.agentTimeout);
     this.made += 1;
     this.worlds.set(name, world);
     return name;
@@ -313,7 +554,7 @@ class Server {
 
   destroy(name) {
     const world = this.world(name);
-    if (world.joinedBy) throw new StatusError(CODE.FAILED_PRECONDITION, `world '${name}' is joined; leave it first`);
+    if (world.isJoined()) throw new StatusError(CODE.FAILED_PRECONDITION, `world '${name}' is joined; leave it first`);
     this.worlds.delete(name);
   }
 }
@@ -325,24 +566,18 @@ function main() {
     includeDirs: [args.protoRoot, ...args.include],
   });
   const service = grpc.loadPackageDefinition(definition).dm_env_rpc.v1.Environment.service;
-  const state = new Server(args.maxWorlds);
+  const state = new Server(args.maxWorlds, args.agentTimeout);
   const options = {};
   if (args.maxStreams > 0) options['grpc.max_concurrent_streams'] = args.maxStreams;
   const server = new grpc.Server(options);
   server.addService(service, {
     Process(call) {
-      const session = new Session(state);
-      call.on('data', (request) => {
-        let response;
-        try {
-          response = session.handle(request);
-        } catch (error) {
-          const code = error instanceof StatusError ? error.code : 13;
-          response = { error: { code, message: error.message, details: [] } };
-        }
-        call.write(response);
-      });
-      const end = () => session.leave(); // the world stays until it is destroyed
+      const session = new Session(state, (response) => call.write(response));
+      call.on('data', (request) => session.take(request));
+      const end = () => { // the world stays until it is destroyed
+        session.closed = true;
+        session.leave();
+      };
       call.on('end', () => { end(); call.end(); });
       call.on('cancelled', end);
       call.on('error', end);

@@ -48,14 +48,14 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from ... import errors, specs
+from ... import errors
 from ..._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
 from ..._proto import dm_env_rpc_pb2
 from ...batched import BatchedEnvironment
 from . import _autoreset as autoreset
-from ._spaces import AnyText, SpaceAdapter, leaf
+from ._spaces import AnyText, leaf
 from ._uneven import Uneven
-from ._vector_batch import open_batch, receive_firsts, reset_world
+from ._vector_batch import connect_arguments, open_vector, receive_firsts, reset_world
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST = 0  # dm_env.StepType.FIRST
@@ -135,16 +135,25 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
     ) -> None:
         self.autoreset_mode = autoreset.autoreset_mode(autoreset_mode)
         self.metadata = {**type(self).metadata, "autoreset_mode": self.autoreset_mode}
-        connect = {
-            "create_world_settings": create_world_settings,
-            "join_world_settings": join_world_settings,
-            "timeout": timeout,
-            **dict(connect_kwargs or {}),
-        }
-        batch, self._owned = open_batch(
-            "GymnasiumVectorEnv", batch, addresses, num_envs, requested_observations, connect
+        connect = connect_arguments(
+            create_world_settings, join_world_settings, timeout, connect_kwargs
         )
-        self._batch = batch
+        opened = open_vector(
+            "GymnasiumVectorEnv",
+            batch,
+            addresses,
+            num_envs,
+            requested_observations,
+            connect,
+            unwrap_single=unwrap_single,
+            # SAME_STEP: the batch sends a world whose step lands LAST its autoreset step at
+            # once, from its loop (``_batch.core``); a batch the caller passed gets its setting
+            # back on close.
+            autoreset=self.autoreset_mode == AutoresetMode.SAME_STEP,
+        )
+        batch = self._batch = opened.batch
+        self._owned, self._autoreset_before = opened.owned, opened.autoreset_before
+        self._observations, self._actions = opened.observations, opened.actions
         self._timeout = timeout
         self._seed_setting = seed_setting
         self._waiting = False
@@ -152,22 +161,6 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         self._partial_index = -1  # the world it raised for
         self.num_envs = len(batch)
         self._ids = list(range(self.num_envs))
-        try:
-            template = batch.envs[0]
-            wire = template._wire_specs
-            self._observations = SpaceAdapter(
-                wire.observations,
-                list(specs.flatten(template.observation_spec())),
-                "observation",
-                unwrap_single,
-            )
-            self._actions = SpaceAdapter(
-                wire.actions, list(specs.flatten(template.action_spec())), "action", unwrap_single
-            )
-        except BaseException:
-            if self._owned:
-                batch.close()
-            raise
         self.single_observation_space = self._observations.space
         self.single_action_space = self._actions.space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -183,10 +176,6 @@ class GymnasiumVectorEnv(VectorEnv[Any, Any, Any]):
         self._at_last = np.zeros(self.num_envs, bool)  # the world's latest step was LAST
         self._latest: Any = None  # the observations last returned (for reset_mask)
         self._sent: Any = None  # the SDK actions last sent (SAME_STEP's autoreset steps)
-        # SAME_STEP: the batch sends a world whose step lands LAST its autoreset step at once,
-        # from its loop (``_batch.core``); a batch the caller passed gets its setting back on close.
-        self._autoreset_before = batch._autoreset
-        batch._autoreset = self.autoreset_mode == AutoresetMode.SAME_STEP
 
     @property
     def batch(self) -> BatchedEnvironment:

@@ -1,8 +1,10 @@
 """What the vector bridges share: opening their batch, and a world's seeded reset.
 
 ``GymnasiumVectorEnv`` and SB3's ``BatchedVecEnv`` both take either a
-``BatchedEnvironment`` the caller owns or server addresses to connect to
-(``open_batch``), and both reset a world with a ResetRequest that carries its
+``BatchedEnvironment`` the caller owns or server addresses to connect to, and
+both show its worlds' observations and actions as gymnasium spaces
+(``open_vector``: the batch, whether the bridge owns it, the two sides'
+``SpaceAdapter``s, and the batch's autoreset switched to the bridge's), and both reset a world with a ResetRequest that carries its
 seed under ``seed_setting``, falling back to an unseeded reset, with a
 warning, when the server refuses that setting (``reset_world``). When a world
 ends, both take the FIRST step that starts its next sequence on the same call
@@ -11,15 +13,17 @@ ends, both take the FIRST step that starts its next sequence on the same call
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ... import errors
+from ... import errors, specs
 from ..._adaptor.stacked import BatchedTimeStep
 from ..._base import checks as _checks
 from ...batched import BatchedEnvironment
+from ._spaces import SpaceAdapter
 
 _ONE_SOURCE = "Give {owner} either a BatchedEnvironment or addresses=, not {what}."
 _NOT_A_BATCH = (
@@ -39,15 +43,57 @@ _SEED_REFUSED = (
 )
 
 
-def open_batch(
+def connect_arguments(
+    create_world_settings: Mapping[str, Any] | None,
+    join_world_settings: Mapping[str, Any] | None,
+    timeout: float | None,
+    connect_kwargs: Mapping[str, Any] | None,
+    **defaults: Any,
+) -> dict[str, Any]:
+    """A bridge's arguments for ``BatchedEnvironment.connect``: its own, its ``defaults``
+    (such as SB3's ``on_world_failure``), then the caller's ``connect_kwargs`` over both."""
+    return {
+        "create_world_settings": create_world_settings,
+        "join_world_settings": join_world_settings,
+        "timeout": timeout,
+        **defaults,
+        **dict(connect_kwargs or {}),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class VectorWorlds:
+    """A vector bridge's opened batch (``open_vector``).
+
+    Attributes:
+      batch: the worlds.
+      owned: this bridge connected them (it closes the batch; else it gives
+        the batch its ``autoreset_before`` back).
+      observations: the worlds' observations as a gymnasium space.
+      actions: the worlds' actions as a gymnasium space.
+      autoreset_before: the batch's autoreset setting before the bridge set its own.
+    """
+
+    batch: BatchedEnvironment
+    owned: bool
+    observations: SpaceAdapter
+    actions: SpaceAdapter
+    autoreset_before: bool
+
+
+def open_vector(
     owner: str,
     batch: BatchedEnvironment | None,
     addresses: Sequence[str] | str | None,
     num_envs: int | None,
     requested_observations: Sequence[str] | None,
     connect: Mapping[str, Any],
-) -> tuple[BatchedEnvironment, bool]:
-    """The bridge's batch: ``batch`` checked, or one connected to ``addresses``.
+    *,
+    unwrap_single: bool,
+    autoreset: bool,
+) -> VectorWorlds:
+    """A vector bridge's batch (``batch`` checked, or one connected to ``addresses``) with its
+    spaces, and the batch's autoreset set.
 
     Args:
       owner: the bridge's class name, for the messages.
@@ -55,15 +101,22 @@ def open_batch(
       addresses: server addresses to connect to instead, or None.
       num_envs: how many worlds (checked against ``batch``).
       requested_observations: with ``addresses`` only.
-      connect: more arguments for ``BatchedEnvironment.connect``.
+      connect: the arguments for ``BatchedEnvironment.connect``.
+      unwrap_single: a side of one tensor is that tensor's space, not a ``Dict``.
+      autoreset: the batch's autoreset while the bridge has it (its loop sends a
+        world whose step lands LAST its next step at once).
 
     Returns:
-      ``(batch, owned)``: owned when this call connected it (the bridge closes it).
+      The opened worlds. Nothing is left open, and the batch is unchanged, when
+      this raises.
 
     Raises:
       ArgumentTypeError: ``batch`` is not a BatchedEnvironment (the message shows ``addresses=``).
       ArgumentValueError: neither or both of ``batch`` and ``addresses``, ``num_envs``
-        other than the batch's size, or ``requested_observations`` with ``batch``.
+        other than the batch's size, ``requested_observations`` with ``batch``, or a bad
+        ``connect`` argument.
+      SpecError: a tensor has no gymnasium space (the message says how to leave it out).
+      WorldError: a world could not be created or joined.
     """
     if batch is not None and not isinstance(batch, BatchedEnvironment):
         example = [batch] if isinstance(batch, str) else batch
@@ -80,15 +133,34 @@ def open_batch(
             raise errors.ArgumentValueError(_NUM_ENVS.format(num_envs=num_envs, count=len(batch)))
         if requested_observations is not None:
             raise errors.ArgumentValueError(_REQUESTED_WITH_BATCH)
-        return batch, False
-    assert addresses is not None
-    opened = BatchedEnvironment.connect(
-        [addresses] if isinstance(addresses, str) else list(addresses),
-        num_envs,
-        requested_observations=requested_observations,
-        **connect,
-    )
-    return opened, True
+        opened, owned = batch, False
+    else:
+        assert addresses is not None
+        opened = BatchedEnvironment.connect(
+            [addresses] if isinstance(addresses, str) else list(addresses),
+            num_envs,
+            requested_observations=requested_observations,
+            **connect,
+        )
+        owned = True
+    try:
+        template = opened.envs[0]
+        wire = template._wire_specs
+        observations = SpaceAdapter(
+            wire.observations,
+            list(specs.flatten(template.observation_spec())),
+            "observation",
+            unwrap_single,
+        )
+        actions = SpaceAdapter(
+            wire.actions, list(specs.flatten(template.action_spec())), "action", unwrap_single
+        )
+    except BaseException:
+        if owned:
+            opened.close()
+        raise
+    before, opened._autoreset = opened._autoreset, autoreset
+    return VectorWorlds(opened, owned, observations, actions, before)
 
 
 def refused_setting(exc: errors.InvalidArgumentError, name: str | None) -> bool:

@@ -29,8 +29,6 @@ agent's step written at once, so a lockstep or turns server never deadlocks).
   (``discrete_actions=False`` keeps the ``Box``).
 - ``reset(seed=s)`` sends ResetWorldRequest with ``{seed_setting: s}``: the world
   replays the same episodes for the same seed (PettingZoo's ``parallel_seed_test``);
-  with no episode running (the first reset, or after one ended) every agent is
-  reset first, so the ResetWorld always interrupts a running sequence;
   ``reset()`` resets every agent and goes on with the world's own stream.
 - Pickling (SuperSuit's ``concat_vec_envs_v1`` copies envs with cloudpickle):
   a copy holds the settings and spaces, not the connections, and makes a world
@@ -161,7 +159,6 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         self._discrete = discrete_actions
         self._world: MultiAgentWorld | None = None
         self._closed = False
-        self._running = False  # the world's agents are in a sequence (a step since reset)
         world = self._open()
         self._by_agent = {
             name: _Agent(world.batch.envs[index], discrete_actions)
@@ -212,13 +209,7 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         settings = dict((options or {}).get("reset_world_settings", {}))
         if seed is not None:
             settings[self._seed_setting] = int(seed)
-        if settings and not self._running:
-            # ResetWorld interrupts a running sequence; with none running, some servers (the
-            # reference-package one in tests/) still answer the next step INTERRUPTED, which
-            # no step type describes. Start one first, so every server sees the same thing.
-            world.reset()
         steps = world.reset_world(settings) if settings else world.reset()
-        self._running = True
         self.agents = list(self.possible_agents)
         return self._observations(steps), {name: {} for name in self.agents}
 
@@ -266,7 +257,6 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         truncations = {name: ended[name] and not terminations[name] for name in live}
         infos: dict[str, dict[str, Any]] = {name: {} for name in live}
         self.agents = [name for name in live if not ended[name]]
-        self._running = not all(step.last() for step in steps.values())
         return observations, rewards, terminations, truncations, infos
 
     def render(self) -> None:
@@ -286,7 +276,6 @@ class ParallelEnv(pettingzoo.ParallelEnv):  # type: ignore[misc]
         state = dict(self.__dict__)
         state["_world"] = None
         state["_closed"] = False
-        state["_running"] = False
         state["agents"] = []
         return state
 

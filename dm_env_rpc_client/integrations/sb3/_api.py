@@ -77,8 +77,14 @@ from ..._proto import dm_env_rpc_pb2
 from ...batched import BatchedEnvironment
 from ...environment import DmEnvAdaptor
 from ..gymnasium._discrete_actions import DISCRETE_LIMIT, ActionMap
-from ..gymnasium._spaces import AnyText, SpaceAdapter, leaf
-from ..gymnasium._vector_batch import open_batch, receive_firsts, reset_world
+from ..gymnasium._spaces import AnyText, leaf
+from ..gymnasium._vector_batch import (
+    VectorWorlds,
+    connect_arguments,
+    open_vector,
+    receive_firsts,
+    reset_world,
+)
 
 State = dm_env_rpc_pb2.EnvironmentStateType
 _FIRST, _LAST = 0, 2  # dm_env.StepType
@@ -180,23 +186,30 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
     ) -> None:
         if render_mode not in (None, "rgb_array"):
             raise ValueError(_RENDER_MODE.format(mode=render_mode))
-        connect = {
-            "create_world_settings": create_world_settings,
-            "join_world_settings": join_world_settings,
-            "timeout": timeout,
-            "on_world_failure": on_world_failure,
-            **dict(connect_kwargs or {}),
-        }
-        self._closed = True  # until there is a batch
-        batch, self._owned = open_batch(
-            "BatchedVecEnv", batch, addresses, num_envs, requested_observations, connect
+        connect = connect_arguments(
+            create_world_settings,
+            join_world_settings,
+            timeout,
+            connect_kwargs,
+            on_world_failure=on_world_failure,
         )
-        self._batch = batch
-        self._closed = False
+        self._closed = True  # until there is a batch
         # SB3's autoreset: the batch's loop sends an ended world its next step at once.
-        self._autoreset_before, batch._autoreset = batch._autoreset, True
+        opened = open_vector(
+            "BatchedVecEnv",
+            batch,
+            addresses,
+            num_envs,
+            requested_observations,
+            connect,
+            unwrap_single=True,
+            autoreset=True,
+        )
+        self._batch, self._owned = opened.batch, opened.owned
+        self._autoreset_before = opened.autoreset_before
+        self._closed = False
         try:
-            self._setup(batch, discrete_actions, render_mode)
+            self._setup(opened, discrete_actions, render_mode)
         except BaseException:
             self.close()
             raise
@@ -208,14 +221,8 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
         self._worlds = [RemoteWorld(self, index, render_mode) for index in self._ids]
         super().__init__(len(self._ids), self._obs_adapter.space, self._action_map.space)
 
-    def _setup(self, batch: BatchedEnvironment, discrete: bool, render_mode: str | None) -> None:
-        template = batch.envs[0]
-        wire = template._wire_specs
-        names = list(specs.flatten(template.observation_spec()))
-        self._obs_adapter = SpaceAdapter(wire.observations, names, "observation", True)
-        actions = SpaceAdapter(
-            wire.actions, list(specs.flatten(template.action_spec())), "action", True
-        )
+    def _setup(self, opened: VectorWorlds, discrete: bool, render_mode: str | None) -> None:
+        self._obs_adapter, actions = opened.observations, opened.actions
         if actions.single is None:
             raise errors.SpecError(
                 _ONE_ACTION.format(count=len(actions.names), names=", ".join(actions.names))
@@ -223,7 +230,7 @@ class BatchedVecEnv(VecEnv):  # type: ignore[misc]
         for name in self._obs_adapter.names:
             if isinstance(leaf(self._obs_adapter.dict_space, name), AnyText):
                 raise errors.SpecError(_TEXT.format(name=name))
-        self._ids = list(range(len(batch)))
+        self._ids = list(range(len(opened.batch)))
         self._action_name = actions.single
         count = len(self._ids)
         self._action_map = ActionMap(actions.space, count, discrete)
