@@ -16,6 +16,10 @@ After one warm-up iteration it times ``--iters`` iterations: **env steps/s** is 
 the learner got over their wall time, **learner steps/s** the env steps it trained on over the
 same time (on-policy PPO trains on what it samples, so the two are close; they differ when an
 iteration samples more than it trains). The ratio is (a) over (b) at the same world count.
+**CPU µs per env step** is the CPU time of this process and all its descendants (the learner,
+Ray's processes and EnvRunner, the Catch server, the client) over the timed iterations, per
+env step the learner got: on 2 cores, what a route costs in all decides its speed as much as
+its waits. The client's own CPU per step is its summary's (``cpu_us_per_step``).
 
 Numbers on a shared 2-core machine are noisy (the client, the server, the EnvRunner and the
 learner share the cores, and other work runs beside them): read the ratios, taken in one run.
@@ -38,7 +42,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopba
 import gymnasium
 import numpy as np
 import ray
-from _common import print_table
+from _lib.common import print_table
 
 from dm_env_rpc_client.integrations import ray as rayi
 from dm_env_rpc_client.server._subprocess import server_subprocess
@@ -68,9 +72,35 @@ def _ppo(batch: int) -> Any:
     )
 
 
-def _timed(algo: Any, iters: int) -> tuple[float, float]:
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and every live descendant, with what each
+    has collected from its children that ended (``/proc/<pid>/stat``)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(v) for v in fields[11:15]) / tick
+    tree, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += [child for child, parent in parents.items() if parent == pid]
+    return sum(times.get(pid, 0.0) for pid in tree)
+
+
+def _timed(algo: Any, iters: int) -> tuple[float, float, float]:
+    """Env steps/s, learner steps/s, and CPU µs per env step of the whole process tree."""
     algo.train()  # warm-up: connections, first weights
     sampled = trained = 0.0
+    cpu = tree_cpu_seconds()
     started = time.perf_counter()
     for _ in range(iters):
         result = algo.train()
@@ -80,11 +110,16 @@ def _timed(algo: Any, iters: int) -> tuple[float, float]:
             "num_env_steps_trained", result["env_runners"]["num_env_steps_sampled"]
         )
     elapsed = time.perf_counter() - started
-    return sampled / elapsed, trained / elapsed
+    cpu = tree_cpu_seconds() - cpu
+    return sampled / elapsed, trained / elapsed, 1e6 * cpu / max(sampled, 1.0)
 
 
-def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[float, float, float]:
-    """(a): env steps/s, learner steps/s, and the client's own steps/s."""
+def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[Any, ...]:
+    """(a): env steps/s, learner steps/s, CPU µs/env step (all), client steps/s and CPU µs/step,
+    and the client's seconds stepping / shipping / waiting for weights.
+
+    The client runs until SIGTERMed after the timed iterations (so it is measured while alive).
+    """
     from ray.rllib.env.external.env_runner_server_for_external_inference import (
         EnvRunnerServerForExternalInference,
     )
@@ -105,23 +140,28 @@ def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[float, fl
     algo = config.build_algo()
     command = [sys.executable, "-m", "dm_env_rpc_client", "run", "--address", address]
     command += ["--num-envs", str(worlds), "--rllib-server", f"127.0.0.1:{port}", "--json"]
-    command += ["--rllib-rounds", str(iters + 1)]
     with tempfile.TemporaryFile("w+") as out:
         client = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, text=True)
         try:
-            sampled, trained = _timed(algo, iters)
-            client.wait(timeout=120)
+            sampled, trained, cpu = _timed(algo, iters)
+            client.terminate()  # SIGTERM: the summary, then exit 143
+            client.wait(timeout=60)
         finally:
             if client.poll() is None:
                 client.kill()
             algo.stop()
         out.seek(0)
         summary = json.loads(out.read() or "{}")
-    return sampled, trained, float(summary.get("steps_per_second") or 0.0)
+    own = float(summary.get("steps_per_second") or 0.0)
+    split = " / ".join(
+        f"{summary.get(key) or 0.0:.1f}"
+        for key in ("stepping_seconds", "shipping_seconds", "learner_seconds")
+    )
+    return sampled, trained, cpu, own, float(summary.get("cpu_us_per_step") or 0.0), split
 
 
-def bridge(address: str, worlds: int, batch: int, iters: int) -> tuple[float, float]:
-    """(b): env steps/s and learner steps/s with EnvRunners over the Gymnasium bridge."""
+def bridge(address: str, worlds: int, batch: int, iters: int) -> tuple[float, float, float]:
+    """(b): env steps/s, learner steps/s and CPU µs/env step (all) over the Gymnasium bridge."""
     from ray.rllib.connectors.env_to_module import FlattenObservations
 
     env_config = rayi.rllib_env_config(
@@ -156,9 +196,16 @@ def main() -> None:
     rows = []
     with server_subprocess("catch", max_workers=2 * max(args.worlds) + 16) as server:
         for worlds in args.worlds:
-            a_env, a_learn, client = rllink(server.address, worlds, args.batch, args.iters)
-            b_env, b_learn = bridge(server.address, worlds, args.batch, args.iters)
-            rows.append([worlds, a_env, a_learn, client, b_env, b_learn, f"{a_env / b_env:.2f}x"])
+            a_env, a_learn, a_cpu, client, client_cpu, split = rllink(
+                server.address, worlds, args.batch, args.iters
+            )
+            b_env, b_learn, b_cpu = bridge(server.address, worlds, args.batch, args.iters)
+            rows.append(
+                [
+                    *(worlds, a_env, a_learn, client, b_env, b_learn, f"{a_env / b_env:.2f}x"),
+                    *(a_cpu, client_cpu, b_cpu, f"{a_cpu / b_cpu:.2f}x", split),
+                ]
+            )
             print(rows[-1], file=sys.stderr, flush=True)
     print_table(
         f"PPO on Catch, one EnvRunner, train batch {args.batch}, {args.iters} iterations timed",
@@ -170,6 +217,11 @@ def main() -> None:
             "(b) bridge env steps/s",
             "(b) learner steps/s",
             "(a)/(b) env steps/s",
+            "(a) CPU µs/env step, all",
+            "(a) client CPU µs/step",
+            "(b) CPU µs/env step, all",
+            "(a)/(b) CPU",
+            "(a) client s: stepping / shipping / waiting for weights",
         ],
         rows,
     )

@@ -8,8 +8,8 @@
         stats = dmr.collect(batch, steps=2_000, seed=1)
     stats.steps, stats.episodes, stats.returns
 
-This is the command line's ``run`` as a Python call (the Ray shards and the
-benchmarks use it too), with the same guarantees (``_stepping.loop``):
+This is the command line's ``run`` as a Python call (the Ray shards, the RLlink
+client and the benchmarks use it too), with the same guarantees (``_stepping.loop``):
 
 - **Random actions** (``policy=None``, the default) are reproducible: world
   ``i`` takes exactly its share of the steps and draws its actions from a
@@ -19,6 +19,13 @@ benchmarks use it too), with the same guarantees (``_stepping.loop``):
   each batch of steps received (a ``BatchedTimeStep`` of the worlds that just
   finished a step) and returns their actions, stacked like
   ``BatchedEnvironment.step`` takes them. One step is in flight per world.
+- ``steps``: a total, or one count per world (``steps[i]`` for world ``i``,
+  exactly, with a policy too). With a policy, a world whose count is spent
+  keeps its last step unanswered; ``stats.waiting`` holds those steps.
+- ``resume=stats``: go on where an earlier run of this batch stopped, in rounds
+  (collect, train, collect again): no reset; the policy acts first on
+  ``stats.waiting``; steps left in flight (a stopped run) are received;
+  an episode that spans the runs counts once, whole, in the run it ends in.
 - ``record``: a ``Recording`` that gets every step (the caller closes it).
 - ``progress``: ``True`` shows a tqdm bar; a callable is called with the
   number of steps of each batch received (``bar.update`` fits).
@@ -60,11 +67,25 @@ _PROGRESS = "progress is None, True (a tqdm bar) or a callable taking a step cou
 _RECORD = "record is a dmr.Recording (or has its add_batch and truncate) or None, not {kind}."
 _STOP = "stop is a threading.Event or None, not {kind}."
 _OBSERVER = "observers[{index}] has no on_steps and on_event (see dmr.RunObserver): {kind}."
+_STEPS_PER_WORLD = (
+    "steps has {given} counts for a batch of {worlds} worlds: give one count per world "
+    "(batch.envs), or one total."
+)
+_RESUME = (
+    "resume is the RunStats of an earlier collect() on this batch of {worlds} worlds, not {kind}."
+)
+_MULTIAGENT_ROUNDS = (
+    "A multi-agent batch steps whole worlds: give collect() one total of steps and no resume= "
+    "(per-world counts and resuming are for single-agent batches)."
+)
+_RESUME_KIND = (
+    "resume= goes on from a run {then}, and this one is {now}: resume a run of the same kind."
+)
 
 
 def collect(
     batch: BatchedEnvironment,
-    steps: int = 10_000,
+    steps: int | Sequence[int] = 10_000,
     *,
     policy: Callable[[BatchedTimeStep], Mapping[str, Any]] | None = None,
     seed: int = 0,
@@ -74,13 +95,14 @@ def collect(
     stop: threading.Event | None = None,
     observers: Sequence[RunObserver] = (),
     pipeline: int | None = None,
+    resume: RunStats | None = None,
 ) -> RunStats:
     """Steps every world of ``batch`` until ``steps`` steps came back; see the module docs.
 
     Args:
       batch: the worlds (``dmr.BatchedEnvironment.connect``).
       steps: total steps over all worlds (with a policy, the opening reset's FIRST
-        steps not counted).
+        steps not counted), or a sequence of each world's count.
       policy: ``policy(timestep) -> actions`` for the worlds of ``timestep.env_ids``;
         None (the default) for random actions.
       seed: with random actions, world ``i`` draws its actions from a generator
@@ -96,6 +118,8 @@ def collect(
         run's events, on this thread.
       pipeline: steps in flight per world with random actions (default
         ``DEFAULT_PIPELINE``); 1 with a policy.
+      resume: the ``RunStats`` of an earlier run of this batch, of the same kind
+        (random actions or a policy), to go on from (see the module docs).
 
     Returns:
       What the run did: steps, episodes, returns, latencies, restarts, worlds lost.
@@ -107,7 +131,17 @@ def collect(
     """
     if not isinstance(batch, BatchedEnvironment):
         raise errors.ArgumentTypeError(_NOT_A_BATCH.format(kind=_checks.kind(batch)))
-    _checks.check_count(steps, "steps", low=0)
+    count = len(batch.envs)
+    if getattr(batch, "num_agents", 1) > 1 and (
+        resume is not None or (isinstance(steps, Sequence) and not isinstance(steps, str))
+    ):
+        raise errors.ArgumentValueError(_MULTIAGENT_ROUNDS)
+    if isinstance(steps, Sequence) and not isinstance(steps, str):
+        if len(steps) != count:
+            raise errors.ArgumentValueError(_STEPS_PER_WORLD.format(given=len(steps), worlds=count))
+        steps = [_checks.check_count(n, f"steps[{i}]", low=0) for i, n in enumerate(steps)]
+    else:
+        steps = _checks.check_count(steps, "steps", low=0)
     _checks.check_count(seed, "seed", low=-(2**63))
     seconds = _checks.check_seconds(timeout, allow_none=False)
     assert seconds is not None
@@ -122,6 +156,15 @@ def collect(
         raise errors.ArgumentTypeError(_RECORD.format(kind=_checks.kind(record)))
     if stop is not None and not isinstance(stop, threading.Event):
         raise errors.ArgumentTypeError(_STOP.format(kind=_checks.kind(stop)))
+    if resume is not None:
+        carry = resume.carry if isinstance(resume, RunStats) else None
+        if carry is None or len(carry.in_episode) != count:
+            raise errors.ArgumentTypeError(_RESUME.format(worlds=count, kind=_checks.kind(resume)))
+        if carry.policy != (policy is not None):
+            kinds = ("with random actions", "with a policy")
+            raise errors.ArgumentValueError(
+                _RESUME_KIND.format(then=kinds[carry.policy], now=kinds[policy is not None])
+            )
     for index, observer in enumerate(observers):
         if not (hasattr(observer, "on_steps") and hasattr(observer, "on_event")):
             raise errors.ArgumentTypeError(
@@ -153,6 +196,7 @@ def collect(
             stop=stop,
             progress=update,
             observers=tuple(observers),
+            resume=resume,
         )
     finally:
         if bar is not None:

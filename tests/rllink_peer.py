@@ -9,7 +9,12 @@ to ``EPISODES``; it keeps every episode it receives. It misbehaves on purpose:
 - ``drop_after=N``: after taking the N-th batch of episodes it hangs up instead
   of answering (then listens again);
 - ``gone_after=N``: after answering the N-th batch it hangs up and stops listening;
-- ``weights``: the weights it sends (default those of the config's module).
+- ``stall_after=N``: once it has answered the config and taken N batches, it
+  neither reads nor answers any more, the connection kept open (a learner that
+  stopped: a client waits for its weights, or fills the socket with episodes
+  it does not read; its receive buffer is kept small so that this comes soon);
+- ``weights``: the weights it sends (default those of the config's module; an
+  off-policy client asks for none, so ``{}`` spares building a module and torch).
 
 No RLlib training runs: it is the learner's side of the socket only.
 """
@@ -17,8 +22,11 @@ No RLlib training runs: it is the learner's side of the socket only.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import pickle
 import socket
+import struct
+import termios
 import threading
 from typing import Any
 
@@ -37,6 +45,7 @@ class FakeLearner:
         weights: Any = None,
         drop_after: int | None = None,
         gone_after: int | None = None,
+        stall_after: int | None = None,
     ) -> None:
         self.config = config
         self.weights = (
@@ -44,12 +53,15 @@ class FakeLearner:
             if weights is not None
             else config.get_rl_module_spec(inference_only=True).build().get_state()
         )
-        self.drop_after, self.gone_after = drop_after, gone_after
+        self.drop_after, self.gone_after, self.stall_after = drop_after, gone_after, stall_after
         self.episodes: list[SingleAgentEpisode] = []
         self.batches = 0
         self.connections = 0
+        self.stalled: socket.socket | None = None  # the connection it stopped reading
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if stall_after is not None:  # (accepted sockets inherit it)
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(1)
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
@@ -70,8 +82,20 @@ class FakeLearner:
                 except ConnectionError:
                     continue
 
+    def unread_bytes(self) -> int:
+        """Bytes the client sent that the stalled connection did not read (0 if none)."""
+        if self.stalled is None:
+            return 0
+        waiting = fcntl.ioctl(self.stalled.fileno(), termios.FIONREAD, b"\0" * 4)
+        return int(struct.unpack("i", waiting)[0])
+
     def _talk(self, client: socket.socket) -> None:
+        configured = False
         while True:
+            if configured and self.stall_after is not None and self.batches >= self.stall_after:
+                self.stalled = client
+                self._closed.wait()
+                return
             kind, body = get_rllink_message(client)
             if kind.name == "PING":
                 send_rllink_message(client, {"type": "PONG"})
@@ -79,6 +103,7 @@ class FakeLearner:
                 send_rllink_message(
                     client, {"type": "SET_CONFIG", "config": pickle.dumps(self.config)}
                 )
+                configured = True
             elif kind.name == "GET_STATE":
                 self._state(client)
             elif kind.name in ("EPISODES", "EPISODES_AND_GET_STATE"):
@@ -86,6 +111,8 @@ class FakeLearner:
                 self.batches += 1
                 if self.batches == self.drop_after:
                     return  # hangs up with the episodes taken, unanswered
+                if self.batches == self.stall_after:
+                    continue  # takes them and says nothing more
                 if kind.name == "EPISODES_AND_GET_STATE":
                     self._state(client)
                 if self.batches == self.gone_after:

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import collections
 import json
+import pathlib
+import signal
 import socket
+import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,6 +39,9 @@ from dm_env_rpc_client.integrations.ray._rllink_spaces import SpaceBridge  # noq
 BOARD = gymnasium.spaces.Box(0.0, 1.0, (50,), np.float32)  # Catch's 10 x 5 board, flattened
 MOVES = gymnasium.spaces.Discrete(3)  # Catch's paddle move -1, 0, 1 as 0, 1, 2
 CLI = [sys.executable, "-m", "dm_env_rpc_client"]
+# Seconds a SIGTERMed client may take to print its summary and exit. Not a speed target: a
+# client that does not look at its stop event waits 30 to 600 s here (or for ever).
+SIGTERM_BOUND = 20.0
 
 
 def ppo_config(observation_space: Any = BOARD, action_space: Any = MOVES, batch: int = 64) -> Any:
@@ -269,3 +276,138 @@ def test_the_cli_refuses_a_bad_policy_flag(catch: Any) -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "MODULE:FUNCTION" in done.stderr
+
+
+def _sigterm(
+    tmp_path: pathlib.Path, arguments: list[str], phase: Callable[[str], bool]
+) -> dict[str, Any]:
+    """Starts the CLI client, SIGTERMs it once ``phase(its stderr)`` holds; its summary.
+
+    The client prints its progress notes (so no ``--json``): the summary is its table, read
+    back into ``RLlinkStats.summary()``'s keys. Fails if the client does not exit with 143
+    within ``SIGTERM_BOUND`` seconds, or printed no summary.
+    """
+    out, err = tmp_path / "client.out", tmp_path / "client.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen([*CLI, "run", *arguments], stdout=stdout, stderr=stderr)
+    try:
+        assert wait_for(lambda: phase(err.read_text()) or process.poll() is not None, 90)
+        assert process.poll() is None, err.read_text()
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(timeout=SIGTERM_BOUND)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"no exit {SIGTERM_BOUND} s after SIGTERM; it said: {err.read_text()}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+    assert code == 143, err.read_text()
+    table = {line[:16].strip(): line[16:].strip() for line in out.read_text().splitlines()}
+    summary: dict[str, Any] = {key: table.get(label) for label, key in _TABLE.items()}
+    assert summary["stop_reason"] == "stopped", (table, err.read_text())
+    for key in ("steps", "rounds", "steps_shipped", "unshipped_steps", "unconfirmed_steps"):
+        summary[key] = int(summary[key])
+    return summary
+
+
+# The summary table's labels (_rllink_cli.print_rllink_summary) and RLlinkStats' names.
+_TABLE = {
+    "acted by": "behavior",
+    "steps": "steps",
+    "rounds shipped": "rounds",
+    "steps shipped": "steps_shipped",
+    "unshipped": "unshipped_steps",
+    "unconfirmed": "unconfirmed_steps",
+    "weight updates": "weight_updates",
+    "ended": "stop_reason",
+}
+
+
+def _client_flags(catch: Any, learner: str, *extra: str, worlds: int = 4) -> list[str]:
+    return [
+        *("--address", catch.address, "--num-envs", str(worlds), "--seed", "0"),
+        *("--rllib-server", learner, "--rllib-wait", "600", "--rllib-learner-timeout", "600"),
+        *extra,
+    ]
+
+
+def test_sigterm_while_connecting_ends_the_client_with_its_summary(
+    catch: Any, tmp_path: pathlib.Path
+) -> None:
+    nobody = f"127.0.0.1:{_free_port()}"
+    summary = _sigterm(
+        tmp_path,
+        _client_flags(catch, nobody, "--rllib-policy", "random"),
+        lambda said: "waiting for the RLlib learner" in said,
+    )
+    assert summary["steps"] == 0 and summary["rounds"] == 0
+
+
+def test_sigterm_while_stepping_ends_the_client_with_its_summary(
+    catch: Any, tmp_path: pathlib.Path
+) -> None:
+    """The off-policy client whose learner keeps taking episodes (the DQN test's hang: it
+    looked at its stop event only when no step came back for a quarter of a second)."""
+    learner = FakeLearner(ppo_config(), weights={})
+    try:
+        summary = _sigterm(
+            tmp_path,
+            _client_flags(catch, learner.address, "--rllib-policy", "random", worlds=16),
+            lambda _: learner.batches >= 3,
+        )
+        got = lambda: sum(len(e) for e in learner.episodes)  # noqa: E731
+        assert wait_for(lambda: got() == summary["steps_shipped"])
+    finally:
+        learner.close()
+    assert summary["rounds"] >= 3 and summary["behavior"] == "external"
+    assert summary["steps"] == summary["steps_shipped"] + summary["unshipped_steps"]
+
+
+def test_sigterm_while_shipping_to_a_learner_that_stopped_reading(
+    catch: Any, tmp_path: pathlib.Path
+) -> None:
+    """The learner takes the config, then reads nothing: the first batch of episodes (about
+    10 MB of 100 x 100 boards) fills the socket and the client's send waits."""
+    board = gymnasium.spaces.Box(0.0, 1.0, (100 * 100,), np.float32)
+    learner = FakeLearner(ppo_config(observation_space=board, batch=256), weights={}, stall_after=0)
+    flags = ["--rllib-policy", "random", "--create-setting", "rows=100"]
+    try:
+        summary = _sigterm(
+            tmp_path,
+            _client_flags(catch, learner.address, *flags, "--create-setting", "columns=100"),
+            lambda _: learner.unread_bytes() > 0,
+        )
+    finally:
+        learner.close()
+    assert summary["steps_shipped"] == 0 and summary["rounds"] == 0
+    assert summary["unshipped_steps"] == summary["steps"] >= 256
+
+
+def test_sigterm_while_waiting_for_a_learner_gone_ends_the_client(
+    catch: Any, tmp_path: pathlib.Path
+) -> None:
+    learner = FakeLearner(ppo_config(), weights={}, gone_after=1)
+    summary = _sigterm(
+        tmp_path,
+        _client_flags(catch, learner.address, "--rllib-policy", "random"),
+        lambda said: "reconnecting" in said and said.count("waiting for the RLlib learner") >= 1,
+    )
+    assert summary["rounds"] == 1  # and not learner_gone: it was stopped while waiting
+    assert summary["steps_shipped"] == sum(len(e) for e in learner.episodes) > 0
+
+
+@pytest.mark.training
+def test_sigterm_while_waiting_for_weights_ends_the_client_with_its_summary(
+    catch: Any, tmp_path: pathlib.Path
+) -> None:
+    """On-policy: the learner took the first batch and never sends the weights."""
+    learner = FakeLearner(ppo_config(), stall_after=1)
+    try:
+        summary = _sigterm(
+            tmp_path, _client_flags(catch, learner.address), lambda _: learner.batches == 1
+        )
+    finally:
+        learner.close()
+    assert summary["rounds"] == 0 and summary["weight_updates"] == "0"
+    assert summary["unconfirmed_steps"] == sum(len(e) for e in learner.episodes) >= 64

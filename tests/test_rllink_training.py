@@ -174,15 +174,19 @@ def test_a_killed_client_leaves_the_learner_for_the_next_one(
             os.kill(first.pid, signal.SIGKILL)
             assert wait_for(lambda: process_gone(first.pid) or first.poll() is not None, 30)
         with client(
-            tmp_path, worlds, port, "--num-envs", "8", "--rllib-rounds", "2", name="second"
+            tmp_path, worlds, port, "--num-envs", "8", "--rllib-rounds", "1", name="second"
         ) as second:
-            after = [algo.train() for _ in range(2)]
+            # If the first client shipped its next round just before the kill, the learner's
+            # first train() takes those episodes and the second client waits for one more.
+            after = [algo.train()]
+            while len(after) < 3 and not wait_for(lambda: second.poll() is not None, 30):
+                after.append(algo.train())
             summary = _summary(tmp_path, second, "second")
     finally:
         algo.stop()
     for result in before + after:
         assert result["env_runners"]["num_env_steps_sampled"] >= 256
-    assert summary["rounds"] == 2 and summary["weight_updates"] == 2
+    assert summary["rounds"] == 1 and summary["weight_updates"] == 1
 
 
 def _greedy_return(module: Any, address: str, worlds: int = 64) -> float:
@@ -204,21 +208,16 @@ def _greedy_return(module: Any, address: str, worlds: int = 64) -> float:
     return float(total.mean())
 
 
-@pytest.mark.xfail(
-    reason=(
-        "open (issue 39): after the merge onto the shared stepping loop, the off-policy client "
-        "(--rllib-policy random) did not exit within 60 s of SIGTERM once the learner stopped "
-        "training (2026-11-27); the on-policy PPO clients stop as they should"
-    ),
-    strict=False,
-)
 def test_dqn_trains_on_random_policy_episodes(
     local_ray: None, server_process: Any, tmp_path: pathlib.Path
 ) -> None:
     """Off-policy data as ``log_action`` gave it: the client acts at random (``--rllib-policy
     random``), ships EPISODES marked ``external``, and DQN fills its replay buffer with them
-    and trains on them. (That its greedy policy then beats random is not asserted: within
-    this tier's time budget it did not, here, either fed this way or over the bridge.)"""
+    and trains on them. (That its greedy policy then beats random is not asserted. This
+    config makes 2 gradient updates per iteration, 16 in all: DQN's calculate_rr_weights gives
+    training_intensity / (64 / (1 * 2)) = 2 with a train batch of 128 and one remote runner.
+    100 updates per iteration over 30 iterations ran past 14 minutes on the loaded 2-core
+    machine, beyond this tier's budget.)"""
     from ray.rllib.algorithms.dqn import DQNConfig
 
     port, worlds = _runner_port(), server_process("catch").address

@@ -167,3 +167,68 @@ def test_steps_in_flight_to_a_dead_server_are_made_up(server_process: Any) -> No
     assert len(stats.restarts) == 2 and stats.worlds_lost == 0
     assert dropped > 0, batch.failures  # steps were in flight to the dead server
     assert stats.steps == 2000 == sum(len(b.env_ids) for b in watcher.batches)
+
+
+def _taken(batches: list[dmr.BatchedTimeStep], worlds: int) -> list[int]:
+    """Steps received per world in ``batches``."""
+    ids = [b.env_ids for b in batches]
+    return np.bincount(np.concatenate(ids), minlength=worlds).tolist() if ids else [0] * worlds
+
+
+def test_each_world_takes_its_count_and_resume_goes_on_without_a_reset(
+    catch_server: Server,
+) -> None:
+    """Rounds (collect, do something, collect again): per-world counts, ``stats.waiting``
+    (each world's last step, unanswered), ``resume=`` acting on them with no reset."""
+    first, second, acted = Watcher(), Watcher(), []
+
+    def policy(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
+        acted.append(timestep.env_ids.tolist())
+        return towards_ball(timestep)
+
+    with dmr.BatchedEnvironment.connect([catch_server.address], 4, seed=0) as batch:
+        stats = dmr.collect(batch, [5, 0, 12, 3], policy=policy, observers=[first])
+        assert first.batches[0].step_type.tolist() == [0] * 4  # the reset
+        assert stats.steps == 20 and _taken(first.batches[1:], 4) == [5, 0, 12, 3]
+        assert stats.waiting is not None and sorted(stats.waiting.env_ids.tolist()) == [0, 1, 2, 3]
+        # The waiting steps are each world's latest: world 1's is its reset's FIRST step.
+        waiting = dict(zip(stats.waiting.env_ids.tolist(), stats.waiting.step_type, strict=True))
+        assert waiting[1] == 0 and waiting[0] == 1
+        acted.clear()
+        again = dmr.collect(batch, [4, 1, 7, 0], policy=policy, observers=[second], resume=stats)
+    # No reset: the policy acted on the waiting steps first; world 1's next step is a MID one.
+    assert sorted(acted[0]) == [0, 1, 2] and second.batches[0].step_type.min() >= 1
+    assert again.steps == 12 and _taken(second.batches, 4) == [4, 1, 7, 0]
+    # World 0 (5 + 4 steps) and world 2 (12 + 7: its second episode) finish an episode each.
+    assert again.episodes == 2 and again.returns == [1.0, 1.0]
+    assert again.waiting is not None and sorted(again.waiting.env_ids.tolist()) == [0, 1, 2, 3]
+
+
+def test_an_episode_that_spans_two_runs_counts_once_in_the_run_it_ends_in(
+    catch_server: Server,
+) -> None:
+    """Random actions: the 10-step episode (FIRST and 9 more) of each world is cut 5 + 5
+    between two runs; the second counts it, whole, because it resumes the first."""
+    with dmr.BatchedEnvironment.connect([catch_server.address], 2, seed=3) as batch:
+        stats = dmr.collect(batch, [5, 5], seed=3, pipeline=1)
+        assert stats.episodes == 0 and stats.unfinished == 2 and stats.waiting is None
+        again = dmr.collect(batch, [5, 5], seed=3, pipeline=1, resume=stats)
+    assert again.episodes == 2 and len(again.returns) == 2 and again.unfinished == 0
+
+
+def test_per_world_counts_and_resume_that_cannot_work_are_named(catch_server: Server) -> None:
+    with dmr.BatchedEnvironment.connect([catch_server.address], 2) as batch:
+        with pytest.raises(dmr.ArgumentValueError, match=r"steps has 3 counts .* 2 worlds"):
+            dmr.collect(batch, [1, 2, 3])
+        with pytest.raises(dmr.ArgumentValueError, match=r"steps\[1\]=-1 cannot work"):
+            dmr.collect(batch, [1, -1])
+        random_run = dmr.collect(batch, [2, 2])
+        with pytest.raises(dmr.ArgumentValueError, match=r"run with random actions, and this"):
+            dmr.collect(batch, 2, policy=towards_ball, resume=random_run)
+        with pytest.raises(dmr.ArgumentTypeError, match=r"RunStats of an earlier collect"):
+            dmr.collect(batch, 2, resume="last time")  # type: ignore[arg-type]
+    with (
+        dmr.BatchedEnvironment.connect([catch_server.address], 3) as other,
+        pytest.raises(dmr.ArgumentTypeError, match=r"batch of 3 worlds"),
+    ):
+        dmr.collect(other, 2, resume=random_run)

@@ -2,7 +2,8 @@
 
 ``step(batch, ...)`` steps every world of a ``BatchedEnvironment`` until
 ``steps`` steps came back, and returns a ``RunStats`` (``dmr.collect`` is its
-public face; the command line's ``run``, the Ray shards and ``bench/`` call it):
+public face; the command line's ``run``, the Ray shards, the RLlink client and
+``bench/`` call it):
 
 - Random actions (``policy=None``) are reproducible: world ``i`` takes exactly
   its share of the steps (``steps // worlds``, one more for the first
@@ -15,6 +16,12 @@ public face; the command line's ``run``, the Ray shards and ``bench/`` call it):
 - A policy: every world is reset first, then ``policy(timestep)`` gives the
   actions of the worlds of each batch of steps received (one step in flight per
   world); the steps are shared, so a world that answers sooner takes more.
+- ``steps`` may instead give each world its count: world ``i`` takes exactly
+  ``steps[i]`` (a policy's too). A world with none left keeps its last step in
+  ``RunStats.waiting``, unanswered.
+- ``resume=stats`` goes on where that run stopped: no reset; a policy acts
+  first on ``stats.waiting``; steps it left in flight are received; episodes
+  running across the two runs count once, whole, in the run they end in.
 - Each pass sends to the worlds that steps just came back from (and, with
   random actions, those not yet full): its cost follows the steps it handles,
   not the number of worlds; every world is looked at only at the start and
@@ -58,6 +65,7 @@ from ..random_actions import action_drawer
 from ..recording import Recording
 from .events import RunObserver, Watch
 from .tally import EpisodeTally, RunStats
+from .timesteps import join, rows
 
 ACTION_STREAM = 1  # world i's actions: numpy.random.default_rng((seed + i, ACTION_STREAM))
 _SLICE = 0.25  # seconds between checks for a stop signal while waiting for steps
@@ -77,7 +85,7 @@ _REMOVED = object()  # recv raised for a world removed meanwhile
 def step(
     batch: BatchedEnvironment,
     *,
-    steps: int,
+    steps: int | Sequence[int],
     policy: Policy | None = None,
     pipeline: int = 1,
     seed: int = 0,
@@ -87,12 +95,13 @@ def step(
     progress: Callable[[int], Any] | None = None,
     observers: Sequence[RunObserver] = (),
     first_world: int = 0,
+    resume: RunStats | None = None,
 ) -> RunStats:
     """Steps every world; see the module docs.
 
     Args:
       batch: the worlds.
-      steps: total steps over all worlds.
+      steps: total steps over all worlds, or each world's count.
       policy: ``policy(timestep) -> actions`` for the worlds of ``timestep.env_ids``;
         None for random actions.
       pipeline: steps in flight per world (1 with a policy).
@@ -103,6 +112,7 @@ def step(
       progress: called with the number of steps of each batch received, or None.
       observers: told of every batch received and of the run's events.
       first_world: the index of world 0 in the whole run (a shard's first world).
+      resume: a run of this batch (and this kind: random actions or a policy) to go on from.
 
     Returns:
       What the run did.
@@ -112,7 +122,9 @@ def step(
       WorldError: a world failed (under ``on_world_failure="raise"``).
     """
     watch = Watch(batch, observers, first_world)
-    loop = _Loop(batch, steps, policy, pipeline, seed, timeout, recording, stop, progress, watch)
+    loop = _Loop(
+        batch, steps, policy, pipeline, seed, timeout, recording, stop, progress, watch, resume
+    )
     try:
         return loop.run()
     except Exception as error:
@@ -124,7 +136,7 @@ class _Loop:
     def __init__(
         self,
         batch: BatchedEnvironment,
-        steps: int,
+        steps: int | Sequence[int],
         policy: Policy | None,
         pipeline: int,
         seed: int,
@@ -133,12 +145,15 @@ class _Loop:
         stop: threading.Event | None,
         progress: Callable[[int], Any] | None,
         watch: Watch,
+        resume: RunStats | None = None,
     ) -> None:
         count = len(batch.envs)  # every world; a removed one stops taking steps
         # Slots that step together: a multi-agent world's agents (see the module docs).
         self.group = group = int(getattr(batch, "num_agents", 1))
-        steps = -(-steps // group) * group
-        self.batch, self.steps, self.policy, self.pipeline = batch, steps, policy, pipeline
+        if isinstance(steps, int):
+            steps = -(-steps // group) * group
+        total = steps if isinstance(steps, int) else sum(steps)
+        self.batch, self.steps, self.policy, self.pipeline = batch, total, policy, pipeline
         self.timeout, self.recording, self.progress, self.watch = (
             timeout,
             recording,
@@ -153,26 +168,31 @@ class _Loop:
             recording,
             in_episode=policy is not None,
             first_world=watch.first_world,
+            carry=None if resume is None else resume.carry,
         )
-        # Random actions: each world its share. A policy: one budget shared by every world.
-        self.left: list[int] | None = None
+        # Random actions: each world its share. A policy: one budget shared by every world,
+        # unless ``steps`` gives each world its count.
+        self.left: list[int] | None = None if isinstance(steps, int) else list(steps)
         self.requested = 0
         if policy is None:
-            worlds, rounds = count // group, steps // group
-            shares = [rounds // worlds + (world < rounds % worlds) for world in range(worlds)]
-            self.left = [shares[slot // group] for slot in range(count)]
+            if self.left is None:
+                worlds, rounds = count // group, total // group
+                shares = [rounds // worlds + (world < rounds % worlds) for world in range(worlds)]
+                self.left = [shares[slot // group] for slot in range(count)]
             self.draw = action_drawer(batch.action_spec())  # random_action's, spec work once
             self.rngs = [np.random.default_rng((seed + w, ACTION_STREAM)) for w in range(count)]
         # The worlds that may take a step (random actions): every world at first, then those
         # a step came back from (or not yet full). A policy's: the worlds of ``ready``.
         self.wanting = set(range(count)) if policy is None else set()
-        self.ready: BatchedTimeStep | None = None
+        self.ready: BatchedTimeStep | None = None if resume is None else resume.waiting
+        self.resumed = resume is not None
+        self.parked: list[BatchedTimeStep] = []  # a policy's steps left without an action
         self.live: set[int] = set()
         self.failures = -1  # len(batch.failures) when ``live`` was taken; -1: take it again
 
     def run(self) -> RunStats:
         started = time.perf_counter()
-        if self.policy is not None:
+        if self.policy is not None and not self.resumed:
             self._reset()
         stats, batch, stop, tally, watch = self.stats, self.batch, self.stop, self.tally, self.watch
         send = self._send_random if self.policy is None else self._send_chosen
@@ -205,14 +225,18 @@ class _Loop:
                     self.requested -= lost
             if observed:
                 watch.steps(result)
-            if self.left is not None:
+            if self.policy is None:
                 self.wanting.update(result.env_ids.tolist())
             else:
-                self.ready = result if self.ready is None else _joined(self.ready, result)
+                self.ready = result if self.ready is None else join([self.ready, result])
         if self.group > 1 and stop.is_set():
             self._drain()
         watch.poll()
         tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
+        assert stats.carry is not None
+        stats.carry.policy = self.policy is not None
+        if self.policy is not None:
+            stats.waiting = join([*self.parked, *([self.ready] if self.ready is not None else [])])
         return stats
 
     def _drain(self) -> None:
@@ -278,34 +302,64 @@ class _Loop:
         return list(sent)
 
     def _send_chosen(self) -> list[int] | None:
-        """Sends the policy's actions to the worlds of ``ready``; returns the worlds sent to."""
-        ready, live = self.ready, self.live
+        """Sends the policy's actions to the worlds of ``ready``; returns the worlds sent to.
+
+        Worlds of ``ready`` with no steps left are parked (``RunStats.waiting``); once
+        nothing is in flight and steps are left (a restart's lost steps, made up), the
+        parked worlds are offered again.
+        """
+        ready, live, left = self.ready, self.live, self.left
         if ready is None:
-            return []
-        worlds = ready.env_ids.tolist()
-        positions = [p for p, world in enumerate(worlds) if world in live]
+            if not self.parked or self.batch.pending() or not self._steps_left_for_parked():
+                return []
+            ready, self.parked = join(self.parked), []
+            assert ready is not None
+        ids = ready.env_ids.tolist()
+        positions = [p for p, world in enumerate(ids) if world in live]
         rest = None
         if self.group > 1:  # whole worlds only: the others wait here for their agents' steps
-            whole = set(self._whole([worlds[p] for p in positions]))
-            waiting = [p for p in positions if worlds[p] not in whole]
-            positions = sorted((p for p in positions if worlds[p] in whole), key=worlds.__getitem__)
-            rest = _rows(ready, waiting) if waiting else None
-        positions = positions[: self.steps - self.requested]
-        if not positions:
+            whole = set(self._whole([ids[p] for p in positions]))
+            waiting = [p for p in positions if ids[p] not in whole]
+            positions = sorted((p for p in positions if ids[p] in whole), key=ids.__getitem__)
+            rest = rows(ready, waiting) if waiting else None
+        if left is not None:
+            chosen = [p for p in positions if left[ids[p]] > 0]
+        else:
+            chosen = positions[: self.steps - self.requested]
+        if not chosen:
+            self._park(ready, positions)
             self.ready = rest
             return []
-        timestep = ready if len(positions) == len(ready.env_ids) else _rows(ready, positions)
+        timestep = ready if len(chosen) == len(ids) else rows(ready, chosen)
         assert self.policy is not None
         actions = self.policy(timestep)
-        ids = timestep.env_ids.tolist()
-        if not send_unless_removed(self.batch, actions, ids):
+        sent = timestep.env_ids.tolist()
+        if not send_unless_removed(self.batch, actions, sent):
+            self.ready = ready
             self.failures = -1  # look again, and choose again without the removed world
             return None
-        for world, action in zip(ids, unstack(actions, len(ids)), strict=True):
+        for world, action in zip(sent, unstack(actions, len(sent)), strict=True):
             self.tally.sent[world].append(action)
-        self.requested += len(ids)
+            if left is not None:
+                left[world] -= 1
+        self.requested += len(sent)
+        if len(chosen) < len(positions):
+            taken = set(chosen)
+            self._park(ready, [p for p in positions if p not in taken])
         self.ready = rest
-        return ids
+        return sent
+
+    def _park(self, ready: BatchedTimeStep, positions: list[int]) -> None:
+        if positions:
+            self.parked.append(
+                ready if len(positions) == len(ready.env_ids) else rows(ready, positions)
+            )
+
+    def _steps_left_for_parked(self) -> bool:
+        if self.left is None:
+            return self.requested < self.steps
+        left = self.left
+        return any(left[world] > 0 for part in self.parked for world in part.env_ids.tolist())
 
     def _recv(self) -> object:
         batch = self.batch
@@ -322,38 +376,6 @@ class _Loop:
                 raise
             self.failures = -1
             return _REMOVED
-
-
-def _rows(timestep: BatchedTimeStep, positions: Sequence[int]) -> BatchedTimeStep:
-    """The steps at ``positions`` of ``timestep``."""
-    index = np.asarray(positions)
-
-    def pick(tree: Any) -> Any:
-        if isinstance(tree, Mapping):
-            return {key: pick(value) for key, value in tree.items()}
-        return None if tree is None else np.asarray(tree)[index]
-
-    return BatchedTimeStep(*(pick(field) for field in timestep))
-
-
-def _joined(first: BatchedTimeStep, then: BatchedTimeStep) -> BatchedTimeStep:
-    """The steps of ``first`` and then those of ``then``, as one batch."""
-
-    def join(one: Any, two: Any) -> Any:
-        if isinstance(one, Mapping):
-            return {key: join(one[key], two[key]) for key in one}
-        if one is None or two is None:
-            return None
-        try:
-            return np.concatenate([np.asarray(one), np.asarray(two)])
-        except ValueError:  # shapes that differ between agents: object rows
-            rows = [*one, *two]
-            joined = np.empty(len(rows), object)
-            for position, row in enumerate(rows):
-                joined[position] = row
-            return joined
-
-    return BatchedTimeStep(*(join(a, b) for a, b in zip(first, then, strict=True)))
 
 
 def _agents_of(slot: int, group: int) -> range:

@@ -8,12 +8,17 @@ shard's), in the restarts' listing.
 
 ``RunStats.merge`` sums several loops' statistics (several shards of one run);
 latency percentiles come from every step's latency.
+
+A run can go on where another stopped (``dmr.collect(resume=stats)``): the
+tally then starts from the other's ``Carry`` (each world's running episode and
+return, its steps still in flight, the worlds let go of) instead of from nothing.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +38,8 @@ class RunStats:
       episodes: episodes that reached their LAST step.
       unfinished: episodes still running when the run stopped.
       returns: the return of every finished episode, world by world.
-      latencies: each step's round trip in seconds (the latest ones per batch).
+      latencies: each step's round trip in seconds, this run's (the batch keeps its latest
+        100,000).
       elapsed: seconds from the first send to the last step (the longest shard).
       world_seeds: each world's seed, None where its server took none.
       recorded: the recording folder, if any (filled by the caller that closes it).
@@ -43,6 +49,11 @@ class RunStats:
       restarts: "world i: old address -> new address (cause)" per world restarted after a failure.
       worlds_lost: worlds removed from the batch after failing (not restorable).
       relaunches: "server i (address): why; down S s; outcome" per launched server death.
+      waiting: with a policy, the steps that got no action when the run ended (a world's
+        steps spent, or the run stopped), one per world, as the policy would have got them:
+        where ``collect(resume=stats)`` goes on from. None if there are none.
+      carry: what else ``collect(resume=stats)`` needs to go on where this run stopped
+        (each world's running episode and return, steps in flight, worlds let go of).
     """
 
     worlds: int = 0
@@ -60,6 +71,8 @@ class RunStats:
     restarts: list[str] = dataclasses.field(default_factory=list)
     worlds_lost: int = 0
     relaunches: list[str] = dataclasses.field(default_factory=list)
+    waiting: BatchedTimeStep | None = dataclasses.field(default=None, compare=False)
+    carry: Carry | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def merge(cls, parts: Sequence[RunStats]) -> RunStats:
@@ -70,6 +83,7 @@ class RunStats:
 
         Returns:
           Their sums (steps, episodes, returns, ...); ``elapsed`` is the longest shard's.
+          (No ``waiting`` or ``carry``: shards are not resumed as one run.)
         """
         return cls(
             worlds=sum(p.worlds for p in parts),
@@ -90,6 +104,25 @@ class RunStats:
         )
 
 
+@dataclasses.dataclass
+class Carry:
+    """What a run hands to the one that resumes it (besides ``RunStats.waiting``).
+
+    Attributes:
+      in_episode: per world, whether it is inside an episode it will finish.
+      running: per world, the return so far of that episode.
+      sent: per world, the actions of its steps still in flight, oldest first.
+      removed: the worlds let go of (removed from the batch).
+      policy: the run was a policy's (not random actions).
+    """
+
+    in_episode: list[bool]
+    running: np.ndarray
+    sent: list[collections.deque[Any]]
+    removed: set[int]
+    policy: bool = False
+
+
 class EpisodeTally:
     """Counts received steps into a ``RunStats``: episodes, returns, recording, failures.
 
@@ -99,6 +132,7 @@ class EpisodeTally:
       recording: where received steps are recorded, or None.
       in_episode: the worlds start inside an episode (after a reset).
       first_world: the index of world 0 in the whole run, for the restarts' listing.
+      carry: go on from the run that left this (``in_episode`` is then ignored).
     """
 
     def __init__(
@@ -109,15 +143,21 @@ class EpisodeTally:
         *,
         in_episode: bool,
         first_world: int = 0,
+        carry: Carry | None = None,
     ) -> None:
         count = len(batch.envs)
         self.batch, self.stats, self.recording = batch, stats, recording
         self.first_world = first_world
-        self.sent: list[collections.deque[Any]] = [collections.deque() for _ in range(count)]
-        self.running = np.zeros(count)
-        self.in_episode = [in_episode] * count
         self.returns: list[list[float]] = [[] for _ in range(count)]
-        self.removed: set[int] = set()
+        if carry is None:
+            carry = Carry([in_episode] * count, np.zeros(count), [], set())
+            carry.sent = [collections.deque() for _ in range(count)]
+        self.sent, self.running = carry.sent, carry.running.copy()
+        self.in_episode, self.removed = list(carry.in_episode), set(carry.removed)
+
+    def carry(self) -> Carry:
+        """What a run that resumes this one starts from."""
+        return Carry(list(self.in_episode), self.running.copy(), self.sent, set(self.removed))
 
     def let_go_of_removed(self, live: set[int]) -> list[int]:
         """Lets go of the worlds removed from the batch since the last call.
@@ -204,9 +244,16 @@ class EpisodeTally:
         stats = self.stats
         stats.elapsed = elapsed
         stats.interrupted = interrupted
+        stats.carry = self.carry()
         stats.unfinished = sum(self.in_episode)
         stats.returns = [r for world_returns in self.returns for r in world_returns]
-        stats.latencies = np.asarray(self.batch.latencies, dtype=np.float64)
+        # This run's steps only (a resumed run's batch has those of the runs before, too),
+        # and without copying the batch's 100,000 kept latencies for a short run.
+        kept = self.batch.latencies
+        count = min(stats.steps, len(kept))
+        stats.latencies = np.fromiter(itertools.islice(reversed(kept), count), np.float64, count)[
+            ::-1
+        ].copy()
         failures = self.batch.failures
         stats.restarts = [
             f"world {self.first_world + f.index}: {f.address} -> {f.new_address} "

@@ -4,19 +4,24 @@
 ``EnvRunnerServerForExternalInference`` ports (``ray._rllink_wire``), takes the
 learner's config (its spaces, checked against the worlds' by
 ``ray._rllink_spaces``) and weights, builds the RLModule here, and steps the
-worlds through one ``BatchedEnvironment``, one step in flight per world, in
-rounds:
+worlds of one ``BatchedEnvironment`` through ``dmr.collect`` (the library's one
+stepping loop), one step in flight per world, in rounds:
 
-1. every world whose round is not over gets its next action as soon as its
-   step comes back: one forward pass (``forward_exploration``) over all the
-   worlds of that ``recv``, the action sampled from the module's action
-   distribution with its ``action_logp`` and ``action_dist_inputs`` kept for PPO;
-2. a round ends when each link's worlds have recorded its share of env steps
+1. a round is ``collect(batch, counts, policy=..., observers=[...], resume=last)``:
+   each world of a link takes its part of the link's share of env steps
    (``steps_per_send``, by default the learner's train batch split over the
-   links) and nothing is in flight; the episodes (``ray._rllink_episodes``) go
-   to each link with ``EPISODES_AND_GET_STATE``, all links first, then the
-   client waits for every ``SET_STATE`` (the learner trains meanwhile) and
-   loads the newest weights: the next round is on-policy.
+   links), and goes on from where the last round left it (no reset). Every
+   batch of steps received is recorded (the observer, ``ray._rllink_episodes``),
+   then its worlds get their actions from one forward pass
+   (``forward_exploration``) over all of them, sampled from the module's action
+   distribution with ``action_logp`` and ``action_dist_inputs`` kept for PPO. A
+   FIRST step records no env step, so a link still short gets a second
+   ``collect`` for the rest (the counts are scaled by the steps per env step seen
+   so far, so this is rare);
+2. once every link has its share and nothing is in flight, the episodes go to
+   each link with ``EPISODES_AND_GET_STATE``, all links first, then the client
+   waits for every ``SET_STATE`` (the learner trains meanwhile) and loads the
+   newest weights: the next round is on-policy.
 
 With ``policy=callable`` the user's policy acts instead (scripted, human, an
 old checkpoint: the old stack's ``log_action``): ``policy(timestep)`` gets a
@@ -36,6 +41,13 @@ message sent whole whose answer never came is counted in
 mid-run ends the run cleanly: ``learner_gone`` is set and the stats say what
 was done. If this process is killed, the learner's server notices the closed
 socket and listens again, for this client or another.
+
+Stopping. ``stop`` set (Ctrl-C or SIGTERM on the command line) ends the run in
+whatever it waits for: connecting or reconnecting to a learner, stepping
+(``collect`` looks between steps), shipping into a learner that does not read,
+waiting for weights. Every wait looks at it every quarter second (``SLICE``).
+The stats say ``stop_reason == "stopped"``; steps recorded and not shipped are
+``unshipped_steps``, steps shipped whose weights never came ``unconfirmed_steps``.
 """
 
 from __future__ import annotations
@@ -52,8 +64,8 @@ import numpy as np
 
 from ... import errors
 from ..._adaptor.stacked import BatchedTimeStep
-from ..._stepping.loop import recv_until_stopped, send_unless_removed
 from ...batched import BatchedEnvironment
+from ...stepping import RunEvent, RunStats, collect
 from ._rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook
 from ._rllink_module import ModuleActor
 from ._rllink_spaces import SpaceBridge
@@ -61,14 +73,17 @@ from ._rllink_wire import (
     EPISODES,
     EPISODES_AND_GET_STATE,
     SET_STATE,
+    STOPPED,
     LearnerUnreachableError,
     Link,
     LinkDroppedError,
+    LinkStopped,
 )
 
 Policy = Callable[[BatchedTimeStep], Mapping[str, Any]]
 RANDOM = "random"
 _NO_LINKS = "run_rllink needs at least one RLlib address (rllib=['HOST:PORT'])."
+_ALL_LOST = "every world was lost (see restarts and worlds_lost)"
 _BAD_POLICY = "policy={policy!r}: give a callable, 'random', or None (the learner's RLModule)."
 
 
@@ -94,6 +109,12 @@ class RLlinkStats:
       restarts: one line per world restarted by the batch.
       worlds_lost: worlds removed from the batch.
       elapsed: seconds of the run.
+      cpu_seconds: CPU time this process spent in the run (every thread: stepping,
+        forward passes, episodes, shipping), for the CPU per step in ``summary()``.
+      stepping_seconds: wall time spent stepping the worlds (``collect``).
+      shipping_seconds: wall time spent encoding and sending episodes.
+      learner_seconds: wall time spent waiting for the learner's weights after shipping
+        (its training step, and the trip of the episodes and weights through Ray).
       learner_gone: the run ended because the learner did not come back.
       stop_reason: why the run ended.
       behavior: ``"rl_module"`` (on-policy) or ``"external"`` (the user's policy).
@@ -114,6 +135,10 @@ class RLlinkStats:
     restarts: list[str] = dataclasses.field(default_factory=list)
     worlds_lost: int = 0
     elapsed: float = 0.0
+    cpu_seconds: float = 0.0
+    stepping_seconds: float = 0.0
+    shipping_seconds: float = 0.0
+    learner_seconds: float = 0.0
     learner_gone: bool = False
     stop_reason: str = ""
     behavior: str = ON_POLICY
@@ -124,36 +149,23 @@ class RLlinkStats:
         returns = data.pop("returns")
         data["return_mean"] = round(float(np.mean(returns)), 3) if returns else None
         data["steps_per_second"] = round(self.steps / self.elapsed, 1) if self.elapsed else None
+        data["cpu_us_per_step"] = (
+            round(1e6 * self.cpu_seconds / self.steps, 1) if self.steps else None
+        )
         return data
 
 
-def _subset(timestep: BatchedTimeStep, positions: Sequence[int]) -> BatchedTimeStep:
-    """The worlds at ``positions`` of a ``BatchedTimeStep``."""
-    index = np.asarray(positions, dtype=np.int64)
-
-    def pick(tree: Any) -> Any:
-        if isinstance(tree, Mapping):
-            return {key: pick(value) for key, value in tree.items()}
-        return np.asarray(tree)[index]
-
-    return BatchedTimeStep(
-        step_type=timestep.step_type[index],
-        reward=timestep.reward[index],
-        discount=timestep.discount[index],
-        observation=pick(timestep.observation),
-        env_ids=timestep.env_ids[index],
-        truncated=None if timestep.truncated is None else timestep.truncated[index],
-        state=None if timestep.state is None else timestep.state[index],
-    )
-
-
 class _Run:
-    """One ``run_rllink`` run: the worlds, the links, the book and the stats."""
+    """One ``run_rllink`` run: the worlds, the links, the book and the stats.
+
+    It is the rounds' policy (``choose``) and observer (``on_steps``) for ``dmr.collect``.
+    """
 
     def __init__(
         self,
         batch: BatchedEnvironment,
         links: list[Link],
+        stats: RLlinkStats,
         *,
         policy: Policy | str | None,
         steps_per_send: int | None,
@@ -164,7 +176,7 @@ class _Run:
         say: Callable[[str], None],
         torch_threads: int | None,
     ) -> None:
-        self.batch, self.links = batch, links
+        self.batch, self.links, self.stats = batch, links, stats
         self.policy: Policy | None = None if isinstance(policy, str) else policy
         self.timeout, self.wait, self.learner_timeout = timeout, wait, learner_timeout
         self.stop, self.say = stop, say
@@ -179,95 +191,91 @@ class _Run:
         count = len(batch.envs)
         total = steps_per_send or config.total_train_batch_size
         self.share = [max(1, math.ceil(total / len(links)))] * len(links)
-        behavior = ON_POLICY if policy is None else OFF_POLICY
-        self.book = EpisodeBook(count, len(links), behavior)
-        self.stats = RLlinkStats(worlds=count, behavior=behavior)
-        self.left = [0] * count
+        self.book = EpisodeBook(count, len(links), stats.behavior)
         self.let_go: set[int] = set()
+        self.last: RunStats | None = None  # the last collect's: the next one resumes it
+        self.received = self.recorded = 0  # steps received and env steps recorded, so far
 
-    # --- stepping -----------------------------------------------------------------
+    # --- stepping (through dmr.collect) ---------------------------------------------
 
-    def _new_round(self) -> None:
-        live = set(self.batch.live_ids)
-        for link in range(len(self.links)):
-            mine = [w for w in live if w % len(self.links) == link]
-            each = math.ceil(self.share[link] / max(1, len(mine)))
-            for world in mine:
-                self.left[world] = each
+    def on_steps(self, timestep: BatchedTimeStep) -> None:
+        """Records every step received (the reset's FIRST steps too) in the book."""
+        self.stats.steps += len(self.book.take(timestep, self.bridge.observations(timestep)))
 
-    def _act(self, chunks: list[BatchedTimeStep]) -> None:
-        """Chooses and sends the actions of the worlds of ``chunks`` (live ones)."""
-        live = set(self.batch.live_ids)
-        chunks = [
-            _subset(c, [p for p, w in enumerate(c.env_ids) if int(w) in live]) for c in chunks
-        ]
-        chunks = [c for c in chunks if len(c.env_ids)]
-        if not chunks:
-            return
+    def on_event(self, event: RunEvent) -> None:
+        """Restarts and lost worlds are read from the batch at the end."""
+
+    def choose(self, timestep: BatchedTimeStep) -> Mapping[str, Any]:
+        """The actions of the worlds of ``timestep``: one forward pass, or the user's policy.
+
+        Called again for the same steps if a world was removed meanwhile: ``acted``
+        keeps the latest choice.
+        """
+        ids = timestep.env_ids.tolist()
+        world: Mapping[str, Any]
         if self.actor is not None:
-            ids = [int(w) for c in chunks for w in c.env_ids]
             obs = np.stack([self.book.last_obs[w] for w in ids])
-            actions, extras = self.actor.act(obs)
-            self._send(ids, actions, self.bridge.to_world(actions), extras)
-            return
-        assert self.policy is not None
-        for chunk in chunks:
-            ids = [int(w) for w in chunk.env_ids]
-            world_actions = self.policy(chunk)
-            learner = self.bridge.to_learner(world_actions)
-            self._send(ids, learner, world_actions, [{} for _ in ids])
-
-    def _send(
-        self, ids: list[int], learner: np.ndarray, world: Any, extras: list[dict[str, Any]]
-    ) -> None:
-        while not send_unless_removed(self.batch, world, ids):
-            live = set(self.batch.live_ids)  # a world was removed meanwhile: without it
-            keep = [p for p, w in enumerate(ids) if w in live]
-            if not keep:
-                return
-            ids = [ids[p] for p in keep]
-            learner, extras = learner[keep], [extras[p] for p in keep]
-            world = _pick(world, keep)
+            learner, extras = self.actor.act(obs)
+            world = self.bridge.to_world(learner)
+        else:
+            assert self.policy is not None
+            world = self.policy(timestep)
+            learner, extras = self.bridge.to_learner(world), [{} for _ in ids]
         for position, world_id in enumerate(ids):
             self.book.acted(world_id, learner[position], extras[position])
+        return world
 
-    def _round(self, parked: list[BatchedTimeStep]) -> list[BatchedTimeStep] | None:
-        """Steps one round; returns the worlds waiting for the next, or None if stopped."""
-        self._new_round()
-        self._act(parked)
-        parked = []
-        while self.batch.pending():
-            try:
-                ready = recv_until_stopped(self.batch, self.timeout, self.stop)
-            except errors.WorldError as error:
-                if error.index in self.batch.live_ids:
-                    raise
-                continue  # a removed world: let go of at the round's end
-            if ready is None:
-                return None
-            observations = self.bridge.observations(ready)
-            for position in range(len(ready.env_ids)):
-                if int(ready.step_type[position]) != 0:
-                    self.left[int(ready.env_ids[position])] -= 1
-            self.stats.steps += len(self.book.take(ready, observations))
-            more = [p for p, w in enumerate(ready.env_ids) if self.left[int(w)] > 0]
-            rest = [p for p, w in enumerate(ready.env_ids) if self.left[int(w)] <= 0]
-            if more:
-                self._act([_subset(ready, more)])
-            if rest:
-                parked.append(_subset(ready, rest))
+    def _counts(self) -> list[int] | None:
+        """Each world's steps for the rest of this round, or None if the round is done.
+
+        A link's worlds share what it still needs of env steps, scaled by the steps
+        received per env step recorded so far (a FIRST step records none).
+        """
+        live = sorted(self.batch.live_ids)
+        links = len(self.links)
+        ratio = self.received / self.recorded if self.recorded else 1.0
+        counts = [0] * len(self.batch.envs)
+        for link in range(links):
+            mine = [w for w in live if w % links == link]
+            short = self.share[link] - self.book.recorded[link]
+            if mine and short > 0:
+                steps = math.ceil(short * ratio)
+                for position, world in enumerate(mine):
+                    counts[world] = steps // len(mine) + (position < steps % len(mine))
+        return counts if any(counts) else None
+
+    def _round(self) -> bool:
+        """Steps one round (until every link has its share); False if stopped."""
+        while (counts := self._counts()) is not None:
+            before, started = sum(self.book.recorded), time.perf_counter()
+            self.last = collect(
+                self.batch,
+                counts,
+                policy=self.choose,
+                timeout=self.timeout,
+                stop=self.stop,
+                observers=[self],
+                resume=self.last,
+            )
+            self.stats.stepping_seconds += time.perf_counter() - started
+            if self.last.interrupted:
+                return False
+            self.received += self.last.steps
+            self.recorded += sum(self.book.recorded) - before
+            if not self.last.steps:
+                break  # every world that could step is gone
         live = set(self.batch.live_ids)
         for world in range(len(self.batch.envs)):
             if world not in live and world not in self.let_go:
                 self.let_go.add(world)
                 self.book.let_go(world)
-        return parked
+        return True
 
     # --- shipping -----------------------------------------------------------------
 
     def _reconnect(self, link: Link, why: str) -> None:
         self.say(f"lost the RLlib learner at {link.address} ({why}); reconnecting")
-        link.open(self.wait)  # LearnerUnreachableError: gone for good
+        link.open(self.wait)  # LearnerUnreachableError: gone for good; LinkStopped: stopped
         self.stats.reconnects.append(f"{link.address}: {why}")
 
     def _deliver(self, link: Link, kind: str, payload: list[Any], steps: int) -> None:
@@ -286,6 +294,7 @@ class _Run:
                 self._reconnect(link, str(exc))
 
     def _ship(self) -> None:
+        started = time.perf_counter()
         chunks = self.book.ship()
         on_policy = self.actor is not None
         kind = EPISODES_AND_GET_STATE if on_policy else EPISODES
@@ -295,22 +304,30 @@ class _Run:
             payload = [e.get_state() for e in episodes]
             try:
                 self._deliver(link, kind, payload, sizes[index])
-            except LearnerUnreachableError:
+            except (LearnerUnreachableError, LinkStopped):
                 self.stats.unshipped_steps += sum(sizes[index:])  # taken from the book, not sent
+                if on_policy:  # sent whole, answers not come
+                    self.stats.unconfirmed_steps += sum(steps for _, steps in delivered)
                 raise
             delivered.append((link, sizes[index]))
+        shipped = time.perf_counter()
+        self.stats.shipping_seconds += shipped - started
         states = []
-        for link, steps in delivered:
+        for position, (link, steps) in enumerate(delivered):
             if not on_policy:
                 self.stats.steps_shipped += steps
                 continue
             try:
                 states.append(link.expect(SET_STATE, kind, self.learner_timeout)["state"])
                 self.stats.steps_shipped += steps
+            except LinkStopped:
+                self.stats.unconfirmed_steps += sum(s for _, s in delivered[position:])
+                raise
             except LinkDroppedError as exc:
                 self.stats.unconfirmed_steps += steps
                 self._reconnect(link, str(exc))
                 states.append(link.state(self.timeout))
+        self.stats.learner_seconds += time.perf_counter() - shipped
         self.stats.rounds += 1
         if states and self.actor is not None:
             newest = max(states, key=lambda state: int(state.get("weights_seq_no", 0) or 0))
@@ -323,29 +340,20 @@ class _Run:
             f"to {len(delivered)} learner port(s){recent}"
         )
 
-    def run(self, rounds: int | None) -> RLlinkStats:
-        started = time.perf_counter()
-        first = self.batch.reset(timeout=self.timeout)
-        self.book.take(first, self.bridge.observations(first))
-        parked: list[BatchedTimeStep] | None = [first]
-        try:
-            while parked is not None and (rounds is None or self.stats.rounds < rounds):
-                parked = self._round(parked)
-                if parked is None:
-                    self.stats.stop_reason = "stopped"
-                    break
-                self._ship()
-            else:
-                self.stats.stop_reason = self.stats.stop_reason or f"{rounds} rounds done"
-        except LearnerUnreachableError as exc:
-            self.stats.learner_gone = True
-            self.stats.stop_reason = str(exc)
-        self._finish(time.perf_counter() - started)
-        return self.stats
+    def run(self, rounds: int | None) -> None:
+        """Steps and ships rounds until ``rounds`` are done, the learner is gone or ``stop``."""
+        while rounds is None or self.stats.rounds < rounds:
+            if self.stop.is_set() or not self._round():
+                raise LinkStopped(STOPPED)
+            self._ship()
+            if not self.batch.live_ids:
+                self.stats.stop_reason = _ALL_LOST
+                return
+        self.stats.stop_reason = f"{rounds} rounds done"
 
-    def _finish(self, elapsed: float) -> None:
+    def finish(self) -> None:
+        """Fills the stats from the book and the batch's failures."""
         stats, book = self.stats, self.book
-        stats.elapsed = elapsed
         stats.returns = list(book.returns)
         stats.episodes = len(book.returns)
         stats.unshipped_steps += book.unshipped_steps()
@@ -358,12 +366,6 @@ class _Run:
             if f.outcome == "restarted"
         ]
         stats.worlds_lost = sum(f.outcome == "removed" for f in failures)
-
-
-def _pick(actions: Any, keep: Sequence[int]) -> Any:
-    if isinstance(actions, Mapping):
-        return {key: _pick(value, keep) for key, value in actions.items()}
-    return np.asarray(actions)[list(keep)]
 
 
 def _stderr(message: str) -> None:
@@ -418,7 +420,11 @@ def run_rllink(
 
     Returns:
       The run's ``RLlinkStats``. A learner gone for good mid-run is not an error:
-      ``learner_gone`` is set.
+      ``learner_gone`` is set. Nor is ``stop``, set in any phase (connecting, waiting
+      for weights, stepping, shipping, waiting for a learner gone): the run ends
+      with ``stop_reason``
+      ``"stopped"``, at its next look at ``stop`` (a quarter of a second apart in
+      every wait; a world's connect, bounded by ``timeout``, is waited out).
 
     Raises:
       LearnerUnreachableError: no learner answered at the start within ``wait``.
@@ -432,33 +438,55 @@ def run_rllink(
     if not ports:
         raise errors.ArgumentValueError(_NO_LINKS)
     say = say or _stderr
-    links = [Link(address, say) for address in ports]
-    batch = None
+    stop = stop or threading.Event()
+    links = [Link(address, say, stop) for address in ports]
+    stats = RLlinkStats(behavior=ON_POLICY if policy is None else OFF_POLICY)
+    batch, run = None, None
+    started, cpu = time.perf_counter(), time.process_time()
     try:
-        for link in links:
-            link.open(wait)
-        batch = BatchedEnvironment.connect(
-            addresses,
-            num_envs,
-            seed=seed,
-            on_world_failure=on_world_failure,
-            timeout=timeout,
-            step_timeout=timeout,
-            **connect_kwargs,
-        )
-        run = _Run(
-            batch,
-            links,
-            policy=policy,
-            steps_per_send=steps_per_send,
-            timeout=timeout,
-            wait=wait,
-            learner_timeout=learner_timeout,
-            stop=stop or threading.Event(),
-            say=say,
-            torch_threads=torch_threads,
-        )
-        return run.run(rounds)
+        try:
+            for link in links:
+                link.open(wait)
+            batch = BatchedEnvironment.connect(
+                addresses,
+                num_envs,
+                seed=seed,
+                on_world_failure=on_world_failure,
+                timeout=timeout,
+                step_timeout=timeout,
+                **connect_kwargs,
+            )
+            stats.worlds = len(batch.envs)
+            if stop.is_set():
+                raise LinkStopped(STOPPED)
+            run = _Run(
+                batch,
+                links,
+                stats,
+                policy=policy,
+                steps_per_send=steps_per_send,
+                timeout=timeout,
+                wait=wait,
+                learner_timeout=learner_timeout,
+                stop=stop,
+                say=say,
+                torch_threads=torch_threads,
+            )
+            started, cpu = time.perf_counter(), time.process_time()
+            run.run(rounds)
+        except LinkStopped:
+            stats.stop_reason = STOPPED
+        except LearnerUnreachableError as exc:
+            if run is None:
+                raise  # no learner at the start: an error
+            stats.learner_gone = True
+            stats.stop_reason = str(exc)
+        if run is not None:
+            stats.elapsed = time.perf_counter() - started
+            stats.cpu_seconds = time.process_time() - cpu
+        if run is not None:
+            run.finish()
+        return stats
     finally:
         for link in links:
             link.close()

@@ -92,6 +92,7 @@ def print_rllink_summary(stats: RLlinkStats, *, as_json: bool) -> None:
         ("acted by", data["behavior"]),
         ("steps", data["steps"]),
         ("steps/s", data["steps_per_second"]),
+        ("CPU µs/step", data["cpu_us_per_step"]),
         ("episodes", data["episodes"]),
         ("return mean", data["return_mean"]),
         ("rounds shipped", data["rounds"]),

@@ -21,6 +21,11 @@ The server answers ``EPISODES`` with nothing and ``EPISODES_AND_GET_STATE`` with
   (so a batch of episodes is not written into a dead socket, where it would
   vanish unseen).
 
+Every wait (a backoff, a connect, a send into a learner that does not read, an
+answer that does not come) looks at the run's ``stop`` every ``SLICE`` seconds
+and raises ``LinkStopped`` once it is set: Ctrl-C or SIGTERM ends a client
+promptly whatever it waits for. A message cut short so is discarded by the server.
+
 Ray's server takes one client per port; a second client waits until the first
 hangs up (the server then listens again after 5 s).
 """
@@ -28,9 +33,12 @@ hangs up (the server then listens again after 5 s).
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import pickle
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +51,9 @@ GET_CONFIG, SET_CONFIG = "GET_CONFIG", "SET_CONFIG"
 GET_STATE, SET_STATE = "GET_STATE", "SET_STATE"
 EPISODES, EPISODES_AND_GET_STATE = "EPISODES", "EPISODES_AND_GET_STATE"
 FIRST_BACKOFF, MAX_BACKOFF = 0.5, 5.0  # seconds between connection attempts
+SLICE = 0.25  # seconds between looks at the run's stop event while waiting
+STOPPED = "stopped"  # RLlinkStats.stop_reason when the run's stop was set
+_CONNECT_TIMEOUT = 5.0
 _HANDSHAKE_TIMEOUT = 30.0
 _WAITING = (
     "waiting for the RLlib learner at {address} (an EnvRunnerServerForExternalInference "
@@ -70,6 +81,10 @@ class LinkDroppedError(RLlinkError, ConnectionError):
     """An RLlink connection broke, or an answer did not come in time."""
 
 
+class LinkStopped(RLlinkError):
+    """The run's ``stop`` was set while a link waited (not an error: the run ends)."""
+
+
 class SpaceMismatchError(RLlinkError, ValueError):
     """The learner's observation or action space does not fit the worlds' (the message says which)."""
 
@@ -93,9 +108,12 @@ class Link:
     Args:
       address: ``host:port`` of the EnvRunnerServerForExternalInference.
       say: where progress notes go (``print`` to stderr in the CLI).
+      stop: the run's stop event: every wait ends with ``LinkStopped`` once it is set.
     """
 
-    def __init__(self, address: str, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, address: str, say: Callable[[str], None], stop: threading.Event | None = None
+    ) -> None:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise errors.ArgumentValueError(
@@ -103,6 +121,7 @@ class Link:
             )
         self.address, self._host, self._port = address, host, int(port)
         self._say = say
+        self._stop = stop or threading.Event()
         self._sock: socket.socket | None = None
         self._packer = _msgpack()
 
@@ -111,14 +130,14 @@ class Link:
 
         Raises:
           LearnerUnreachableError: no learner answered within ``wait``.
+          LinkStopped: the run's stop was set.
         """
         self.close()
         deadline = time.monotonic() + wait
         delay = FIRST_BACKOFF
         while True:
             try:
-                self._sock = socket.create_connection((self._host, self._port), timeout=5.0)
-                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._sock = self._connect()
                 self.request(PING, PONG, _HANDSHAKE_TIMEOUT)
                 return
             except (OSError, LinkDroppedError) as exc:
@@ -133,8 +152,40 @@ class Link:
                 self._say(
                     _WAITING.format(address=self.address, error=error, delay=delay, left=left)
                 )
-                time.sleep(delay)  # a backoff between attempts, not a wait for a condition
+                if self._stop.wait(delay):  # a backoff between attempts, or stopped
+                    raise LinkStopped(STOPPED) from None
                 delay = min(delay * 2, MAX_BACKOFF)
+
+    def _connect(self) -> socket.socket:
+        """A TCP connection to the learner, tried for up to ``_CONNECT_TIMEOUT`` seconds."""
+        deadline = time.monotonic() + _CONNECT_TIMEOUT
+        family, kind, proto, _, where = socket.getaddrinfo(
+            self._host, self._port, type=socket.SOCK_STREAM
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            code = sock.connect_ex(where)
+            while code in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
+                self._check_stop()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("timed out")
+                _, writable, _ = select.select([], [sock], [], min(SLICE, left))
+                if writable:
+                    code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                raise OSError(code, os.strerror(code))
+            sock.setblocking(True)
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise LinkStopped(STOPPED)
 
     def config(self, timeout: float) -> Any:
         """The learner's ``AlgorithmConfig`` (``GET_CONFIG``)."""
@@ -163,17 +214,31 @@ class Link:
         """Sends one message of type ``kind``, taking up to ``timeout`` seconds.
 
         Raises:
-          LinkDroppedError: not connected, or the connection broke (a message cut
-            short is discarded by the server: it may be sent again).
+          LinkDroppedError: not connected, the connection broke, or the learner took
+            nothing for ``timeout`` seconds (a message cut short is discarded by the
+            server: it may be sent again).
+          LinkStopped: the run's stop was set (the message may be cut short).
         """
         if self._sock is None:
             raise LinkDroppedError(
                 _DROPPED.format(address=self.address, what="is not connected", error="closed")
             )
         data = self._packer.packb({"type": kind, **body}, use_bin_type=True)
+        view = memoryview(str(len(data)).zfill(HEADER).encode() + data)
+        idle = time.monotonic() + timeout  # a learner that takes nothing for this long
         try:
-            self._sock.settimeout(timeout)
-            self._sock.sendall(str(len(data)).zfill(HEADER).encode() + data)
+            while view:
+                self._check_stop()
+                left = idle - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"it took nothing for {timeout:.0f} s")
+                self._sock.settimeout(min(SLICE, left))
+                try:
+                    sent = self._sock.send(view)
+                except TimeoutError:
+                    continue
+                view = view[sent:]
+                idle = time.monotonic() + timeout
         except OSError as exc:
             raise LinkDroppedError(
                 _DROPPED.format(address=self.address, what=f"did not take {kind}", error=exc)
@@ -185,6 +250,7 @@ class Link:
         Raises:
           LinkDroppedError: the connection broke, closed, or did not answer in time.
           RLlinkError: the learner answered something else.
+          LinkStopped: the run's stop was set.
         """
         if self._sock is None:
             raise LinkDroppedError(
@@ -221,11 +287,15 @@ class Link:
         assert self._sock is not None
         chunks, got = [], 0
         while got < count:
+            self._check_stop()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("timed out")
-            self._sock.settimeout(left)
-            chunk = self._sock.recv(min(count - got, 1 << 20))
+            self._sock.settimeout(min(SLICE, left))
+            try:
+                chunk = self._sock.recv(min(count - got, 1 << 20))
+            except TimeoutError:
+                continue
             if not chunk:
                 raise EOFError("the connection was closed")
             chunks.append(chunk)
