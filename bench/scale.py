@@ -159,6 +159,13 @@ class Spent:
         return {"wall": self.wall, "cpu": self.cpu, "servers": self.servers}
 
 
+def streams_option() -> dict[str, int]:
+    """``connect``'s ``max_streams_per_connection`` from ``--streams-per-connection`` (passed
+    to the child as $SCALE_STREAMS_PER_CONNECTION), or nothing (the default)."""
+    value = os.environ.get("SCALE_STREAMS_PER_CONNECTION")
+    return {"max_streams_per_connection": int(value)} if value else {}
+
+
 def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict[str, Any]:
     """One size, in this (child) process; returns the measurements."""
     import numpy as np
@@ -173,7 +180,7 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
         return {**open_close_floor(addresses, worlds, servers_cpu), "rss_kb": float("nan")}
     with Spent() as connecting:
         batch = dmr.BatchedEnvironment.connect(
-            addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
+            addresses, worlds, timeout=60, seed=0, on_world_failure="restart", **streams_option()
         )
     if steps == 0:  # --connect-only: connect and close, nothing else
         rss = rss_bytes() - rss0
@@ -266,7 +273,7 @@ def cli_client(addresses: list[str], worlds: int, steps: int) -> dict[str, float
     import dm_env_rpc_client as dmr
 
     batch = dmr.BatchedEnvironment.connect(
-        addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
+        addresses, worlds, timeout=60, seed=0, on_world_failure="restart", **streams_option()
     )
     with batch:
         options = {"pipeline": IN_FLIGHT, "timeout": 60.0, "seed": 0}

@@ -107,9 +107,26 @@ class _Callback:
         try:
             self._run(result, error)
         except Exception as exc:
-            asyncio.get_running_loop().call_exception_handler(
-                {"message": "dm_env_rpc_client: a response callback failed", "exception": exc}
-            )
+            _callback_failed(exc)
+
+    def answer(self, data: bytes) -> None:
+        """Takes the response's bytes (the reader's call): ``decode(data)``, or its error,
+        to the callback; what ``PendingQueue.complete`` does, in one call. A subclass may
+        override it to take the bytes itself (a batch's step decodes them as it files them)."""
+        assert self.decode is not None
+        try:
+            result = self.decode(data)
+        except Exception as exc:  # its own errors, as they are (as PendingQueue.complete)
+            self._call(None, exc)
+        else:
+            self._call(result, None)
+
+
+def _callback_failed(exc: Exception) -> None:
+    """A response callback raised: the loop's exception handler has it (never the reader)."""
+    asyncio.get_running_loop().call_exception_handler(
+        {"message": "dm_env_rpc_client: a response callback failed", "exception": exc}
+    )
 
 
 class AsyncConnection:
@@ -235,20 +252,25 @@ class AsyncConnection:
 
     async def _read_loop(self) -> None:
         error: grpc.RpcError | None = None
+        # Bound once: a batch's loop runs this once per step of every world.
+        read, pending, eof, slots = self._call.read, self._pending, grpc.aio.EOF, self._slots
         try:
             while True:
-                data = await self._call.read()
-                if data is grpc.aio.EOF:
+                data = await read()
+                if data is eof:
                     break
                 try:
-                    item = self._pending.pop()
+                    item = pending.pop()
                 except errors.ProtocolError as exc:
                     self._shutdown(errors.ConnectionClosedError(str(exc)))
                     self._call.cancel()
                     return
-                self._pending.complete(item, data)
-                if self._slots is not None:
-                    self._slots.release()
+                if isinstance(item, _Callback):
+                    item.answer(data)
+                else:
+                    pending.complete(item, data)
+                if slots is not None:
+                    slots.release()
         except grpc.RpcError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -379,7 +401,7 @@ class AsyncConnection:
     def _submit_callback(
         self,
         data: bytes,
-        decode: Callable[[bytes], Any],
+        decode: Callable[[bytes], Any] | None,
         callback: Callable[[Any, BaseException | None], None] | _Callback,
     ) -> None:
         """Queues envelope bytes; ``callback(result, error)`` takes the response; on the loop.
@@ -389,7 +411,8 @@ class AsyncConnection:
         ``decode(data)``, or the error), or as the connection ends (with the
         error). If the connection is closed already, it is called with the error
         on the loop's next turn, never from within this call. ``callback`` may be
-        a ``_Callback`` itself (used as it is).
+        a ``_Callback`` itself (used as it is); ``decode`` may be None for one
+        whose ``answer`` reads the response's bytes itself.
         """
         receiver = callback if isinstance(callback, _Callback) else _Callback(callback)
         if self._closed_error is not None:

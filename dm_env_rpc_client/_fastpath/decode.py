@@ -47,10 +47,14 @@ from .. import errors, tensors
 from .._codec.payload import _ARRAY_TAG
 from .._proto import dm_env_rpc_pb2
 from . import layout as _layout
+from .raw_step import RawStep
 from .wire_step import WireTensor
 
 _TENSOR_FIELDS = dm_env_rpc_pb2.Tensor.DESCRIPTOR.fields_by_name
 _StepResponse = dm_env_rpc_pb2.StepResponse
+# What a layout reads from its bytes (SerializeToString): a parsed StepResponse, or a batch's
+# answer still in its bytes (_fastpath.raw_step).
+_SERIALIZED = (_StepResponse, RawStep)
 _LAYOUTS = 16  # how many times a plan learns a response layout (see _learn)
 _FIELD_OF_TYPE = {
     field.number: field.name
@@ -288,9 +292,7 @@ class ObservationPlan:
 
     def decode_response(self, response: Any) -> dict[str, Any]:
         """``decode(response.observations)``, by the learned layout when the response fits it."""
-        if type(response) is not _StepResponse or (
-            self._layout is None and self._layouts_left <= 0
-        ):
+        if type(response) not in _SERIALIZED or (self._layout is None and self._layouts_left <= 0):
             return self.decode(response.observations)
         data = response.SerializeToString()
         if self._layout is not None:
@@ -314,7 +316,8 @@ class ObservationPlan:
         """
         parts = None
         layouts = self._layout is not None or self._layouts_left > 0
-        if layouts and all(type(r) is _StepResponse for r in responses):
+        if layouts and all(type(r) in _SERIALIZED for r in responses):
+            # A batch's answers are RawSteps: their bytes as the server sent them, unparsed.
             parts = [response.SerializeToString() for response in responses]
             if self._layout is not None:
                 fast = self._layout.columns(parts)
