@@ -208,11 +208,14 @@ class AsyncConnection:
         """Queues request bytes (None: the end of writing) and starts the writer if it is idle."""
         self._writes.append(data)
         if self._writer is None:
-            if self._pool is not None:  # a batch's stream: its pool's tasks write it
-                self._writer = self._pool
-                self._pool.ready(self)
-            else:
-                self._writer = asyncio.ensure_future(self._write_loop())
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        if self._pool is not None:  # a batch's stream: its pool's tasks write it
+            self._writer = self._pool
+            self._pool.ready(self)
+        else:
+            self._writer = asyncio.ensure_future(self._write_loop())
 
     def _end_writing(self) -> None:
         """Half-closes the stream after the queued requests (idempotent; on the loop)."""
@@ -420,7 +423,9 @@ class AsyncConnection:
             return
         receiver.decode = decode
         self._pending.push_item(receiver)
-        self._queue(data)
+        self._writes.append(data)  # _queue's, inline: a batch's loop does this once a step
+        if self._writer is None:
+            self._start_writer()
 
     async def aclose(self) -> None:
         """Closes the stream and fails pending requests (idempotent)."""
