@@ -84,6 +84,10 @@ from ._batch.reset import reset_each
 from ._batch.restart import RAISE, RestartPolicy, WorldFailure
 from .random_actions import random_batch
 
+_PLAIN = {tuple}  # the types of a usual batch's outcomes (_collect)
+_PAIRS = {2}  # and their lengths: (step type, response)
+_STATE = operator.attrgetter("state")
+_CLOSED = operator.attrgetter("_closed")
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
 _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {wanted} of it."
 _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} did)."
@@ -313,6 +317,19 @@ class BatchedEnvironment(BatchCore):
                 raise errors.WorldError(_ALL_REMOVED, -1, None)
             return ids
         last = len(self._state) - 1
+        # The usual case at C level: whole numbers (an integer array's, or any that
+        # operator.index takes), all in range; anything else gets the loop's message below.
+        if isinstance(env_ids, np.ndarray) and env_ids.ndim == 1 and env_ids.dtype.kind in "iu":
+            ids = env_ids.tolist()
+        else:
+            if not isinstance(env_ids, (list, tuple)):
+                env_ids = list(env_ids)  # read once, by the loop below too
+            try:
+                ids = list(map(operator.index, env_ids))
+            except TypeError:
+                ids = []
+        if ids and min(ids) >= 0 and max(ids) <= last:
+            return ids
         ids = []
         for value in env_ids:
             try:
@@ -338,10 +355,11 @@ class BatchedEnvironment(BatchCore):
             was removed, or its connection is closed.
         """
         ids = self._checked_ids(env_ids)
-        for index in ids:
-            state = self._state[index]
-            if state in (_FAILED, _REMOVED_STATE):
-                raise self._refusal(index)
+        states = self._state
+        if _FAILED in states or _REMOVED_STATE in states:  # (a C-level look at every world)
+            for index in ids:
+                if states[index] in (_FAILED, _REMOVED_STATE):
+                    raise self._refusal(index)
         wire = self._encoded(actions, ids)
         if wire is None:  # the per-world path: it raises each world's own errors
             if self._runner is None:  # adaptors over connections of their own
@@ -372,11 +390,8 @@ class BatchedEnvironment(BatchCore):
         encoder = self._encoder
         if encoder is None or not isinstance(actions, Mapping):
             return None
-        envs, joined = self.envs, self._joined_specs
-        for index in ids:
-            env = envs[index]
-            if env._closed or env._wire_specs is not joined[index]:
-                return None
+        if any(map(_CLOSED, map(self.envs.__getitem__, ids))) or not self._as_joined(ids):
+            return None
         return encoder.encode(actions, len(ids))
 
     def _step_requests(self, actions: Any, ids: list[int], as_bytes: bool = False) -> list[Any]:
@@ -477,6 +492,23 @@ class BatchedEnvironment(BatchCore):
     def _collect(
         self, taken: list[tuple[int, Any, float]], min_count: int, timeout: float | None
     ) -> BatchedTimeStep:
+        if taken and self._runner is not None:
+            worlds, outcomes, waits = zip(*taken, strict=True)
+            if set(map(type, outcomes)) == _PLAIN and set(map(len, outcomes)) == _PAIRS:
+                # The usual batch: every step a (step type, response) pair; no failure, error
+                # or restart's FIRST among them. What the general path below does, a few
+                # C-level passes in place of a Python loop over the steps.
+                in_flight = self._in_flight
+                for index in worlds:
+                    in_flight[index] -= 1
+                self._in_flight_total -= len(worlds)
+                self.latencies.extend(waits)
+                kinds, answers = zip(*outcomes, strict=True)
+                try:
+                    stacked = self._decode(list(worlds), kinds, answers)
+                except Exception:  # find the world whose step does not decode
+                    return self._decode_apart(taken)
+                return _flagged(stacked, None, list(map(_STATE, answers)))
         removed = [item for item in taken if isinstance(item[1], _Failure) and item[1].removed]
         if removed:  # a removed world's steps are accounted for, not returned
             for index, outcome, _ in removed:

@@ -20,6 +20,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import operator
 import random
 import threading
 import time
@@ -60,6 +61,8 @@ _SEED_TWICE = (
 )
 _NAMES_COUNT = "Give one world name per world: {names} names for {count} worlds."
 _NO_WAITER = 1 << 62
+_WIRE_SPECS = operator.attrgetter("_wire_specs")
+_ONE, _POP = {1}, collections.deque.popleft  # (_take_filed)
 LATENCY_SAMPLES = 100_000  # latencies kept for percentiles; older ones are dropped
 
 
@@ -501,23 +504,33 @@ class BatchCore:
 
     def _take_filed(self) -> list[tuple[int, Any, float]]:
         """Takes every filed step: (world, outcome, latency), by world, oldest first."""
-        with self._cond:
+        with self._lock:
             done, worlds, self._filed = self._done, sorted(set(self._filed)), []
-            taken = [
-                (index, *queue.popleft())
-                for index in worlds
-                for queue in (done[index],)
-                for _ in range(len(queue))
-            ]
+            queues = list(map(done.__getitem__, worlds))
+            if set(map(len, queues)) == _ONE:  # one step each, the usual: C-level passes
+                outcomes, latencies = zip(*map(_POP, queues), strict=True)
+                taken = list(zip(worlds, outcomes, latencies, strict=True))
+            else:
+                taken = [
+                    (index, *item)
+                    for index, queue in zip(worlds, queues, strict=True)
+                    for item in queue
+                ]
+                for queue in queues:
+                    queue.clear()
             self._ready -= len(taken)
         return taken
 
+    def _as_joined(self, env_ids: list[int]) -> bool:
+        """Whether every world of ``env_ids`` has the specs it joined with (C-level passes)."""
+        envs, joined = self.envs, self._joined_specs
+        specs = map(_WIRE_SPECS, map(envs.__getitem__, env_ids))
+        return all(map(operator.is_, specs, map(joined.__getitem__, env_ids)))
+
     def _decode(
-        self, env_ids: list[int], step_types: list[Any], responses: list[Any]
+        self, env_ids: list[int], step_types: Sequence[Any], responses: Sequence[Any]
     ) -> BatchedTimeStep:
-        if self._decoder is not None and all(
-            self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
-        ):
+        if self._decoder is not None and self._as_joined(env_ids):
             return self._decoder.decode(step_types, responses, env_ids)
         # Specs differ between worlds (or changed on reset): one TimeStep per world.
         timesteps = [

@@ -38,6 +38,7 @@ it cannot, the usual copy, stacked.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -55,6 +56,8 @@ _StepResponse = dm_env_rpc_pb2.StepResponse
 # What a layout reads from its bytes (SerializeToString): a parsed StepResponse, or a batch's
 # answer still in its bytes (_fastpath.raw_step).
 _SERIALIZED = (_StepResponse, RawStep)
+_SERIALIZED_KINDS, _RAW_ONLY = set(_SERIALIZED), {RawStep}
+_BODY = operator.attrgetter("body")
 _LAYOUTS = 16  # how many times a plan learns a response layout (see _learn)
 _FIELD_OF_TYPE = {
     field.number: field.name
@@ -314,11 +317,15 @@ class ObservationPlan:
         Raises:
           ObservationError: as ``decode``, naming the offending response's position.
         """
-        parts = None
+        parts: list[Any] | None = None
         layouts = self._layout is not None or self._layouts_left > 0
-        if layouts and all(type(r) in _SERIALIZED for r in responses):
+        kinds = set(map(type, responses))
+        if layouts and kinds <= _SERIALIZED_KINDS:
             # A batch's answers are RawSteps: their bytes as the server sent them, unparsed.
-            parts = [response.SerializeToString() for response in responses]
+            bodies: list[Any] = list(map(_BODY, responses)) if kinds == _RAW_ONLY else [None]
+            if None in bodies:  # some are messages (or known only as messages)
+                bodies = [response.SerializeToString() for response in responses]
+            parts = bodies
             if self._layout is not None:
                 fast = self._layout.columns(parts)
                 if fast is not None:

@@ -102,9 +102,8 @@ class Layout:
     def columns(self, parts: Sequence[bytes]) -> dict[str, np.ndarray] | None:
         """``{name: [N, *shape] array}`` from N serialized responses, or None if one does not fit."""
         length = self.length
-        for part in parts:
-            if len(part) != length:
-                return None
+        if parts and set(map(len, parts)) != {length}:
+            return None
         rows = np.frombuffer(b"".join(parts), np.uint8).reshape(len(parts), length)
         if not (rows[:, self._structure] == self._expected).all():
             return None
