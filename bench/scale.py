@@ -347,7 +347,12 @@ def child_main(argv: list[str]) -> None:
         from _lib.step_floor import step_floor
 
         result = step_floor(
-            addresses, worlds, steps, WARMUP_PER_WORLD, thread_cpu if threads else None
+            addresses,
+            worlds,
+            steps,
+            WARMUP_PER_WORLD,
+            thread_cpu if threads else None,
+            streams_option().get("max_streams_per_connection"),
         )
     else:
         result = client(addresses, worlds, steps, threads)

@@ -241,7 +241,9 @@ def _check_cut_then_whole(episodes: dict[tuple[int, int], tuple[str, list[int]]]
     for world in (1, 3):
         numbers = sorted(n for w, n in episodes if w == world)
         cuts += [(world, n) for n in numbers if episodes[world, n][0] == "cut" and n != numbers[-1]]
-    ends = {w: [episodes[w, n][0] for n in sorted(n for v, n in episodes if v == w)] for w in (1, 3)}
+    ends = {
+        w: [episodes[w, n][0] for n in sorted(n for v, n in episodes if v == w)] for w in (1, 3)
+    }
     assert cuts, f"no killed world was cut mid-episode: {ends}"  # both at a boundary: rare
     whole = 0
     for world, n in cuts:

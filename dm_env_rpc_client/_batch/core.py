@@ -20,7 +20,6 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import operator
 import random
 import threading
 import time
@@ -32,13 +31,14 @@ import grpc
 import numpy as np
 
 from .. import errors
-from .._adaptor.stacked import BatchedTimeStep, StackedDecoder, batch_of
+from .._adaptor.stacked import BatchedTimeStep, StackedDecoder
 from .._base import checks as _checks
 from .._fastpath.raw_step import read_answer
 from .._fastpath.step_encoder import StepEncoder
 from .._transport.loop import LoopThread
+from .._transport.receivers import _Callback, _callback_failed
 from .._transport.writers import WritePool
-from ..aio import AsyncConnection, _Callback, _callback_failed
+from ..aio import AsyncConnection
 from ..connection import ConnectionLike
 from ..environment import DmEnvAdaptor
 from . import restart as _restart
@@ -61,8 +61,6 @@ _SEED_TWICE = (
 )
 _NAMES_COUNT = "Give one world name per world: {names} names for {count} worlds."
 _NO_WAITER = 1 << 62
-_WIRE_SPECS = operator.attrgetter("_wire_specs")
-_ONE, _POP = {1}, collections.deque.popleft  # (_take_filed)
 LATENCY_SAMPLES = 100_000  # latencies kept for percentiles; older ones are dropped
 
 
@@ -491,66 +489,6 @@ class BatchCore:
         """World ``index`` has ``steps`` more steps sent and not received (fewer if negative)."""
         self._in_flight[index] += steps
         self._in_flight_total += steps
-
-    def _put_back(self, items: list[tuple[int, Any, float]]) -> None:
-        """Files ``items`` again at the front of their worlds' queues, in their order."""
-        with self._cond:
-            for index, outcome, latency in reversed(items):
-                queue = self._done[index]
-                if not queue:
-                    self._filed.append(index)
-                queue.appendleft((outcome, latency))
-            self._ready += len(items)
-
-    def _take_filed(self) -> list[tuple[int, Any, float]]:
-        """Takes every filed step: (world, outcome, latency), by world, oldest first."""
-        with self._lock:
-            done, worlds, self._filed = self._done, sorted(set(self._filed)), []
-            queues = list(map(done.__getitem__, worlds))
-            if set(map(len, queues)) == _ONE:  # one step each, the usual: C-level passes
-                outcomes, latencies = zip(*map(_POP, queues), strict=True)
-                taken = list(zip(worlds, outcomes, latencies, strict=True))
-            else:
-                taken = [
-                    (index, *item)
-                    for index, queue in zip(worlds, queues, strict=True)
-                    for item in queue
-                ]
-                for queue in queues:
-                    queue.clear()
-            self._ready -= len(taken)
-        return taken
-
-    def _as_joined(self, env_ids: list[int]) -> bool:
-        """Whether every world of ``env_ids`` has the specs it joined with (C-level passes)."""
-        envs, joined = self.envs, self._joined_specs
-        specs = map(_WIRE_SPECS, map(envs.__getitem__, env_ids))
-        return all(map(operator.is_, specs, map(joined.__getitem__, env_ids)))
-
-    def _decode(
-        self, env_ids: list[int], step_types: Sequence[Any], responses: Sequence[Any]
-    ) -> BatchedTimeStep:
-        if self._decoder is not None and self._as_joined(env_ids):
-            return self._decoder.decode(step_types, responses, env_ids)
-        # Specs differ between worlds (or changed on reset): one TimeStep per world.
-        timesteps = [
-            self.envs[index]._timestep(step_type, response)
-            for index, step_type, response in zip(env_ids, step_types, responses, strict=True)
-        ]
-        return batch_of(timesteps, env_ids)
-
-    def _decode_apart(self, taken: list[tuple[int, Any, float]]) -> BatchedTimeStep:
-        """Raises ``WorldError`` for the first step that does not decode; the rest stay filed."""
-        for position, (index, outcome, _) in enumerate(taken):
-            try:
-                self.envs[index]._timestep(outcome[0], outcome[1])
-            except Exception as exc:
-                rest = taken[:position] + taken[position + 1 :]
-                for other, other_outcome, _ in rest:  # they are filed again below
-                    self._count(other, other_outcome[2] if len(other_outcome) > 2 else 1)
-                self._put_back(rest)
-                raise self._wrap(index, exc) from exc
-        raise AssertionError("the batch did not decode, but each step does")
 
     async def _stop_tasks(self) -> None:
         if self._watchdog is not None:

@@ -49,6 +49,7 @@ from .._adaptor.stacked import unstack
 from ..batched import BatchedEnvironment, BatchedTimeStep
 from ..random_actions import random_action
 from ..recording import Recording
+from . import blocks as _blocks
 from .events import RunObserver, Watch
 from .tally import EpisodeTally, RunStats
 
@@ -147,10 +148,14 @@ class _Loop:
         # Random actions: each world its share. A policy: one budget shared by every world.
         self.left: list[int] | None = None
         self.requested = 0
+        self.blocks: _blocks.ActionBlocks | None = None
         if policy is None:
             self.left = [steps // count + (world < steps % count) for world in range(count)]
             self.spec = batch.action_spec()
             self.rngs = [np.random.default_rng((seed + w, ACTION_STREAM)) for w in range(count)]
+            # Drawn a block at a time and taken stacked, where the spec allows (_stepping.blocks).
+            if _blocks.applies(self.spec):
+                self.blocks = _blocks.ActionBlocks(self.spec, self.rngs)
         # The worlds that may take a step (random actions): every world at first, then those
         # a step came back from (or not yet full). A policy's: the worlds of ``ready``.
         self.wanting = set(range(count)) if policy is None else set()
@@ -220,12 +225,13 @@ class _Loop:
         """Sends random actions to the worlds that want them; returns the worlds sent to."""
         batch, left, live, pipeline = self.batch, self.left, self.live, self.pipeline
         assert left is not None
-        ids = sorted(
-            w for w in self.wanting if left[w] and w in live and batch.in_flight(w) < pipeline
-        )
+        in_flight = batch.in_flight
+        ids = sorted(w for w in self.wanting if left[w] and w in live and in_flight(w) < pipeline)
         self.wanting.clear()
         if not ids:
             return []
+        if self.blocks is not None:
+            return self._send_block(ids)
         actions = [random_action(self.spec, self.rngs[world]) for world in ids]
         sent = set(_send(batch, ids, actions))
         for world, action in zip(ids, actions, strict=True):
@@ -239,6 +245,23 @@ class _Loop:
             if not sent:
                 return None
         return list(sent)
+
+    def _send_block(self, ids: list[int]) -> list[int] | None:
+        """``_send_random``'s send, for actions taken stacked from their blocks."""
+        batch, left, pipeline = self.batch, self.left, self.pipeline
+        assert left is not None and self.blocks is not None
+        actions = self.blocks.take(ids)
+        if not send_unless_removed(batch, actions, ids):  # all or nothing: none was sent
+            self.wanting.update(ids)
+            self.failures = -1  # refused: a world was removed; look again
+            return None
+        self.tally.sent_stacked(ids, actions)
+        in_flight = batch.in_flight
+        for world in ids:
+            left[world] -= 1
+            if in_flight(world) < pipeline:
+                self.wanting.add(world)  # room for more
+        return ids
 
     def _send_chosen(self) -> list[int] | None:
         """Sends the policy's actions to the worlds of ``ready``; returns the worlds sent to."""
