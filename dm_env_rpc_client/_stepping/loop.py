@@ -10,8 +10,9 @@ public face; the command line's ``run``, the Ray shards and ``bench/`` call it):
   own, seeded from ``seed + i`` (a stream apart from the one its server gets).
   So the same call, against servers seeded the same way, plays the same steps
   whatever order the responses come back in. Up to ``pipeline`` steps are in
-  flight per world. Variable-length actions are sent world by world when they
-  do not stack.
+  flight per world. A small fixed-shape action spec's are drawn 32 at a time
+  per world and taken stacked (``_stepping.blocks``); variable-length actions
+  are sent world by world when they do not stack.
 - A policy: every world is reset first, then ``policy(timestep)`` gives the
   actions of the worlds of each batch of steps received (one step in flight per
   world); the steps are shared, so a world that answers sooner takes more.
