@@ -51,7 +51,10 @@ flight per world, the same number of steps) over a batch connected the same way.
 
 ``--rounds R`` measures each size R times (the SDK, its floor and ``--cli`` in turn, each
 in a fresh process): the rows are each one's median round, and the client/floor ratios
-their median with the range over the rounds. ``--plot FILE.svg`` draws client CPU per step
+their median with the range over the rounds. ``--streams-per-connection N`` connects with
+``max_streams_per_connection=N`` and lays the stepping floor's streams out the same way (N
+a connection; by default the floor has one connection a server, the batch 100 streams a
+connection). ``--plot FILE.svg`` draws client CPU per step
 against worlds for the SDK (``send``/``recv``, and with ``--cli`` the run loop) and the
 floor, each server kind, with matplotlib. CPU per step is CPU time, so a ratio taken in one
 run holds on a loaded machine; wall times (connect, close, steps/s) do not.
@@ -415,8 +418,18 @@ def main() -> None:
         help="with --baseline, the 'before' rows of the SDK server run against 4 servers of "
         "DIR's SDK too (started beside this checkout's): the server's own before-and-after",
     )
+    parser.add_argument(
+        "--streams-per-connection",
+        type=int,
+        metavar="N",
+        help="connect with max_streams_per_connection=N, and lay the stepping floor's streams "
+        "out the same way (default: the batch's default, and the floor on one connection a "
+        "server)",
+    )
     add_pin_argument(parser)
     args = parser.parse_args()
+    if args.streams_per_connection:  # the children read it (streams_option)
+        os.environ["SCALE_STREAMS_PER_CONNECTION"] = str(args.streams_per_connection)
     pinned = apply_pin(args.pin)
     counts = {worlds: server_count(worlds) for worlds in args.worlds}
     started = max(counts.values())  # each size uses the first counts[worlds] of them
