@@ -51,7 +51,10 @@ flight per world, the same number of steps) over a batch connected the same way.
 
 ``--rounds R`` measures each size R times (the SDK, its floor and ``--cli`` in turn, each
 in a fresh process): the rows are each one's median round, and the client/floor ratios
-their median with the range over the rounds. ``--plot FILE.svg`` draws client CPU per step
+their median with the range over the rounds. ``--streams-per-connection N`` connects with
+``max_streams_per_connection=N`` and lays the stepping floor's streams out the same way (N
+a connection; by default the floor has one connection a server, the batch 100 streams a
+connection). ``--plot FILE.svg`` draws client CPU per step
 against worlds for the SDK (``send``/``recv``, and with ``--cli`` the run loop) and the
 floor, each server kind, with matplotlib. CPU per step is CPU time, so a ratio taken in one
 run holds on a loaded machine; wall times (connect, close, steps/s) do not.
@@ -159,6 +162,13 @@ class Spent:
         return {"wall": self.wall, "cpu": self.cpu, "servers": self.servers}
 
 
+def streams_option() -> dict[str, int]:
+    """``connect``'s ``max_streams_per_connection`` from ``--streams-per-connection`` (passed
+    to the child as $SCALE_STREAMS_PER_CONNECTION), or nothing (the default)."""
+    value = os.environ.get("SCALE_STREAMS_PER_CONNECTION")
+    return {"max_streams_per_connection": int(value)} if value else {}
+
+
 def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict[str, Any]:
     """One size, in this (child) process; returns the measurements."""
     import numpy as np
@@ -173,7 +183,7 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
         return {**open_close_floor(addresses, worlds, servers_cpu), "rss_kb": float("nan")}
     with Spent() as connecting:
         batch = dmr.BatchedEnvironment.connect(
-            addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
+            addresses, worlds, timeout=60, seed=0, on_world_failure="restart", **streams_option()
         )
     if steps == 0:  # --connect-only: connect and close, nothing else
         rss = rss_bytes() - rss0
@@ -266,7 +276,7 @@ def cli_client(addresses: list[str], worlds: int, steps: int) -> dict[str, float
     import dm_env_rpc_client as dmr
 
     batch = dmr.BatchedEnvironment.connect(
-        addresses, worlds, timeout=60, seed=0, on_world_failure="restart"
+        addresses, worlds, timeout=60, seed=0, on_world_failure="restart", **streams_option()
     )
     with batch:
         options = {"pipeline": IN_FLIGHT, "timeout": 60.0, "seed": 0}
@@ -340,7 +350,12 @@ def child_main(argv: list[str]) -> None:
         from _lib.step_floor import step_floor
 
         result = step_floor(
-            addresses, worlds, steps, WARMUP_PER_WORLD, thread_cpu if threads else None
+            addresses,
+            worlds,
+            steps,
+            WARMUP_PER_WORLD,
+            thread_cpu if threads else None,
+            streams_option().get("max_streams_per_connection"),
         )
     else:
         result = client(addresses, worlds, steps, threads)
@@ -403,8 +418,18 @@ def main() -> None:
         help="with --baseline, the 'before' rows of the SDK server run against 4 servers of "
         "DIR's SDK too (started beside this checkout's): the server's own before-and-after",
     )
+    parser.add_argument(
+        "--streams-per-connection",
+        type=int,
+        metavar="N",
+        help="connect with max_streams_per_connection=N, and lay the stepping floor's streams "
+        "out the same way (default: the batch's default, and the floor on one connection a "
+        "server)",
+    )
     add_pin_argument(parser)
     args = parser.parse_args()
+    if args.streams_per_connection:  # the children read it (streams_option)
+        os.environ["SCALE_STREAMS_PER_CONNECTION"] = str(args.streams_per_connection)
     pinned = apply_pin(args.pin)
     counts = {worlds: server_count(worlds) for worlds in args.worlds}
     started = max(counts.values())  # each size uses the first counts[worlds] of them

@@ -32,6 +32,7 @@ from google.protobuf import message
 from . import errors, messages
 from ._base.checks import check_metadata, check_seconds
 from ._transport import ready as _ready
+from ._transport.receivers import _Callback
 from ._transport.writers import WritePool
 from .connection import (
     _CLOSED,
@@ -62,54 +63,6 @@ def _consume(future: asyncio.Future[Any]) -> None:
 def _resolve(future: asyncio.Future[Any] | _Callback, result: Any) -> None:
     if not future.done():
         future.set_result(result)
-
-
-class _Callback:
-    """A pending request's receiver that calls ``callback(result, error)`` at once.
-
-    It stands in for the request's Future where the loop itself consumes the
-    response (``_submit_callback``): no Future, no done callbacks, and no loop
-    turn between reading a response and handling it. An exception of the
-    callback goes to the loop's exception handler, never into the reader. A
-    subclass may override ``_run`` instead of holding a callback (a batch's
-    receiver holds the step's own few values: one object per step in flight,
-    not a callback, a bound method and a partial that the GC would scan). It is
-    its own pending item (``messages.PendingLike``: ``future`` is itself), so no
-    ``Pending`` is made for it either.
-    """
-
-    __slots__ = ("_callback", "decode")
-
-    expected = ""  # a pending item's other fields (messages.PendingLike)
-    response_type: type | None = None
-
-    def __init__(self, callback: Callable[[Any, BaseException | None], None]) -> None:
-        self._callback = callback
-        self.decode: Callable[[bytes], Any] | None = None
-
-    @property
-    def future(self) -> _Callback:
-        return self
-
-    def done(self) -> bool:
-        return False  # each pending request is completed once
-
-    def set_result(self, result: Any) -> None:
-        self._call(result, None)
-
-    def set_exception(self, error: BaseException) -> None:
-        self._call(None, error)
-
-    def _run(self, result: Any, error: BaseException | None) -> None:
-        self._callback(result, error)
-
-    def _call(self, result: Any, error: BaseException | None) -> None:
-        try:
-            self._run(result, error)
-        except Exception as exc:
-            asyncio.get_running_loop().call_exception_handler(
-                {"message": "dm_env_rpc_client: a response callback failed", "exception": exc}
-            )
 
 
 class AsyncConnection:
@@ -191,11 +144,14 @@ class AsyncConnection:
         """Queues request bytes (None: the end of writing) and starts the writer if it is idle."""
         self._writes.append(data)
         if self._writer is None:
-            if self._pool is not None:  # a batch's stream: its pool's tasks write it
-                self._writer = self._pool
-                self._pool.ready(self)
-            else:
-                self._writer = asyncio.ensure_future(self._write_loop())
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        if self._pool is not None:  # a batch's stream: its pool's tasks write it
+            self._writer = self._pool
+            self._pool.ready(self)
+        else:
+            self._writer = asyncio.ensure_future(self._write_loop())
 
     def _end_writing(self) -> None:
         """Half-closes the stream after the queued requests (idempotent; on the loop)."""
@@ -235,20 +191,25 @@ class AsyncConnection:
 
     async def _read_loop(self) -> None:
         error: grpc.RpcError | None = None
+        # Bound once: a batch's loop runs this once per step of every world.
+        read, pending, eof, slots = self._call.read, self._pending, grpc.aio.EOF, self._slots
         try:
             while True:
-                data = await self._call.read()
-                if data is grpc.aio.EOF:
+                data = await read()
+                if data is eof:
                     break
                 try:
-                    item = self._pending.pop()
+                    item = pending.pop()
                 except errors.ProtocolError as exc:
                     self._shutdown(errors.ConnectionClosedError(str(exc)))
                     self._call.cancel()
                     return
-                self._pending.complete(item, data)
-                if self._slots is not None:
-                    self._slots.release()
+                if isinstance(item, _Callback):
+                    item.answer(data)
+                else:
+                    pending.complete(item, data)
+                if slots is not None:
+                    slots.release()
         except grpc.RpcError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -379,7 +340,7 @@ class AsyncConnection:
     def _submit_callback(
         self,
         data: bytes,
-        decode: Callable[[bytes], Any],
+        decode: Callable[[bytes], Any] | None,
         callback: Callable[[Any, BaseException | None], None] | _Callback,
     ) -> None:
         """Queues envelope bytes; ``callback(result, error)`` takes the response; on the loop.
@@ -389,7 +350,8 @@ class AsyncConnection:
         ``decode(data)``, or the error), or as the connection ends (with the
         error). If the connection is closed already, it is called with the error
         on the loop's next turn, never from within this call. ``callback`` may be
-        a ``_Callback`` itself (used as it is).
+        a ``_Callback`` itself (used as it is); ``decode`` may be None for one
+        whose ``answer`` reads the response's bytes itself.
         """
         receiver = callback if isinstance(callback, _Callback) else _Callback(callback)
         if self._closed_error is not None:
@@ -397,7 +359,9 @@ class AsyncConnection:
             return
         receiver.decode = decode
         self._pending.push_item(receiver)
-        self._queue(data)
+        self._writes.append(data)  # _queue's, inline: a batch's loop does this once a step
+        if self._writer is None:
+            self._start_writer()
 
     async def aclose(self) -> None:
         """Closes the stream and fails pending requests (idempotent)."""

@@ -67,6 +67,7 @@ import numpy as np
 from . import errors
 from ._adaptor.stacked import BatchedTimeStep, batch_of, split_actions
 from ._base import checks as _checks
+from ._batch import taking as _taking
 from ._batch.channels import DEFAULT_STREAMS_PER_CONNECTION
 from ._batch.closing import close_batch
 from ._batch.core import (
@@ -84,12 +85,12 @@ from ._batch.reset import reset_each
 from ._batch.restart import RAISE, RestartPolicy, WorldFailure
 from .random_actions import random_batch
 
+_CLOSED = operator.attrgetter("_closed")
 _TOO_FEW = "Only {pending} steps are in flight; cannot receive {wanted}. send() more first."
 _WORLD_IDLE = "World {index} has {pending} steps in flight; cannot receive {wanted} of it."
 _RECV_TIMEOUT = "Fewer than {wanted} steps finished within {timeout} s ({ready} did)."
 _NO_RESPONSE = "no response within {timeout} s"
 _ALL_REMOVED = "Every world of the batch was removed after failing; see envs.failures."
-_BAD_ID = "env_ids holds {value!r}; give world indices from 0 to {last} (see envs.live_ids)."
 _RESET_TWICE = "env_ids names world {index} twice; reset each world once."
 _RESET_IN_FLIGHT = (
     "World {index} has {pending} step(s) in flight; recv() them before resetting it "
@@ -312,17 +313,7 @@ class BatchedEnvironment(BatchCore):
             if not ids:
                 raise errors.WorldError(_ALL_REMOVED, -1, None)
             return ids
-        last = len(self._state) - 1
-        ids = []
-        for value in env_ids:
-            try:
-                index = operator.index(value)
-            except TypeError:
-                raise ValueError(_BAD_ID.format(value=value, last=last)) from None
-            if not 0 <= index <= last:
-                raise ValueError(_BAD_ID.format(value=value, last=last))
-            ids.append(index)
-        return ids
+        return _taking.checked_ids(len(self._state), env_ids)
 
     def send(self, actions: Any, env_ids: Sequence[int]) -> None:
         """Sends one step to each world in ``env_ids`` (actions stacked in that order); returns at once.
@@ -338,10 +329,11 @@ class BatchedEnvironment(BatchCore):
             was removed, or its connection is closed.
         """
         ids = self._checked_ids(env_ids)
-        for index in ids:
-            state = self._state[index]
-            if state in (_FAILED, _REMOVED_STATE):
-                raise self._refusal(index)
+        states = self._state
+        if _FAILED in states or _REMOVED_STATE in states:  # (a C-level look at every world)
+            for index in ids:
+                if states[index] in (_FAILED, _REMOVED_STATE):
+                    raise self._refusal(index)
         wire = self._encoded(actions, ids)
         if wire is None:  # the per-world path: it raises each world's own errors
             if self._runner is None:  # adaptors over connections of their own
@@ -372,11 +364,8 @@ class BatchedEnvironment(BatchCore):
         encoder = self._encoder
         if encoder is None or not isinstance(actions, Mapping):
             return None
-        envs, joined = self.envs, self._joined_specs
-        for index in ids:
-            env = envs[index]
-            if env._closed or env._wire_specs is not joined[index]:
-                return None
+        if any(map(_CLOSED, map(self.envs.__getitem__, ids))) or not _taking.as_joined(self, ids):
+            return None
         return encoder.encode(actions, len(ids))
 
     def _step_requests(self, actions: Any, ids: list[int], as_bytes: bool = False) -> list[Any]:
@@ -431,7 +420,7 @@ class BatchedEnvironment(BatchCore):
             raise errors.RequestTimeoutError(
                 _RECV_TIMEOUT.format(wanted=min_count, timeout=timeout, ready=self._ready)
             )
-        return self._collect(self._take_filed(), min_count, timeout)
+        return self._collect(_taking.take_filed(self), min_count, timeout)
 
     def _recv_worlds(self, env_ids: list[int], timeout: float | None) -> BatchedTimeStep:
         wanted = collections.Counter(env_ids)
@@ -477,6 +466,9 @@ class BatchedEnvironment(BatchCore):
     def _collect(
         self, taken: list[tuple[int, Any, float]], min_count: int, timeout: float | None
     ) -> BatchedTimeStep:
+        plain = _taking.collect_plain(self, taken) if self._runner is not None else None
+        if plain is not None:  # the usual batch
+            return plain
         removed = [item for item in taken if isinstance(item[1], _Failure) and item[1].removed]
         if removed:  # a removed world's steps are accounted for, not returned
             for index, outcome, _ in removed:
@@ -489,7 +481,7 @@ class BatchedEnvironment(BatchCore):
         bad = next((k for k, (_, outcome, _) in enumerate(taken) if _is_bad(outcome)), None)
         if bad is not None:
             index, outcome, _ = taken[bad]
-            self._put_back(taken[:bad] + taken[bad + 1 :])
+            _taking.put_back(self, taken[:bad] + taken[bad + 1 :])
             self._count(index, -(outcome.lost if isinstance(outcome, _Failure) else 1))
             cause = outcome.cause if isinstance(outcome, _Failure) else outcome
             if isinstance(cause, errors.WorldError):
@@ -511,9 +503,9 @@ class BatchedEnvironment(BatchCore):
         step_types = [outcome[0] for _, outcome, _ in taken]
         responses = [outcome[1] for _, outcome, _ in taken]
         try:
-            stacked = self._decode(env_ids, step_types, responses)
+            stacked = _taking.decode(self, env_ids, step_types, responses)
         except Exception:  # find the world whose step does not decode
-            return self._decode_apart(taken)
+            return _taking.decode_apart(self, taken)
         truncated = [len(outcome) > 2 for _, outcome, _ in taken]
         return _flagged(stacked, truncated, [response.state for response in responses])
 

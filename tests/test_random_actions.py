@@ -108,3 +108,38 @@ def test_specs_without_random_values() -> None:
         random_action(dm_specs.Array((), object, name="blob"), 0)
     with pytest.raises(errors.SpecError, match="dm_env specs"):
         random_action(3, 0)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(spec=numeric_specs(), seed=st.integers(0, 2**32 - 1))
+def test_the_run_loops_blocks_draw_what_one_by_one_draws_would(
+    spec: dm_specs.Array, seed: int
+) -> None:
+    # The run loop takes a world's random actions from blocks of BLOCK (_stepping.blocks):
+    # for an action of one leaf, exactly the values random_action draws one at a time.
+    from dm_env_rpc_client._stepping import blocks
+
+    action_spec = {"a": spec}
+    if not blocks.applies(action_spec):
+        return
+    rngs = [np.random.default_rng(seed), np.random.default_rng(seed + 1)]
+    drawn = blocks.ActionBlocks(action_spec, rngs)
+    one_by_one = [np.random.default_rng(seed), np.random.default_rng(seed + 1)]
+    for turn in range(blocks.BLOCK + 3):  # past the first block
+        worlds = [1, 0] if turn % 2 else [0]  # in any order, not every world each time
+        stacked = drawn.take(worlds)["a"]
+        assert stacked.dtype == np.dtype(spec.dtype) and stacked.shape == (len(worlds), *spec.shape)
+        for row, world in zip(stacked, worlds, strict=True):
+            expected = np.asarray(random_action(spec, one_by_one[world]))
+            np.testing.assert_array_equal(row, expected)
+
+
+def test_the_run_loop_draws_one_by_one_what_blocks_do_not_cover() -> None:
+    from dm_env_rpc_client._stepping import blocks
+
+    assert blocks.applies({"paddle": dm_specs.BoundedArray((), np.int8, -1, 1)})
+    assert blocks.applies({"a": dm_specs.Array((2,), np.float32), "b": dm_specs.Array((), bool)})
+    assert not blocks.applies({"v": VariableArray((-1,), np.int32)})  # a length of its own
+    assert not blocks.applies({"s": dm_specs.StringArray(())})
+    assert not blocks.applies({"big": dm_specs.Array((100,), np.float32)})  # over 64 bytes
+    assert not blocks.applies([dm_specs.Array((), np.int8)])  # not a dict

@@ -232,3 +232,31 @@ def test_per_world_counts_and_resume_that_cannot_work_are_named(catch_server: Se
         pytest.raises(dmr.ArgumentTypeError, match=r"batch of 3 worlds"),
     ):
         dmr.collect(other, 2, resume=random_run)
+
+
+def test_a_batch_is_counted_alike_at_once_and_step_by_step(catch_server: Server) -> None:
+    # EpisodeTally.take counts the usual batch (one step per world, no restart) with NumPy
+    # calls (_take_apart), others step by step (_take_each): the two count the same.
+    from dm_env_rpc_client._stepping.tally import EpisodeTally, RunStats
+
+    rng = np.random.default_rng(7)
+    with dmr.BatchedEnvironment.connect([catch_server.address], 5, seed=0) as batch:
+        tallies = [EpisodeTally(batch, RunStats(), None, in_episode=False) for _ in range(2)]
+        for _ in range(200):
+            ids = rng.permutation(5)[: rng.integers(1, 6)]
+            kinds = rng.choice(np.array([0, 1, 1, 1, 2], np.uint8), len(ids))
+            reward = np.where(kinds == 0, np.nan, rng.normal(size=len(ids)))
+            result = dmr.BatchedTimeStep(
+                kinds, reward, reward, {}, ids, np.zeros(len(ids), bool), kinds
+            )
+            for tally in tallies:
+                for world in ids.tolist():
+                    tally.sent[world].append(world)
+            tallies[0]._take_apart(result, ids.tolist(), None)
+            assert tallies[1]._take_each(result, ids.tolist(), None) == {}
+        fast, slow = tallies
+        assert (fast.stats.steps, fast.stats.episodes) == (slow.stats.steps, slow.stats.episodes)
+        assert fast.stats.episodes > 20
+        assert fast.returns == slow.returns and fast.in_episode == slow.in_episode
+        np.testing.assert_array_equal(fast.running, slow.running)
+        assert [list(q) for q in fast.sent] == [list(q) for q in slow.sent] == [[]] * 5

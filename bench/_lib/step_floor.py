@@ -92,8 +92,17 @@ async def _step(
     steps: int,
     warmup: int,
     threads: Callable[[], dict[str, float]] | None,
+    per_connection: int | None,
 ) -> dict[str, Any]:
-    channels = {address: create_channel(address, aio=True) for address in addresses}
+    # World i is on server i % len(addresses), on that server's connection (its position
+    # among the server's worlds) // per_connection: the batch's layout (_batch.channels).
+    per = per_connection or worlds
+    keys = [(addresses[i % len(addresses)], i // len(addresses) // per) for i in range(worlds)]
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection each, as the batch's channels
+    channels = {
+        key: create_channel(key[0], aio=True, options=own if per_connection else None)
+        for key in dict.fromkeys(keys)
+    }
     for channel in channels.values():
         await channel.channel_ready()
     gates = {address: asyncio.Semaphore(OPENING_PER_SERVER) for address in addresses}
@@ -103,7 +112,7 @@ async def _step(
     async def open_one(index: int) -> None:
         address = addresses[index % len(addresses)]
         async with gates[address]:
-            call = calls[index] = channels[address].stream_stream(METHOD)()
+            call = calls[index] = channels[keys[index]].stream_stream(METHOD)()
             seed = {"seed": pack_tensor(index)}
             await call.write(
                 _request(create_world=dm_env_rpc_pb2.CreateWorldRequest(settings=seed))
@@ -173,9 +182,12 @@ def step_floor(
     steps: int,
     warmup: int,
     threads: Callable[[], dict[str, float]] | None = None,
+    per_connection: int | None = None,
 ) -> dict[str, Any]:
     """Steps ``worlds`` worlds over ``addresses`` on bare ``grpc.aio`` (see the module docs);
     returns this process's CPU µs per step (``cpu_us``), steps per second (``steps_s``), the
     worlds' step counts' ``spread`` and ``server_spread`` (``spreads``) and,
-    with ``threads`` (CPU seconds by thread name so far), CPU µs per step by thread."""
-    return asyncio.run(_step(addresses, worlds, steps, warmup, threads))
+    with ``threads`` (CPU seconds by thread name so far), CPU µs per step by thread.
+    ``per_connection``: at most this many streams on one HTTP/2 connection, laid out as a
+    batch's (``_batch.channels``); None: one connection per server."""
+    return asyncio.run(_step(addresses, worlds, steps, warmup, threads, per_connection))

@@ -29,6 +29,7 @@ import dm_env
 import numpy as np
 
 from .. import errors, specs
+from .._fastpath.decode import ObservationPlan
 from .._proto import dm_env_rpc_pb2
 from .core import DISCOUNT, REWARD, AdaptorCore
 
@@ -198,6 +199,11 @@ class StackedDecoder:
         self._template = template
         self._plan = template._plan
         self._hidden = set(template._hidden)
+
+    @property
+    def plan(self) -> ObservationPlan:
+        """The plan it decodes by (the template's)."""
+        return self._plan
 
     def columns(self, responses: Sequence[Any]) -> dict[str, Any]:
         """Each requested observation of all the responses, by name (flat, hidden ones too).

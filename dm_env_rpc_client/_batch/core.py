@@ -31,13 +31,14 @@ import grpc
 import numpy as np
 
 from .. import errors
-from .._adaptor.stacked import BatchedTimeStep, StackedDecoder, batch_of
+from .._adaptor.stacked import BatchedTimeStep, StackedDecoder
 from .._base import checks as _checks
+from .._fastpath.raw_step import read_answer
 from .._fastpath.step_encoder import StepEncoder
-from .._fastpath.wire_step import read_step
 from .._transport.loop import LoopThread
+from .._transport.receivers import _Callback, _callback_failed
 from .._transport.writers import WritePool
-from ..aio import AsyncConnection, _Callback
+from ..aio import AsyncConnection
 from ..connection import ConnectionLike
 from ..environment import DmEnvAdaptor
 from . import restart as _restart
@@ -89,6 +90,13 @@ class _Landing(_Callback):
     def _run(self, result: Any, error: BaseException | None) -> None:
         self._core._landed(self._index, self._gen, self._sent, result, error)
 
+    def answer(self, data: bytes) -> None:
+        # The reader's call with the answer's bytes: one call to where it is filed.
+        try:
+            self._core._landed_data(self._index, self._gen, self._sent, data)
+        except Exception as exc:
+            _callback_failed(exc)
+
 
 _NOT_ENVS = (
     "BatchedEnvironment(envs) takes joined worlds (DmEnvAdaptors), not {envs}; to connect to "
@@ -125,6 +133,9 @@ class BatchCore:
         # With a runner and the same specs everywhere: the batch-at-once decoder, and the
         # specs it was made for (a world whose specs change on reset is decoded alone).
         self._decoder: StackedDecoder | None = None
+        # Its plan, whose learned layout lets the loop read an answer's state from its bytes
+        # (_fastpath.raw_step); None: every answer is parsed there.
+        self._plan: Any = None
         self._joined_specs: list[Any] = []
         # With a runner and the same specs everywhere: the step requests' encoder (send's
         # fast path, for the worlds whose specs are still those they joined with).
@@ -136,7 +147,10 @@ class BatchCore:
         # exception of a failed step, a _Failure, else (TimeStep, state) (adaptors over their
         # own connections) or (step type, StepResponse[, steps it answers]) (on the batch's loop;
         # recv decodes these; a third item marks the truncating FIRST step after a restart).
-        self._cond = threading.Condition(threading.Lock())
+        # _lock is _cond's: taken directly where nothing waits or is notified (its C-level
+        # enter and exit, not Condition's Python-level ones: the loop takes it once a step).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         count = len(self.envs)
         self._done: list[collections.deque[tuple[Any, float]]] = [
             collections.deque() for _ in range(count)
@@ -213,9 +227,25 @@ class BatchCore:
 
     def _write_steps(self, ids: list[int], wire: list[bytes], sent: float) -> None:
         # Queue each world's step request (EnvironmentRequest bytes); _landed files its response.
+        # A live world's is _write's, inlined (the loop runs this once per step sent).
+        states, busy, progress, gens, streams = (
+            self._state,
+            self._busy,
+            self._progress,
+            self._gen,
+            self._streams,
+        )
+        plain = not self._autoreset and not self._moving
         for index, data in zip(ids, wire, strict=True):
-            state = self._state[index]
-            if state == _LIVE:
+            state = states[index]
+            if state == _LIVE and plain:
+                if not busy[index]:
+                    progress[index] = sent
+                busy[index] += 1
+                streams[index]._submit_callback(
+                    data, None, _Landing(self, index, gens[index], sent)
+                )
+            elif state == _LIVE:
                 self._write(index, data, sent)
             elif state == _RESTARTING:
                 self._held[index].append((data, sent))
@@ -244,7 +274,24 @@ class BatchCore:
         if self._moving and index in self._moving:  # picked to move: keep the bytes
             self._moving[index].recorded.append((data, sent))
         landing = _Landing(self, index, self._gen[index], sent)
-        self._streams[index]._submit_callback(data, read_step, landing)
+        self._streams[index]._submit_callback(data, None, landing)
+
+    def _landed_data(self, index: int, gen: int, sent: float, data: bytes) -> None:
+        """``_landed`` for an answer's bytes (the reader's call, in answer order): read (its
+        state alone, where the plan's layout fits: ``_fastpath.raw_step``), then filed."""
+        if gen != self._gen[index]:
+            return  # an answer to a step dropped by a failure
+        plan = self._plan
+        try:
+            response = read_answer(data, None if plan is None else plan._layout)
+        except Exception as exc:  # the server's error for this step, or an unreadable answer
+            self._landed(index, gen, sent, None, exc)
+            return
+        try:
+            outcome: Any = (self.envs[index]._advance(response.state), response)
+        except Exception as exc:
+            outcome = exc
+        self._settle(index, gen, sent, outcome)
 
     def _landed(
         self, index: int, gen: int, sent: float, response: Any, error: BaseException | None
@@ -261,8 +308,12 @@ class BatchCore:
                 outcome = (self.envs[index]._advance(response.state), response)
             except Exception as exc:
                 outcome = exc
+        self._settle(index, gen, sent, outcome)
+
+    def _settle(self, index: int, gen: int, sent: float, outcome: Any) -> None:
+        """World ``index``'s step landed with ``outcome``: it makes progress, and is filed."""
         self._busy[index] -= 1
-        self._progress[index] = time.perf_counter()
+        now = self._progress[index] = time.perf_counter()
         if self._truncate_next[index]:
             self._truncate_next[index] = False
             if isinstance(outcome, tuple):
@@ -276,7 +327,7 @@ class BatchCore:
             self._auto_sent[index] += 1  # counted before the LAST is filed: recv sees both
             self._auto_total += 1
             self._write(index, self._latest_wire[index], time.perf_counter())
-        self._file(index, gen, sent, outcome)
+        self._file(index, gen, sent, outcome, now)
         if self._moving and index in self._moving:
             self._balancer.landed(index, outcome)
 
@@ -429,10 +480,13 @@ class BatchCore:
             outcome = exc
         self._file(index, gen, sent, outcome)
 
-    def _file(self, index: int, gen: int, sent: float, outcome: Any) -> None:
+    def _file(
+        self, index: int, gen: int, sent: float, outcome: Any, now: float | None = None
+    ) -> None:
         # On the loop (or a connection's reader thread): file the step and wake recv if due.
-        latency = time.perf_counter() - sent
-        with self._cond:
+        # ``now``: perf_counter() as the caller just read it.
+        latency = (time.perf_counter() if now is None else now) - sent
+        with self._lock:  # _cond's
             if gen != self._gen[index]:
                 return  # an answer to a step dropped by a failure
             queue = self._done[index]
@@ -464,56 +518,6 @@ class BatchCore:
         """World ``index`` has ``steps`` more steps sent and not received (fewer if negative)."""
         self._in_flight[index] += steps
         self._in_flight_total += steps
-
-    def _put_back(self, items: list[tuple[int, Any, float]]) -> None:
-        """Files ``items`` again at the front of their worlds' queues, in their order."""
-        with self._cond:
-            for index, outcome, latency in reversed(items):
-                queue = self._done[index]
-                if not queue:
-                    self._filed.append(index)
-                queue.appendleft((outcome, latency))
-            self._ready += len(items)
-
-    def _take_filed(self) -> list[tuple[int, Any, float]]:
-        """Takes every filed step: (world, outcome, latency), by world, oldest first."""
-        with self._cond:
-            done, worlds, self._filed = self._done, sorted(set(self._filed)), []
-            taken = [
-                (index, *queue.popleft())
-                for index in worlds
-                for queue in (done[index],)
-                for _ in range(len(queue))
-            ]
-            self._ready -= len(taken)
-        return taken
-
-    def _decode(
-        self, env_ids: list[int], step_types: list[Any], responses: list[Any]
-    ) -> BatchedTimeStep:
-        if self._decoder is not None and all(
-            self.envs[index]._wire_specs is self._joined_specs[index] for index in env_ids
-        ):
-            return self._decoder.decode(step_types, responses, env_ids)
-        # Specs differ between worlds (or changed on reset): one TimeStep per world.
-        timesteps = [
-            self.envs[index]._timestep(step_type, response)
-            for index, step_type, response in zip(env_ids, step_types, responses, strict=True)
-        ]
-        return batch_of(timesteps, env_ids)
-
-    def _decode_apart(self, taken: list[tuple[int, Any, float]]) -> BatchedTimeStep:
-        """Raises ``WorldError`` for the first step that does not decode; the rest stay filed."""
-        for position, (index, outcome, _) in enumerate(taken):
-            try:
-                self.envs[index]._timestep(outcome[0], outcome[1])
-            except Exception as exc:
-                rest = taken[:position] + taken[position + 1 :]
-                for other, other_outcome, _ in rest:  # they are filed again below
-                    self._count(other, other_outcome[2] if len(other_outcome) > 2 else 1)
-                self._put_back(rest)
-                raise self._wrap(index, exc) from exc
-        raise AssertionError("the batch did not decode, but each step does")
 
     async def _stop_tasks(self) -> None:
         if self._watchdog is not None:

@@ -210,6 +210,7 @@ def equip(
     batch._joined_specs = [env._wire_specs for env in envs]
     if all(specs == batch._joined_specs[0] for specs in batch._joined_specs):
         batch._decoder = StackedDecoder(envs[0])
+        batch._plan = batch._decoder.plan  # its layout: answers' states read on the loop
         batch._encoder = StepEncoder(envs[0])
     batch._open_stream = open_stream
 

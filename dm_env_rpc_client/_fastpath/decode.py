@@ -38,6 +38,7 @@ it cannot, the usual copy, stacked.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -47,10 +48,16 @@ from .. import errors, tensors
 from .._codec.payload import _ARRAY_TAG
 from .._proto import dm_env_rpc_pb2
 from . import layout as _layout
+from .raw_step import RawStep
 from .wire_step import WireTensor
 
 _TENSOR_FIELDS = dm_env_rpc_pb2.Tensor.DESCRIPTOR.fields_by_name
 _StepResponse = dm_env_rpc_pb2.StepResponse
+# What a layout reads from its bytes (SerializeToString): a parsed StepResponse, or a batch's
+# answer still in its bytes (_fastpath.raw_step).
+_SERIALIZED = (_StepResponse, RawStep)
+_SERIALIZED_KINDS, _RAW_ONLY = set(_SERIALIZED), {RawStep}
+_BODY = operator.attrgetter("body")
 _LAYOUTS = 16  # how many times a plan learns a response layout (see _learn)
 _FIELD_OF_TYPE = {
     field.number: field.name
@@ -288,9 +295,7 @@ class ObservationPlan:
 
     def decode_response(self, response: Any) -> dict[str, Any]:
         """``decode(response.observations)``, by the learned layout when the response fits it."""
-        if type(response) is not _StepResponse or (
-            self._layout is None and self._layouts_left <= 0
-        ):
+        if type(response) not in _SERIALIZED or (self._layout is None and self._layouts_left <= 0):
             return self.decode(response.observations)
         data = response.SerializeToString()
         if self._layout is not None:
@@ -312,10 +317,15 @@ class ObservationPlan:
         Raises:
           ObservationError: as ``decode``, naming the offending response's position.
         """
-        parts = None
+        parts: list[Any] | None = None
         layouts = self._layout is not None or self._layouts_left > 0
-        if layouts and all(type(r) is _StepResponse for r in responses):
-            parts = [response.SerializeToString() for response in responses]
+        kinds = set(map(type, responses))
+        if layouts and kinds <= _SERIALIZED_KINDS:
+            # A batch's answers are RawSteps: their bytes as the server sent them, unparsed.
+            bodies: list[Any] = list(map(_BODY, responses)) if kinds == _RAW_ONLY else [None]
+            if None in bodies:  # some are messages (or known only as messages)
+                bodies = [response.SerializeToString() for response in responses]
+            parts = bodies
             if self._layout is not None:
                 fast = self._layout.columns(parts)
                 if fast is not None:

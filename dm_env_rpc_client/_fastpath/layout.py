@@ -67,8 +67,10 @@ class Layout:
         structure: np.ndarray,
         runs: list[tuple[int, int, bytes]],
         slots: list[_Slot],
+        state_at: int | None = None,
     ) -> None:
         self.length = len(data)
+        self.state_at = state_at  # the state's one byte's offset, if the state comes first
         self._structure = structure  # indices of the structure bytes
         self._expected = np.frombuffer(data, np.uint8)[structure].copy()  # their values
         self._runs = runs  # the structure as runs of bytes, to check one response without NumPy
@@ -87,12 +89,21 @@ class Layout:
             out[slot.name] = flat.reshape(slot.shape) if slot.shape else flat[0]
         return out
 
+    def fits(self, data: bytes, offset: int = 0) -> bool:
+        """Whether ``data[offset:]`` is a response of this layout: of its length, with its every
+        structure byte (all but the payloads' and the state's value), as ``one`` checks."""
+        if len(data) - offset != self.length:
+            return False
+        for start, stop, expected in self._runs:
+            if data[offset + start : offset + stop] != expected:
+                return False
+        return True
+
     def columns(self, parts: Sequence[bytes]) -> dict[str, np.ndarray] | None:
         """``{name: [N, *shape] array}`` from N serialized responses, or None if one does not fit."""
         length = self.length
-        for part in parts:
-            if len(part) != length:
-                return None
+        if parts and set(map(len, parts)) != {length}:
+            return None
         rows = np.frombuffer(b"".join(parts), np.uint8).reshape(len(parts), length)
         if not (rows[:, self._structure] == self._expected).all():
             return None
@@ -133,7 +144,7 @@ def learn(data: bytes, columns: Sequence[Any]) -> Layout | None:
         structure[state_at] = False
         varying.append((state_at, state_at + 1))
     runs = structure_runs(data, sorted(varying))
-    return Layout(data, np.flatnonzero(structure), runs, slots)
+    return Layout(data, np.flatnonzero(structure), runs, slots, state_at)
 
 
 def _walk(data: bytes) -> tuple[dict[int, tuple[int, int, int]], int | None]:

@@ -11,8 +11,9 @@ public face; the command line's ``run``, the Ray shards, the RLlink client and
   own, seeded from ``seed + i`` (a stream apart from the one its server gets).
   So the same call, against servers seeded the same way, plays the same steps
   whatever order the responses come back in. Up to ``pipeline`` steps are in
-  flight per world. Variable-length actions are sent world by world when they
-  do not stack.
+  flight per world. A small fixed-shape action spec's are drawn 32 at a time
+  per world and taken stacked (``_stepping.blocks``); variable-length actions
+  are sent world by world when they do not stack.
 - A policy: every world is reset first, then ``policy(timestep)`` gives the
   actions of the worlds of each batch of steps received (one step in flight per
   world); the steps are shared, so a world that answers sooner takes more.
@@ -63,6 +64,7 @@ from .._adaptor.stacked import unstack
 from ..batched import BatchedEnvironment, BatchedTimeStep
 from ..random_actions import action_drawer
 from ..recording import Recording
+from . import blocks as _blocks
 from .events import RunObserver, Watch
 from .tally import EpisodeTally, RunStats
 from .timesteps import join, rows
@@ -174,13 +176,18 @@ class _Loop:
         # unless ``steps`` gives each world its count.
         self.left: list[int] | None = None if isinstance(steps, int) else list(steps)
         self.requested = 0
+        self.blocks: _blocks.ActionBlocks | None = None
         if policy is None:
             if self.left is None:
                 worlds, rounds = count // group, total // group
                 shares = [rounds // worlds + (world < rounds % worlds) for world in range(worlds)]
                 self.left = [shares[slot // group] for slot in range(count)]
-            self.draw = action_drawer(batch.action_spec())  # random_action's, spec work once
+            self.spec = batch.action_spec()
+            self.draw = action_drawer(self.spec)  # random_action's, spec work once
             self.rngs = [np.random.default_rng((seed + w, ACTION_STREAM)) for w in range(count)]
+            # Drawn a block at a time and taken stacked, where the spec allows (_stepping.blocks).
+            if _blocks.applies(self.spec):
+                self.blocks = _blocks.ActionBlocks(self.spec, self.rngs)
         # The worlds that may take a step (random actions): every world at first, then those
         # a step came back from (or not yet full). A policy's: the worlds of ``ready``.
         self.wanting = set(range(count)) if policy is None else set()
@@ -279,13 +286,16 @@ class _Loop:
         """Sends random actions to the worlds that want them; returns the worlds sent to."""
         batch, left, live, pipeline = self.batch, self.left, self.live, self.pipeline
         assert left is not None
-        able = [w for w in self.wanting if left[w] and w in live and batch.in_flight(w) < pipeline]
+        in_flight = batch.in_flight
+        able = [w for w in self.wanting if left[w] and w in live and in_flight(w) < pipeline]
         ids = self._whole(sorted(able))
         self.wanting.clear()
         if len(ids) < len(able):  # agents whose world's others cannot step yet: later
             self.wanting.update(set(able) - set(ids))
         if not ids:
             return []
+        if self.blocks is not None:
+            return self._send_block(ids)
         draw, rngs = self.draw, self.rngs
         actions = [draw(rngs[world]) for world in ids]
         sent = set(_send(batch, ids, actions))
@@ -300,6 +310,23 @@ class _Loop:
             if not sent:
                 return None
         return list(sent)
+
+    def _send_block(self, ids: list[int]) -> list[int] | None:
+        """``_send_random``'s send, for actions taken stacked from their blocks."""
+        batch, left, pipeline = self.batch, self.left, self.pipeline
+        assert left is not None and self.blocks is not None
+        actions = self.blocks.take(ids)
+        if not send_unless_removed(batch, actions, ids):  # all or nothing: none was sent
+            self.wanting.update(ids)
+            self.failures = -1  # refused: a world was removed; look again
+            return None
+        self.tally.sent_stacked(ids, actions)
+        in_flight = batch.in_flight
+        for world in ids:
+            left[world] -= 1
+            if in_flight(world) < pipeline:
+                self.wanting.add(world)  # room for more
+        return ids
 
     def _send_chosen(self) -> list[int] | None:
         """Sends the policy's actions to the worlds of ``ready``; returns the worlds sent to.

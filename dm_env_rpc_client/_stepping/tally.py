@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .._adaptor.stacked import unstack
 from ..batched import BatchedEnvironment, BatchedTimeStep
 from ..recording import Recording
 
@@ -123,6 +124,9 @@ class Carry:
     policy: bool = False
 
 
+_POP = collections.deque.popleft
+
+
 class EpisodeTally:
     """Counts received steps into a ``RunStats``: episodes, returns, recording, failures.
 
@@ -187,6 +191,18 @@ class EpisodeTally:
                 self.recording.truncate(world)
         return gone
 
+    def sent_stacked(self, worlds: list[int], actions: Any) -> None:
+        """``actions`` (stacked, in the order of ``worlds``) were sent: each world's joins its
+        ``sent`` (the action itself only when recording; else a placeholder, never read)."""
+        per_world = unstack(actions, len(worlds)) if self.recording is not None else None
+        deques = map(self.sent.__getitem__, worlds)
+        if per_world is None:
+            for queue in deques:
+                queue.append(None)
+        else:
+            for queue, action in zip(deques, per_world, strict=True):
+                queue.append(action)
+
     def take(
         self, result: BatchedTimeStep, progress: Callable[[int], Any] | None = None
     ) -> dict[int, int]:
@@ -202,10 +218,22 @@ class EpisodeTally:
           oldest of them): the caller sends that many more, so the run still
           takes all its steps.
         """
+        worlds = result.env_ids.tolist()
+        if len(set(worlds)) == len(worlds) and (
+            result.truncated is None or not result.truncated.any()
+        ):
+            self._take_apart(result, worlds, progress)  # (the usual batch, in NumPy calls)
+            return {}
+        return self._take_each(result, worlds, progress)
+
+    def _take_each(
+        self, result: BatchedTimeStep, worlds: list[int], progress: Callable[[int], Any] | None
+    ) -> dict[int, int]:
+        """``take``, step by step (a world twice in ``result``, or a restart's FIRST step)."""
         sent, in_episode, running = self.sent, self.in_episode, self.running
         actions: list[Any] = []
         dropped: dict[int, int] = {}
-        for position, world in enumerate(result.env_ids.tolist()):
+        for position, world in enumerate(worlds):
             if result.truncated is not None and result.truncated[position]:
                 # Restarted: this FIRST step answers every step the world had in flight
                 # (the others are counted in the failure's steps_lost, and made up).
@@ -232,6 +260,34 @@ class EpisodeTally:
         if progress is not None:
             progress(len(actions))
         return dropped
+
+    def _take_apart(
+        self, result: BatchedTimeStep, worlds: list[int], progress: Callable[[int], Any] | None
+    ) -> None:
+        """``take`` for a batch of one step per world and no restart: what ``_take_each`` does,
+        with a few NumPy calls for all the steps (a world's return adds the same float64s in the same
+        order), and a Python loop over the episodes that start or end only."""
+        sent, in_episode, running = self.sent, self.in_episode, self.running
+        actions = list(map(_POP, map(sent.__getitem__, worlds)))
+        ids, kinds = result.env_ids, np.asarray(result.step_type)
+        first, last = kinds == 0, kinds == 2
+        running[ids[first]] = 0.0
+        for world in ids[first].tolist():
+            in_episode[world] = True
+        going = ~first
+        running[ids[going]] += np.asarray(result.reward)[going]
+        for world in ids[last].tolist():
+            if in_episode[world]:
+                self.returns[world].append(float(running[world]))
+                self.stats.episodes += 1
+                in_episode[world] = False
+        if self.recording is not None:
+            kinds_list = kinds.tolist()
+            actions = [None if k == 0 else a for k, a in zip(kinds_list, actions, strict=True)]
+            self.recording.add_batch(result, actions)
+        self.stats.steps += len(worlds)
+        if progress is not None:
+            progress(len(worlds))
 
     def finish(self, elapsed: float, *, interrupted: bool) -> None:
         """Fills the run's totals: time, unfinished episodes, returns (by world), latencies,
