@@ -21,7 +21,9 @@ client and the benchmarks use it too), with the same guarantees (``_stepping.loo
   ``BatchedEnvironment.step`` takes them. One step is in flight per world.
 - ``steps``: a total, or one count per world (``steps[i]`` for world ``i``,
   exactly, with a policy too). With a policy, a world whose count is spent
-  keeps its last step unanswered; ``stats.waiting`` holds those steps.
+  keeps its last step unanswered; ``stats.waiting`` holds those steps. On a
+  multi-agent batch the counts are per agent slot, and a world's agents must
+  have the same count (whole worlds step).
 - ``resume=stats``: go on where an earlier run of this batch stopped, in rounds
   (collect, train, collect again): no reset; the policy acts first on
   ``stats.waiting``; steps left in flight (a stopped run) are received;
@@ -74,13 +76,30 @@ _STEPS_PER_WORLD = (
 _RESUME = (
     "resume is the RunStats of an earlier collect() on this batch of {worlds} worlds, not {kind}."
 )
-_MULTIAGENT_ROUNDS = (
-    "A multi-agent batch steps whole worlds: give collect() one total of steps and no resume= "
-    "(per-world counts and resuming are for single-agent batches)."
+_MULTIAGENT_COUNTS = (
+    "A multi-agent batch steps whole worlds: steps[{slot}] = {count} differs from "
+    "steps[{first}] = {other}, another agent of world {world}; give every agent of a world "
+    "the same count (slot w * num_agents + a is agent a of world w)."
 )
 _RESUME_KIND = (
     "resume= goes on from a run {then}, and this one is {now}: resume a run of the same kind."
 )
+
+
+def _check_whole_worlds(steps: list[int], group: int) -> None:
+    """Each world's agents (``group`` slots a world) have the same count, or an error names one."""
+    for slot in range(len(steps)):
+        first = slot - slot % group
+        if steps[slot] != steps[first]:
+            raise errors.ArgumentValueError(
+                _MULTIAGENT_COUNTS.format(
+                    slot=slot,
+                    count=steps[slot],
+                    first=first,
+                    other=steps[first],
+                    world=slot // group,
+                )
+            )
 
 
 def collect(
@@ -132,14 +151,11 @@ def collect(
     if not isinstance(batch, BatchedEnvironment):
         raise errors.ArgumentTypeError(_NOT_A_BATCH.format(kind=_checks.kind(batch)))
     count = len(batch.envs)
-    if getattr(batch, "num_agents", 1) > 1 and (
-        resume is not None or (isinstance(steps, Sequence) and not isinstance(steps, str))
-    ):
-        raise errors.ArgumentValueError(_MULTIAGENT_ROUNDS)
     if isinstance(steps, Sequence) and not isinstance(steps, str):
         if len(steps) != count:
             raise errors.ArgumentValueError(_STEPS_PER_WORLD.format(given=len(steps), worlds=count))
         steps = [_checks.check_count(n, f"steps[{i}]", low=0) for i, n in enumerate(steps)]
+        _check_whole_worlds(steps, int(getattr(batch, "num_agents", 1)))
     else:
         steps = _checks.check_count(steps, "steps", low=0)
     _checks.check_count(seed, "seed", low=-(2**63))

@@ -105,6 +105,35 @@ def test_a_random_run_gives_each_worlds_agents_the_same_share(address, steps):
         _every_agent_steps_on(batch)
 
 
+def test_a_policy_run_in_rounds_counts_per_world_and_resumes_without_a_reset(address):
+    """Per-world counts (equal for a world's agents) and ``resume=``: the RLlink client's rounds."""
+    counts: Counter[int] = Counter()
+    firsts: Counter[int] = Counter()
+
+    class Firsts(dmr.RunObserver):
+        def on_steps(self, timestep: dmr.BatchedTimeStep) -> None:
+            firsts.update(timestep.env_ids[timestep.step_type == 0].tolist())
+
+    with _batch(address, worlds=3) as batch:
+        policy = _counting_policy(counts)
+        kwargs: dict[str, Any] = {"policy": policy, "timeout": 10.0, "observers": [Firsts()]}
+        first = dmr.collect(batch, [3, 3, 1, 1, 0, 0], **kwargs)
+        assert first.steps == 8 and batch.pending() == 0
+        assert [counts[slot] for slot in range(6)] == [3, 3, 1, 1, 0, 0]
+        second = dmr.collect(batch, [2, 2, 4, 4, 1, 1], resume=first, **kwargs)
+        assert second.steps == 14 and batch.pending() == 0
+        assert [counts[slot] for slot in range(6)] == [5, 5, 5, 5, 1, 1]
+        assert firsts == dict.fromkeys(range(6), 1)  # the opening reset's only: no second
+        _every_agent_steps_on(batch)
+
+
+def test_unequal_counts_for_a_worlds_agents_are_refused_by_name(address):
+    with _batch(address) as batch:
+        with pytest.raises(dmr.ArgumentValueError, match=r"steps\[3\] = 1 differs .*world 1"):
+            dmr.collect(batch, [2, 2, 2, 1], timeout=10.0)
+        assert batch.pending() == 0
+
+
 def test_a_stopped_policy_run_takes_its_steps_in_flight_and_leaves_no_agent_waiting(address):
     stop = threading.Event()
     counts: Counter[int] = Counter()
