@@ -197,6 +197,7 @@ def open_agent_batch(
     batch.world_seeds = [seeds[slot // num_agents] for slot in range(len(envs))]
     batch._plans = plans
     batch._created = [world_names is None] * count
+    batch._first_answers = {}
     if seed is not None:
         batch._actions_rng = np.random.default_rng(seed)
     equip(batch, runner, channels, connections(), open_stream)

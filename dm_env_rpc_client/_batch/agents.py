@@ -228,6 +228,12 @@ class AgentBatch(BatchedEnvironment):
     world_names: list[str]
     _plans: list[WorldPlan]
     _created: list[bool]
+    _first_answers: dict[int, int]  # per slot: the steps its latest restart's FIRST answered
+
+    def _answered_by_first(self, slot: int) -> int:
+        """How many of slot ``slot``'s steps its world's latest restart's FIRST step answered:
+        the slot's own (``failures`` records the world's, every agent's lost steps summed)."""
+        return self._first_answers.get(slot, 1)
 
     def slots_of(self, world: int) -> range:
         """The slots (indices in ``envs``) of world ``world``'s agents, in agent order."""
@@ -307,6 +313,7 @@ class AgentBatch(BatchedEnvironment):
             if env._wire_specs == self._joined_specs[slot]:
                 self._joined_specs[slot] = env._wire_specs
             first = None if remade.firsts is None else remade.firsts[agent]
+            self._first_answers[slot] = max(1, lost[slot])
             step_type = None if first is None else env._advance(first.state)
             if first is not None and lost[slot]:
                 self._file(

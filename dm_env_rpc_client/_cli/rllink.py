@@ -59,6 +59,14 @@ def add_rllib_flags(
         "learner's RLModule",
     )
     group.add_argument(
+        "--rllib-agents",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="the worlds are multi-agent, N agents each (e.g. serve --game paddles); one "
+        "policy acts for every agent, each agent's episodes its own (default: 1)",
+    )
+    group.add_argument(
         "--rllib-rounds", type=positive_int, help="ship this many batches of episodes, then stop"
     )
     group.add_argument(

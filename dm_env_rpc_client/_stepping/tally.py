@@ -327,5 +327,8 @@ class EpisodeTally:
 
 def _steps_lost(batch: BatchedEnvironment, world: int) -> int:
     """How many steps the latest restart of ``world`` answered with its FIRST step."""
+    per_slot = getattr(batch, "_answered_by_first", None)  # a multi-agent world's agent slot
+    if per_slot is not None:
+        return int(per_slot(world))
     failure = batch._latest_failure(world)
     return max(1, failure.steps_lost) if failure is not None else 1

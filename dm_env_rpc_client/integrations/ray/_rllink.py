@@ -42,8 +42,12 @@ mid-run ends the run cleanly: ``learner_gone`` is set and the stats say what
 was done. If this process is killed, the learner's server notices the closed
 socket and listens again, for this client or another.
 
+Multi-agent worlds (``num_agents``): one policy shared by every agent, each
+agent's episodes its own (``ray._rllink_agents``).
+
 Stopping. ``stop`` set (Ctrl-C or SIGTERM on the command line) ends the run in
-whatever it waits for: connecting or reconnecting to a learner, stepping
+whatever it waits for: connecting or reconnecting to a learner, connecting to
+the worlds (``ray._rllink_open``: the attempt is let go and undoes itself), stepping
 (``collect`` looks between steps), shipping into a learner that does not read,
 waiting for weights. Every wait looks at it every quarter second (``SLICE``).
 The stats say ``stop_reason == "stopped"``; steps recorded and not shipped are
@@ -66,8 +70,10 @@ from ... import errors
 from ..._adaptor.stacked import BatchedTimeStep
 from ...batched import BatchedEnvironment
 from ...stepping import RunEvent, RunStats, collect
+from ._rllink_agents import agent_labels, agents_of, check_shared, world_counts
 from ._rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook
 from ._rllink_module import ModuleActor
+from ._rllink_open import open_worlds
 from ._rllink_spaces import SpaceBridge
 from ._rllink_wire import (
     EPISODES,
@@ -93,7 +99,9 @@ class RLlinkStats:
 
     Attributes:
       worlds: worlds stepped.
-      steps: env steps recorded (FIRST steps not counted).
+      agents: agents per world (each its own episodes, one shared policy).
+      steps: env steps recorded (FIRST steps not counted; a multi-agent world's step
+        is one per agent).
       episodes: episodes that reached their LAST step.
       returns: the return of each of them.
       rounds: batches of episodes shipped (to every link).
@@ -121,6 +129,7 @@ class RLlinkStats:
     """
 
     worlds: int = 0
+    agents: int = 1
     steps: int = 0
     episodes: int = 0
     returns: list[float] = dataclasses.field(default_factory=list)
@@ -191,7 +200,9 @@ class _Run:
         count = len(batch.envs)
         total = steps_per_send or config.total_train_batch_size
         self.share = [max(1, math.ceil(total / len(links)))] * len(links)
-        self.book = EpisodeBook(count, len(links), stats.behavior)
+        self.agents = agents_of(batch)  # a multi-agent world's agents: one shared policy
+        labels = agent_labels(batch)
+        self.book = EpisodeBook(count, len(links), stats.behavior, self.agents, labels)
         self.let_go: set[int] = set()
         self.last: RunStats | None = None  # the last collect's: the next one resumes it
         self.received = self.recorded = 0  # steps received and env steps recorded, so far
@@ -229,20 +240,13 @@ class _Run:
         """Each world's steps for the rest of this round, or None if the round is done.
 
         A link's worlds share what it still needs of env steps, scaled by the steps
-        received per env step recorded so far (a FIRST step records none).
+        received per env step recorded so far (a FIRST step records none); a
+        multi-agent world's agents get the same count (``ray._rllink_agents``).
         """
-        live = sorted(self.batch.live_ids)
-        links = len(self.links)
+        short = [share - done for share, done in zip(self.share, self.book.recorded, strict=True)]
         ratio = self.received / self.recorded if self.recorded else 1.0
-        counts = [0] * len(self.batch.envs)
-        for link in range(links):
-            mine = [w for w in live if w % links == link]
-            short = self.share[link] - self.book.recorded[link]
-            if mine and short > 0:
-                steps = math.ceil(short * ratio)
-                for position, world in enumerate(mine):
-                    counts[world] = steps // len(mine) + (position < steps % len(mine))
-        return counts if any(counts) else None
+        live, slots = self.batch.live_ids, len(self.batch.envs)
+        return world_counts(live, self.agents, len(self.links), short, ratio, slots)
 
     def _round(self) -> bool:
         """Steps one round (until every link has its share); False if stopped."""
@@ -377,6 +381,7 @@ def run_rllink(
     rllib: str | Sequence[str],
     *,
     num_envs: int | None = None,
+    num_agents: int = 1,
     policy: Policy | str | None = None,
     rounds: int | None = None,
     steps_per_send: int | None = None,
@@ -398,6 +403,9 @@ def run_rllink(
         ``host:port`` each (runner ``i`` listens on ``env_config["port"] + i``).
         World ``w`` feeds port ``w % len(rllib)``.
       num_envs: how many worlds (default one per address).
+      num_agents: agents per world. 2 or more: multi-agent worlds (a
+        ``dmr.MultiAgentBatch``), every agent acting with the one shared policy and
+        shipping episodes of its own (``ray._rllink_agents``).
       policy: None: the learner's RLModule acts (on-policy, for PPO and the
         like); else ``policy(timestep) -> actions`` acts (off-policy data, for
         DQN, SAC and offline RL); ``"random"``: uniform random actions.
@@ -424,12 +432,13 @@ def run_rllink(
       for weights, stepping, shipping, waiting for a learner gone): the run ends
       with ``stop_reason``
       ``"stopped"``, at its next look at ``stop`` (a quarter of a second apart in
-      every wait; a world's connect, bounded by ``timeout``, is waited out).
+      every wait, connecting to the worlds too).
 
     Raises:
       LearnerUnreachableError: no learner answered at the start within ``wait``.
       SpaceMismatchError: the learner's observation or action space (or weights)
-        does not fit the worlds'; the message says which.
+        does not fit the worlds', or a multi-agent world's agents differ; the message
+        says which.
       WorldError: a world could not be created, or failed under ``"raise"``.
     """
     if isinstance(policy, str) and policy != RANDOM:
@@ -447,18 +456,22 @@ def run_rllink(
         try:
             for link in links:
                 link.open(wait)
-            batch = BatchedEnvironment.connect(
+            batch = open_worlds(
                 addresses,
                 num_envs,
+                num_agents=num_agents,
+                stop=stop,
                 seed=seed,
                 on_world_failure=on_world_failure,
                 timeout=timeout,
                 step_timeout=timeout,
                 **connect_kwargs,
             )
-            stats.worlds = len(batch.envs)
+            stats.worlds = len(batch.envs) // agents_of(batch)
+            stats.agents = agents_of(batch)
             if stop.is_set():
                 raise LinkStopped(STOPPED)
+            check_shared(batch)
             run = _Run(
                 batch,
                 links,

@@ -4,7 +4,8 @@
 module needs the ``rllib`` extra). The worlds are those of a plain ``run``
 (``--address``, or the embedded Catch server; ``--num-envs``, ``--seed``,
 ``--create-setting``, ``--on-failure``); ``run_rllink`` steps them for the
-learners at the ``--rllib-server`` ports. ``--rllib-policy random`` or
+learners at the ``--rllib-server`` ports (``--rllib-agents N``: multi-agent
+worlds, one policy shared by their agents). ``--rllib-policy random`` or
 ``MODULE:FUNCTION`` acts with that policy (off-policy episodes) instead of the
 learner's RLModule. Progress notes (rounds shipped, waits for the learner) go
 to stderr unless ``--quiet``; the summary to stdout (``--json``: one object).
@@ -65,6 +66,7 @@ def rllink_command(
         addresses,
         args.rllib_server,
         num_envs=args.num_envs,
+        num_agents=args.rllib_agents,
         policy=_policy(args.rllib_policy),
         rounds=args.rllib_rounds,
         seed=args.seed,
@@ -89,6 +91,7 @@ def print_rllink_summary(stats: RLlinkStats, *, as_json: bool) -> None:
         return
     rows = [
         ("worlds", data["worlds"]),
+        ("agents/world", data["agents"]),
         ("acted by", data["behavior"]),
         ("steps", data["steps"]),
         ("steps/s", data["steps_per_second"]),

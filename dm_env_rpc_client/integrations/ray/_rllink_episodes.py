@@ -37,6 +37,7 @@ import numpy as np
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from ..._adaptor.stacked import BatchedTimeStep
+from ._rllink_agents import link_of
 
 BEHAVIOR = "behavior"
 ON_POLICY, OFF_POLICY = "rl_module", "external"
@@ -47,9 +48,12 @@ class EpisodeBook:
     """The episodes of every world (see the module docs).
 
     Args:
-      worlds: how many worlds.
+      worlds: how many worlds (agent slots of a multi-agent batch: each its own episodes).
       links: how many RLlib links; world ``w`` feeds link ``w % links``.
       behavior: ``ON_POLICY`` or ``OFF_POLICY``, written into every episode.
+      agents: agent slots per world (a multi-agent batch's ``num_agents``): slot ``s`` is
+        agent ``s % agents`` of world ``s // agents``, and feeds that world's link.
+      labels: each slot's extra ``custom_data`` (a multi-agent slot's agent and world).
 
     Attributes:
       recorded: env steps recorded per link since the last ``ship``.
@@ -61,8 +65,17 @@ class EpisodeBook:
         RLlib's learners bootstrap from its last observation, as for a truncation.
     """
 
-    def __init__(self, worlds: int, links: int, behavior: str) -> None:
+    def __init__(
+        self,
+        worlds: int,
+        links: int,
+        behavior: str,
+        agents: int = 1,
+        labels: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.links, self.behavior = links, behavior
+        self.link = [link_of(slot, agents, links) for slot in range(worlds)]
+        self.labels = labels or [{} for _ in range(worlds)]
         self.open: list[SingleAgentEpisode | None] = [None] * worlds
         self.pending: list[tuple[Any, dict[str, Any]] | None] = [None] * worlds
         self.done: list[list[SingleAgentEpisode]] = [[] for _ in range(links)]
@@ -75,6 +88,7 @@ class EpisodeBook:
     def _start(self, world: int, obs: Any) -> None:
         episode = SingleAgentEpisode(observations=[obs], len_lookback_buffer=0)
         episode.custom_data[BEHAVIOR] = self.behavior
+        episode.custom_data.update(self.labels[world])
         self.open[world] = episode
 
     def _close(self, world: int, *, truncated: bool) -> None:
@@ -85,7 +99,7 @@ class EpisodeBook:
         if truncated and not episode.is_done:
             episode.is_truncated = True
         if len(episode):
-            self.done[world % self.links].append(episode)
+            self.done[self.link[world]].append(episode)
 
     def _count_cut(self, world: int) -> None:
         episode = self.open[world]
@@ -135,7 +149,7 @@ class EpisodeBook:
                 truncated=last and not ended,
                 extra_model_outputs=extras,
             )
-            link = world % self.links
+            link = self.link[world]
             self.recorded[link] += 1
             counted.append(link)
             if last:
@@ -154,7 +168,7 @@ class EpisodeBook:
         chunks = self.done
         for world, episode in enumerate(self.open):
             if episode is not None and len(episode):
-                chunks[world % self.links].append(episode)
+                chunks[self.link[world]].append(episode)
                 self.open[world] = episode.cut()
         self.done = [[] for _ in range(self.links)]
         self.recorded = [0] * self.links
