@@ -68,6 +68,7 @@ import numpy as np
 
 from ... import errors
 from ..._adaptor.stacked import BatchedTimeStep
+from ..._base import checks as _checks
 from ...batched import BatchedEnvironment
 from ...stepping import RunEvent, RunStats, collect
 from ._rllink_agents import agent_labels, agents_of, check_shared, world_counts
@@ -100,8 +101,7 @@ class RLlinkStats:
     Attributes:
       worlds: worlds stepped.
       agents: agents per world (each its own episodes, one shared policy).
-      steps: env steps recorded (FIRST steps not counted; a multi-agent world's step
-        is one per agent).
+      steps: env steps recorded (FIRST steps not counted; one per agent of a world).
       episodes: episodes that reached their LAST step.
       returns: the return of each of them.
       rounds: batches of episodes shipped (to every link).
@@ -201,7 +201,7 @@ class _Run:
         total = steps_per_send or config.total_train_batch_size
         self.share = [max(1, math.ceil(total / len(links)))] * len(links)
         self.agents = agents_of(batch)  # a multi-agent world's agents: one shared policy
-        labels = agent_labels(batch)
+        labels = agent_labels(batch)  # (None for single-agent worlds)
         self.book = EpisodeBook(count, len(links), stats.behavior, self.agents, labels)
         self.let_go: set[int] = set()
         self.last: RunStats | None = None  # the last collect's: the next one resumes it
@@ -403,9 +403,8 @@ def run_rllink(
         ``host:port`` each (runner ``i`` listens on ``env_config["port"] + i``).
         World ``w`` feeds port ``w % len(rllib)``.
       num_envs: how many worlds (default one per address).
-      num_agents: agents per world. 2 or more: multi-agent worlds (a
-        ``dmr.MultiAgentBatch``), every agent acting with the one shared policy and
-        shipping episodes of its own (``ray._rllink_agents``).
+      num_agents: agents per world; 2 or more: multi-agent worlds, one policy shared by
+        every agent, each agent's episodes its own (``ray._rllink_agents``).
       policy: None: the learner's RLModule acts (on-policy, for PPO and the
         like); else ``policy(timestep) -> actions`` acts (off-policy data, for
         DQN, SAC and offline RL); ``"random"``: uniform random actions.
@@ -428,21 +427,20 @@ def run_rllink(
 
     Returns:
       The run's ``RLlinkStats``. A learner gone for good mid-run is not an error:
-      ``learner_gone`` is set. Nor is ``stop``, set in any phase (connecting, waiting
-      for weights, stepping, shipping, waiting for a learner gone): the run ends
-      with ``stop_reason``
-      ``"stopped"``, at its next look at ``stop`` (a quarter of a second apart in
-      every wait, connecting to the worlds too).
+      ``learner_gone`` is set. Nor is ``stop``, set in any phase (connecting to a
+      learner or the worlds, waiting for weights, stepping, shipping, waiting for a
+      learner gone): the run ends with ``stop_reason`` ``"stopped"``, at its next
+      look at ``stop`` (a quarter of a second apart in every wait).
 
     Raises:
       LearnerUnreachableError: no learner answered at the start within ``wait``.
-      SpaceMismatchError: the learner's observation or action space (or weights)
-        does not fit the worlds', or a multi-agent world's agents differ; the message
-        says which.
+      SpaceMismatchError: the learner's observation or action space (or weights) does
+        not fit the worlds', or a world's agents differ; the message says which.
       WorldError: a world could not be created, or failed under ``"raise"``.
     """
     if isinstance(policy, str) and policy != RANDOM:
         raise errors.ArgumentValueError(_BAD_POLICY.format(policy=policy))
+    _checks.check_count(num_agents, "num_agents")
     ports = [rllib] if isinstance(rllib, str) else list(rllib)
     if not ports:
         raise errors.ArgumentValueError(_NO_LINKS)
@@ -467,8 +465,8 @@ def run_rllink(
                 step_timeout=timeout,
                 **connect_kwargs,
             )
-            stats.worlds = len(batch.envs) // agents_of(batch)
             stats.agents = agents_of(batch)
+            stats.worlds = len(batch.envs) // stats.agents
             if stop.is_set():
                 raise LinkStopped(STOPPED)
             check_shared(batch)
