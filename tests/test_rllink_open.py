@@ -10,6 +10,7 @@ opened ends, and no thread of it is left.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import pathlib
 import threading
@@ -18,7 +19,7 @@ from typing import Any
 
 import grpc
 import pytest
-from faulty import process_server
+from faulty import float_specs, lifecycle, process_server
 
 pytest.importorskip(
     "ray.rllib", exc_type=ImportError, reason="needs RLlib: pip install -e '.[rllib]'"
@@ -32,11 +33,17 @@ WORLDS = 3
 
 
 class Stalling:
-    """Counts the streams it accepted, the CreateWorldRequests it holds, the streams ended."""
+    """Counts the streams it accepted, the CreateWorldRequests it holds, the streams ended.
+
+    ``release`` set: the held CreateWorldRequests are answered after all, and the rest of
+    each stream's lifecycle too (``faulty.lifecycle``); ``kinds`` lists every request's kind.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.opened = self.creates = self.ended = 0
+        self.kinds: list[str] = []
+        self.release = threading.Event()
         self.closing = threading.Event()  # set at teardown: let every handler thread go
 
     def process(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
@@ -46,13 +53,18 @@ class Stalling:
             self.opened += 1
         try:
             for request in requests:
-                if request.WhichOneof("payload") == "create_world":
+                kind = request.WhichOneof("payload")
+                with self.lock:
+                    self.kinds.append(kind)
+                if kind == "create_world":
                     with self.lock:
                         self.creates += 1
                     while not (cancelled.is_set() or self.closing.is_set()):
-                        cancelled.wait(0.05)
-                    return
-            yield from ()  # (a generator: the responses it never sends)
+                        if self.release.wait(0.05):
+                            break
+                    if not self.release.is_set():
+                        return
+                yield lifecycle(request, float_specs())
         finally:
             with self.lock:
                 self.ended += 1
@@ -134,6 +146,38 @@ def test_a_stopped_connect_is_let_go_and_leaves_nothing_behind(
     # The attempt let go ends within its timeout and closes what it opened.
     assert wait_for(server.all_ended, 30)
     assert wait_for(lambda: not _new_threads(before), 30), _new_threads(before)
+
+
+def test_a_connect_that_succeeds_after_the_stop_is_closed_at_once(
+    stalling: tuple[str, Stalling], learner: FakeLearner
+) -> None:
+    """The worlds answer only after the client stopped waiting: the attempt let go opens them,
+    then leaves and destroys every world and ends its streams."""
+    address, server = stalling
+    stop = threading.Event()
+    result: list[Any] = []
+    client = threading.Thread(
+        target=lambda: result.append(
+            rayi.run_rllink([address], learner.address, num_envs=WORLDS, policy="random", stop=stop)
+        )
+    )
+    client.start()
+    try:
+        assert wait_for(lambda: _holding_every_create(server), 60)
+        stop.set()
+        client.join(timeout=30)  # a bound for a broken client, not a speed target
+        assert not client.is_alive()
+    finally:
+        stop.set()
+        with contextlib.suppress(RuntimeError):
+            client.join(timeout=60)
+    assert result[0].stop_reason == "stopped"
+    server.release.set()  # the connect goes on, and succeeds: nobody wants its worlds
+    assert wait_for(server.all_ended, 30), server.kinds
+    with server.lock:
+        kinds = collections.Counter(server.kinds)
+    assert kinds["join_world"] == kinds["leave_world"] == kinds["destroy_world"] == WORLDS
+    assert kinds["step"] == 0
 
 
 def _new_threads(before: set[threading.Thread]) -> list[str]:
