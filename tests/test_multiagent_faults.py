@@ -3,6 +3,7 @@ that gives up, and the parent SIGKILLed, against the foreign server (``ma_foreig
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -88,6 +89,40 @@ def test_under_restart_the_world_is_made_again_and_every_agent_rejoins(server):
         assert server.servicer.worlds[world.world_name].joined == {0, 1}
         for _ in range(3):
             assert all(step.mid() for step in world.step(ACTIONS).values())
+    assert wait_for(lambda: _nothing_left(server))
+
+
+def test_a_policy_run_through_a_restart_counts_each_agents_own_lost_step(server):
+    """``failures`` records the world's lost steps summed over its agents (2 here); each agent's
+    FIRST step answers its own one, so the run neither drops an action nor takes one twice."""
+    policy = dmr.RestartPolicy(attempts=3, backoff=0.05)
+    sent: list[list[int]] = []
+
+    def move(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
+        sent.append(timestep.env_ids.tolist())
+        if len(sent) == 6:
+            server.servicer.abort_agent = 1  # mid-episode (Paddles' episodes are 9 steps)
+        return {"paddle": np.ones(len(timestep.env_ids), np.int8)}
+
+    with dmr.MultiAgentBatch.connect(
+        server.address,
+        2,
+        2,
+        create_world_settings=SETTINGS,
+        on_world_failure="restart",
+        restart=policy,
+        step_timeout=10.0,
+    ) as batch:
+        stats = dmr.collect(batch, [20, 20, 20, 20], policy=move, timeout=10.0)
+        assert stats.steps == 80 and batch.pending() == 0
+        (failure,) = batch.failures
+        assert failure.outcome == "restarted" and failure.steps_lost == 2
+        counts = collections.Counter(slot for slots in sent for slot in slots)
+        assert counts == {0: 20, 1: 20, 2: 20, 3: 20}
+        steps = batch.step_agents(
+            {agent: {"paddle": np.zeros(2, np.int8)} for agent in batch.agents}
+        )
+        assert all(len(step.env_ids) == 2 for step in steps.values())  # no agent left waiting
     assert wait_for(lambda: _nothing_left(server))
 
 
