@@ -20,7 +20,7 @@ pytest.importorskip(
     "ray.rllib", exc_type=ImportError, reason="needs RLlib: pip install -e '.[rllib]'"
 )
 pytest.importorskip("torch", reason="the training tier needs torch")
-from test_rllink_training import _external, _runner_port, _summary, client, local_ray  # noqa: E402
+from test_rllink_training import _external, _runner_port, _summary, client, local_ray
 
 pytestmark = [pytest.mark.training, pytest.mark.timeout(900)]
 __all__ = ["local_ray"]  # the module's Ray, a fixture

@@ -111,26 +111,12 @@ def test_sigterm_while_connecting_to_worlds_that_never_answer(
     assert wait_for(server.all_ended)  # the process is gone: every stream it opened ended
 
 
-def test_a_stopped_connect_is_let_go_and_leaves_nothing_behind(
-    stalling: tuple[str, Stalling], learner: FakeLearner
-) -> None:
-    address, server = stalling
-    before = set(threading.enumerate())
+def _stopped_while_held(server: Stalling, **kwargs: Any) -> Any:
+    """``run_rllink(**kwargs)`` on a thread, stopped once the server holds every create;
+    its stats (the thread must end: it no longer waits for the worlds)."""
     stop = threading.Event()
     result: list[Any] = []
-    client = threading.Thread(
-        target=lambda: result.append(
-            rayi.run_rllink(
-                [address],
-                learner.address,
-                num_envs=WORLDS,
-                policy="random",
-                timeout=3.0,  # the attempt's own bound: it ends by itself this long after
-                stop=stop,
-                say=print,
-            )
-        )
-    )
+    client = threading.Thread(target=lambda: result.append(rayi.run_rllink(stop=stop, **kwargs)))
     client.start()
     try:
         assert wait_for(lambda: _holding_every_create(server), 60)
@@ -143,6 +129,22 @@ def test_a_stopped_connect_is_let_go_and_leaves_nothing_behind(
             client.join(timeout=60)
     (stats,) = result
     assert stats.stop_reason == "stopped" and stats.steps == 0 and stats.worlds == 0
+    return stats
+
+
+def test_a_stopped_connect_is_let_go_and_leaves_nothing_behind(
+    stalling: tuple[str, Stalling], learner: FakeLearner
+) -> None:
+    address, server = stalling
+    before = set(threading.enumerate())
+    _stopped_while_held(
+        server,
+        addresses=[address],
+        rllib=learner.address,
+        num_envs=WORLDS,
+        policy="random",
+        timeout=3.0,  # the attempt's own bound: it ends by itself this long after
+    )
     # The attempt let go ends within its timeout and closes what it opened.
     assert wait_for(server.all_ended, 30)
     assert wait_for(lambda: not _new_threads(before), 30), _new_threads(before)
@@ -154,24 +156,9 @@ def test_a_connect_that_succeeds_after_the_stop_is_closed_at_once(
     """The worlds answer only after the client stopped waiting: the attempt let go opens them,
     then leaves and destroys every world and ends its streams."""
     address, server = stalling
-    stop = threading.Event()
-    result: list[Any] = []
-    client = threading.Thread(
-        target=lambda: result.append(
-            rayi.run_rllink([address], learner.address, num_envs=WORLDS, policy="random", stop=stop)
-        )
+    _stopped_while_held(
+        server, addresses=[address], rllib=learner.address, num_envs=WORLDS, policy="random"
     )
-    client.start()
-    try:
-        assert wait_for(lambda: _holding_every_create(server), 60)
-        stop.set()
-        client.join(timeout=30)  # a bound for a broken client, not a speed target
-        assert not client.is_alive()
-    finally:
-        stop.set()
-        with contextlib.suppress(RuntimeError):
-            client.join(timeout=60)
-    assert result[0].stop_reason == "stopped"
     server.release.set()  # the connect goes on, and succeeds: nobody wants its worlds
     assert wait_for(server.all_ended, 30), server.kinds
     with server.lock:
