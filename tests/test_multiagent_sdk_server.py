@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 
 import dm_env
 import numpy as np
 import pytest
+from dm_env import specs
 
 import dm_env_rpc_client as dmr
+from dm_env_rpc_client.server.multiagent import MultiAgentEnvironment
 
 paddles = pytest.importorskip(
     "dm_env_rpc_client.server.paddles", reason="the SDK's multi-agent server (branch ma-server)"
@@ -104,3 +107,57 @@ def test_steps_cut_by_agent_are_the_same_either_way(server):
             )
             np.testing.assert_array_equal(strided[name].reward, by_ids[name].reward)
         assert batch._slots(None) == (worlds, slots) and batch._slots(worlds)[1] is slots
+
+
+class Uneven(MultiAgentEnvironment):
+    """Two agents with one observation spec and action specs of their own: a ``nudge`` in
+    [-1, 1] and a ``shove`` in [-3, 3]. Every action it is given is kept in ``taken``."""
+
+    taken: ClassVar[list[dict[str, int]]] = []
+
+    def agent_names(self) -> tuple[str, str]:
+        return ("nudge", "shove")
+
+    def action_spec(self) -> dict[str, Any]:
+        return {
+            "nudge": {"push": specs.BoundedArray((), np.int8, -1, 1, name="push")},
+            "shove": {"push": specs.BoundedArray((), np.int8, -3, 3, name="push")},
+        }
+
+    def observation_spec(self) -> dict[str, Any]:
+        spec = {"moved": specs.Array((), np.int32, name="moved")}
+        return {"nudge": spec, "shove": spec}
+
+    def reset(self) -> dict[str, dm_env.TimeStep]:
+        return {name: dm_env.restart({"moved": np.int32(0)}) for name in self.agent_names()}
+
+    def step(self, actions: Mapping[str, Any]) -> dict[str, dm_env.TimeStep]:
+        pushes = {name: int(action["push"]) for name, action in actions.items()}
+        Uneven.taken.append(pushes)
+        return {
+            name: dm_env.transition(0.0, {"moved": np.int32(push)}) for name, push in pushes.items()
+        }
+
+
+def test_random_actions_draw_each_agent_from_its_own_spec():
+    """``dmr.collect``'s random actions for a world whose agents' action specs differ: each
+    agent's come from its own spec (the shove reaches past the nudge's bounds, neither passes
+    its own), reproducibly from the seed."""
+    runs, picks = [], [{"agent": "nudge"}, {"agent": "shove"}]
+    for _ in range(2):
+        Uneven.taken = []
+        with (
+            dmr.serve(lambda settings: Uneven()) as served,
+            dmr.MultiAgentBatch.connect(
+                served.address, 2, 2, join_world_settings=picks, timeout=10
+            ) as batch,
+        ):
+            assert batch.action_specs()["shove"]["push"].maximum == 3
+            stats = dmr.collect(batch, 2 * 2 * 40, seed=5, timeout=10)
+            assert stats.steps == 160
+        runs.append(sorted(tuple(sorted(step.items())) for step in Uneven.taken))
+    nudges = [step["nudge"] for step in Uneven.taken]
+    shoves = [step["shove"] for step in Uneven.taken]
+    assert set(nudges) <= {-1, 0, 1} and len(set(nudges)) == 3
+    assert set(shoves) <= set(range(-3, 4)) and {-3, 3} & set(shoves)
+    assert runs[0] == runs[1]
