@@ -52,6 +52,7 @@ public face; the command line's ``run``, the Ray shards, the RLlink client and
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -271,7 +272,8 @@ class _Loop:
         if group == 1:
             return slots
         there = set(slots)
-        return sorted(slot for slot in there if all(s in there for s in _agents_of(slot, group)))
+        agents_there = collections.Counter(slot // group for slot in there)
+        return sorted(slot for slot in there if agents_there[slot // group] == group)
 
     def _reset(self) -> None:
         first = self.batch.reset(timeout=self.timeout)
@@ -412,12 +414,6 @@ class _Loop:
                 raise
             self.failures = -1
             return _REMOVED
-
-
-def _agents_of(slot: int, group: int) -> range:
-    """The slots of the world of agent slot ``slot`` (``group`` agents per world)."""
-    first = slot - slot % group
-    return range(first, first + group)
 
 
 def _stack(actions: list[Any]) -> Any:
