@@ -55,7 +55,7 @@ from . import errors
 from ._adaptor.core import _RUNNING, pack_settings
 from ._adaptor.stacked import BatchedTimeStep, split_actions
 from ._base import checks as _checks
-from ._batch.agent_actions import check_agents, interleave, take_rows
+from ._batch.agent_actions import check_agents, interleave, own_observations, take_rows
 from ._batch.agent_opening import open_agent_batch
 from ._batch.agents import AgentBatch, SiblingFailure, close_agents
 from ._batch.core import _LIVE
@@ -92,6 +92,7 @@ class MultiAgentBatch(AgentBatch):
 
     # (len(failures), live worlds, their slots) when last worked out: see _slots.
     _live_slots: tuple[int, list[int], list[int]] | None = None
+    _differ: bool | None = None  # whether the agents' observation specs differ; None: not known
 
     @classmethod
     @_checks.keywords_checked
@@ -203,17 +204,31 @@ class MultiAgentBatch(AgentBatch):
         count = self.num_agents
         if worlds is not None and len(batch.env_ids) == len(worlds) * count:
             ids = np.asarray(worlds)
-            return {
+            cut = {
                 name: take_rows(batch, slice(agent, None, count), ids)
                 for agent, name in enumerate(self.agents)
             }
-        slots = np.asarray(batch.env_ids)
-        agent_of = slots % count
-        return {
-            name: take_rows(batch, rows, slots[rows] // count)
-            for agent, name in enumerate(self.agents)
-            for rows in (np.flatnonzero(agent_of == agent),)
-        }
+        else:
+            slots = np.asarray(batch.env_ids)
+            agent_of = slots % count
+            cut = {
+                name: take_rows(batch, rows, slots[rows] // count)
+                for agent, name in enumerate(self.agents)
+                for rows in (np.flatnonzero(agent_of == agent),)
+            }
+        if self._observations_differ():
+            for name, steps in cut.items():
+                cut[name] = steps._replace(observation=own_observations(steps.observation))
+        return cut
+
+    def _observations_differ(self) -> bool:
+        """Whether the agents' observation specs differ (then a batch over agent slots holds
+        every agent's observations, each lacking in the others' rows: ``stack``)."""
+        if self._differ is None:
+            first = self.envs[0].observation_spec()
+            agents = range(1, self.num_agents)
+            self._differ = any(self.envs[a].observation_spec() != first for a in agents)
+        return self._differ
 
     def _agent_error(self, error: errors.WorldError) -> errors.WorldError:
         """``error`` of an agent slot, as the error of its world naming the agent (the agent

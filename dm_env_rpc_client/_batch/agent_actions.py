@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import errors
-from .._adaptor.stacked import BatchedTimeStep
+from .._adaptor.stacked import BatchedTimeStep, stack
 from .._base import checks as _checks
 
 _UNKNOWN_AGENT = "actions name {unknown}, which this world does not have; its agents are {agents}."
@@ -87,6 +87,21 @@ def _pick(tree: Any, rows: np.ndarray | slice) -> Any:
     if isinstance(tree, Mapping):
         return {key: _pick(value, rows) for key, value in tree.items()}
     return tree[rows]
+
+
+def own_observations(observation: Mapping[str, Any]) -> dict[str, Any]:
+    """One agent's rows of a batch over agents whose observations differ, as its own: the
+    names the others' alone have (None in its rows) left out, and the rest stacked again
+    (``stack`` held them as object arrays of the rows' values)."""
+    own: dict[str, Any] = {}
+    for name, column in observation.items():
+        if isinstance(column, Mapping):
+            own[name] = own_observations(column)
+        elif column.dtype != object or not len(column):
+            own[name] = column
+        elif all(item is not None for item in column):
+            own[name] = stack(list(column))
+    return own
 
 
 def interleave(actions_by_agent: Mapping[str, Any], agents: Sequence[str], worlds: int) -> Any:
