@@ -49,13 +49,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dm_env
-import numpy as np
 
 from . import errors
 from ._adaptor.core import _RUNNING, pack_settings
 from ._adaptor.stacked import BatchedTimeStep, split_actions
 from ._base import checks as _checks
-from ._batch.agent_actions import check_agents, interleave, own_observations, take_rows
+from ._batch.agent_actions import check_agents, cut_by_agent, interleave
 from ._batch.agent_opening import open_agent_batch
 from ._batch.agents import AgentBatch, SiblingFailure, close_agents
 from ._batch.core import _LIVE
@@ -198,37 +197,12 @@ class MultiAgentBatch(AgentBatch):
     def _by_agent(
         self, batch: BatchedTimeStep, worlds: Sequence[int] | None = None
     ) -> dict[str, BatchedTimeStep]:
-        """``batch`` (of agent slots) cut by agent. Steps of every agent of ``worlds``, world by
-        world (what ``recv`` and ``reset`` give for the slots of ``_slots``), are cut by
-        strided views; any other batch by its ``env_ids``."""
-        count = self.num_agents
-        if worlds is not None and len(batch.env_ids) == len(worlds) * count:
-            ids = np.asarray(worlds)
-            cut = {
-                name: take_rows(batch, slice(agent, None, count), ids)
-                for agent, name in enumerate(self.agents)
-            }
-        else:
-            slots = np.asarray(batch.env_ids)
-            agent_of = slots % count
-            cut = {
-                name: take_rows(batch, rows, slots[rows] // count)
-                for agent, name in enumerate(self.agents)
-                for rows in (np.flatnonzero(agent_of == agent),)
-            }
-        if self._observations_differ():
-            for name, steps in cut.items():
-                cut[name] = steps._replace(observation=own_observations(steps.observation))
-        return cut
-
-    def _observations_differ(self) -> bool:
-        """Whether the agents' observation specs differ (then a batch over agent slots holds
-        every agent's observations, each lacking in the others' rows: ``stack``)."""
-        if self._differ is None:
+        """``batch`` (of agent slots) cut by agent (``_batch.agent_actions.cut_by_agent``)."""
+        if self._differ is None:  # whether the agents' observation specs differ
             first = self.envs[0].observation_spec()
             agents = range(1, self.num_agents)
             self._differ = any(self.envs[a].observation_spec() != first for a in agents)
-        return self._differ
+        return cut_by_agent(batch, self.agents, worlds, self._differ)
 
     def _agent_error(self, error: errors.WorldError) -> errors.WorldError:
         """``error`` of an agent slot, as the error of its world naming the agent (the agent

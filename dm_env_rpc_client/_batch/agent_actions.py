@@ -5,7 +5,7 @@ leave out one that must act (every joined agent acts in each step), before
 anything is sent; ``interleave`` turns every agent's stacked actions into one
 stacked dict over a batch's agent slots (slot ``w * num_agents + a``), so the
 batch's encoder packs them at once; ``take_rows`` cuts one agent's steps out of a
-batch of slots.
+batch of slots, and ``cut_by_agent`` a batch into every agent's.
 """
 
 from __future__ import annotations
@@ -87,6 +87,35 @@ def _pick(tree: Any, rows: np.ndarray | slice) -> Any:
     if isinstance(tree, Mapping):
         return {key: _pick(value, rows) for key, value in tree.items()}
     return tree[rows]
+
+
+def cut_by_agent(
+    batch: BatchedTimeStep, agents: Sequence[str], worlds: Sequence[int] | None, differ: bool
+) -> dict[str, BatchedTimeStep]:
+    """``batch`` (of agent slots, slot ``w * len(agents) + a``) cut by agent name, each with its
+    world indices as ``env_ids``. Steps of every agent of ``worlds``, world by world (what
+    ``recv`` and ``reset`` give for those worlds' slots), are cut by strided views; any other
+    batch by its ``env_ids``. ``differ``: the agents' observation specs differ, so each
+    agent's observations are made its own again (``own_observations``)."""
+    count = len(agents)
+    if worlds is not None and len(batch.env_ids) == len(worlds) * count:
+        ids = np.asarray(worlds)
+        cut = {
+            name: take_rows(batch, slice(agent, None, count), ids)
+            for agent, name in enumerate(agents)
+        }
+    else:
+        slots = np.asarray(batch.env_ids)
+        agent_of = slots % count
+        cut = {
+            name: take_rows(batch, rows, slots[rows] // count)
+            for agent, name in enumerate(agents)
+            for rows in (np.flatnonzero(agent_of == agent),)
+        }
+    if differ:
+        for name, steps in cut.items():
+            cut[name] = steps._replace(observation=own_observations(steps.observation))
+    return cut
 
 
 def own_observations(observation: Mapping[str, Any]) -> dict[str, Any]:
