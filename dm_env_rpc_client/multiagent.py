@@ -49,13 +49,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dm_env
-import numpy as np
 
 from . import errors
 from ._adaptor.core import _RUNNING, pack_settings
 from ._adaptor.stacked import BatchedTimeStep, split_actions
 from ._base import checks as _checks
-from ._batch.agent_actions import check_agents, interleave, take_rows
+from ._batch.agent_actions import check_agents, cut_by_agent, interleave
 from ._batch.agent_opening import open_agent_batch
 from ._batch.agents import AgentBatch, SiblingFailure, close_agents
 from ._batch.core import _LIVE
@@ -92,6 +91,7 @@ class MultiAgentBatch(AgentBatch):
 
     # (len(failures), live worlds, their slots) when last worked out: see _slots.
     _live_slots: tuple[int, list[int], list[int]] | None = None
+    _differ: bool | None = None  # whether the agents' observation specs differ; None: not known
 
     @classmethod
     @_checks.keywords_checked
@@ -197,23 +197,12 @@ class MultiAgentBatch(AgentBatch):
     def _by_agent(
         self, batch: BatchedTimeStep, worlds: Sequence[int] | None = None
     ) -> dict[str, BatchedTimeStep]:
-        """``batch`` (of agent slots) cut by agent. Steps of every agent of ``worlds``, world by
-        world (what ``recv`` and ``reset`` give for the slots of ``_slots``), are cut by
-        strided views; any other batch by its ``env_ids``."""
-        count = self.num_agents
-        if worlds is not None and len(batch.env_ids) == len(worlds) * count:
-            ids = np.asarray(worlds)
-            return {
-                name: take_rows(batch, slice(agent, None, count), ids)
-                for agent, name in enumerate(self.agents)
-            }
-        slots = np.asarray(batch.env_ids)
-        agent_of = slots % count
-        return {
-            name: take_rows(batch, rows, slots[rows] // count)
-            for agent, name in enumerate(self.agents)
-            for rows in (np.flatnonzero(agent_of == agent),)
-        }
+        """``batch`` (of agent slots) cut by agent (``_batch.agent_actions.cut_by_agent``)."""
+        if self._differ is None:  # whether the agents' observation specs differ
+            first = self.envs[0].observation_spec()
+            agents = range(1, self.num_agents)
+            self._differ = any(self.envs[a].observation_spec() != first for a in agents)
+        return cut_by_agent(batch, self.agents, worlds, self._differ)
 
     def _agent_error(self, error: errors.WorldError) -> errors.WorldError:
         """``error`` of an agent slot, as the error of its world naming the agent (the agent

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 
 import dm_env
 import numpy as np
 import pytest
+from dm_env import specs
 
 import dm_env_rpc_client as dmr
+from dm_env_rpc_client.server.multiagent import MultiAgentEnvironment
 
 paddles = pytest.importorskip(
     "dm_env_rpc_client.server.paddles", reason="the SDK's multi-agent server (branch ma-server)"
@@ -104,3 +107,98 @@ def test_steps_cut_by_agent_are_the_same_either_way(server):
             )
             np.testing.assert_array_equal(strided[name].reward, by_ids[name].reward)
         assert batch._slots(None) == (worlds, slots) and batch._slots(worlds)[1] is slots
+
+
+class Uneven(MultiAgentEnvironment):
+    """Two agents with specs of their own: a ``nudge`` in [-1, 1] that observes how far it
+    moved (an int32), and a ``shove`` in [-3, 3] that observes a ``force`` (two float32s).
+    Every action it is given is kept in ``taken``."""
+
+    taken: ClassVar[list[dict[str, int]]] = []
+
+    def agent_names(self) -> tuple[str, str]:
+        return ("nudge", "shove")
+
+    def action_spec(self) -> dict[str, Any]:
+        return {
+            "nudge": {"push": specs.BoundedArray((), np.int8, -1, 1, name="push")},
+            "shove": {"push": specs.BoundedArray((), np.int8, -3, 3, name="push")},
+        }
+
+    def observation_spec(self) -> dict[str, Any]:
+        return {
+            "nudge": {"moved": specs.Array((), np.int32, name="moved")},
+            "shove": {"force": specs.Array((2,), np.float32, name="force")},
+        }
+
+    def _timesteps(self, kind: Any, pushes: Mapping[str, int]) -> dict[str, dm_env.TimeStep]:
+        force = np.full(2, pushes["shove"], np.float32)
+        return {
+            "nudge": kind({"moved": np.int32(pushes["nudge"])}),
+            "shove": kind({"force": force}),
+        }
+
+    def reset(self) -> dict[str, dm_env.TimeStep]:
+        return self._timesteps(dm_env.restart, {"nudge": 0, "shove": 0})
+
+    def step(self, actions: Mapping[str, Any]) -> dict[str, dm_env.TimeStep]:
+        pushes = {name: int(action["push"]) for name, action in actions.items()}
+        Uneven.taken.append(pushes)
+        return self._timesteps(lambda observation: dm_env.transition(0.0, observation), pushes)
+
+
+_ROLES = [{"agent": "nudge"}, {"agent": "shove"}]
+
+
+def test_agents_that_observe_things_of_their_own_get_their_own():
+    """A batch whose agents' observation specs differ: each agent's steps hold its own
+    observations (its names, dtypes and shapes), whether cut from a round of the batch or
+    from ``dmr.collect``'s flat batches, and a ``MultiAgentWorld`` of it steps too."""
+    with (
+        dmr.serve(lambda settings: Uneven()) as served,
+        dmr.MultiAgentBatch.connect(
+            served.address, 2, 2, join_world_settings=_ROLES, timeout=10
+        ) as batch,
+    ):
+        first = batch.reset_agents()
+        assert list(first["nudge"].observation) == ["moved"]
+        assert first["shove"].observation["force"].shape == (2, 2)
+        pushes = {"nudge": {"push": np.int8([1, -1])}, "shove": {"push": np.int8([3, -2])}}
+        steps = batch.step_agents(pushes)
+        moved, force = steps["nudge"].observation["moved"], steps["shove"].observation["force"]
+        assert moved.dtype == np.int32 and moved.tolist() == [1, -1]
+        assert force.dtype == np.float32 and force.tolist() == [[3, 3], [-2, -2]]
+        assert list(steps["shove"].observation) == ["force"]
+        assert dmr.collect(batch, 2 * 2 * 10, seed=1, timeout=10).steps == 40
+    with (
+        dmr.serve(lambda settings: Uneven()) as served,
+        dmr.MultiAgentWorld.connect(served.address, 2, join_world_settings=_ROLES) as world,
+    ):
+        assert world.reset()["nudge"].observation == {"moved": 0}
+        step = world.step({"nudge": {"push": 0}, "shove": {"push": 2}})
+        assert step["shove"].observation["force"].tolist() == [2.0, 2.0]
+        assert list(step["nudge"].observation) == ["moved"]
+
+
+def test_random_actions_draw_each_agent_from_its_own_spec():
+    """``dmr.collect``'s random actions for a world whose agents' action specs differ: each
+    agent's come from its own spec (the shove reaches past the nudge's bounds, neither passes
+    its own), reproducibly from the seed."""
+    runs, picks = [], _ROLES
+    for _ in range(2):
+        Uneven.taken = []
+        with (
+            dmr.serve(lambda settings: Uneven()) as served,
+            dmr.MultiAgentBatch.connect(
+                served.address, 2, 2, join_world_settings=picks, timeout=10
+            ) as batch,
+        ):
+            assert batch.action_specs()["shove"]["push"].maximum == 3
+            stats = dmr.collect(batch, 2 * 2 * 40, seed=5, timeout=10)
+            assert stats.steps == 160
+        runs.append(sorted(tuple(sorted(step.items())) for step in Uneven.taken))
+    nudges = [step["nudge"] for step in Uneven.taken]
+    shoves = [step["shove"] for step in Uneven.taken]
+    assert set(nudges) <= {-1, 0, 1} and len(set(nudges)) == 3
+    assert set(shoves) <= set(range(-3, 4)) and {-3, 3} & set(shoves)
+    assert runs[0] == runs[1]

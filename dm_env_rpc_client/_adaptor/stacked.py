@@ -114,9 +114,17 @@ class BatchedTimeStep(NamedTuple):
 
 
 def stack(values: Sequence[Any]) -> Any:
-    """Stacks per-world values (nested dicts alike); object arrays when shapes differ."""
+    """Stacks per-world values (nested dicts alike); object arrays when shapes differ.
+
+    Dicts whose keys differ (the agents of a multi-agent world, each observing its own
+    things) stack to the union of their keys, a key's column an object array holding
+    None where a world's dict lacks it.
+    """
     first = values[0]
     if isinstance(first, Mapping):
+        keys = first.keys()
+        if any(value.keys() != keys for value in values):
+            return _stack_apart(values)
         return {key: stack([value[key] for value in values]) for key in first}
     arrays = [np.asarray(value) for value in values]
     if all(a.shape == arrays[0].shape for a in arrays):
@@ -124,6 +132,21 @@ def stack(values: Sequence[Any]) -> Any:
     out = np.empty(len(arrays), dtype=object)
     for index, array in enumerate(arrays):
         out[index] = array
+    return out
+
+
+def _stack_apart(values: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``stack`` of dicts whose keys differ (see there)."""
+    keys = dict.fromkeys(key for value in values for key in value)
+    out: dict[str, Any] = {}
+    for key in keys:
+        column = [value.get(key) for value in values]
+        if all(item is not None for item in column):
+            out[key] = stack(column)
+            continue
+        out[key] = np.empty(len(column), dtype=object)
+        for index, item in enumerate(column):
+            out[key][index] = item
     return out
 
 

@@ -52,6 +52,7 @@ public face; the command line's ``run``, the Ray shards, the RLlink client and
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -177,16 +178,22 @@ class _Loop:
         self.left: list[int] | None = None if isinstance(steps, int) else list(steps)
         self.requested = 0
         self.blocks: _blocks.ActionBlocks | None = None
+        self.mixed = False  # agents whose action specs differ: drawn and sent one by one
         if policy is None:
             if self.left is None:
                 worlds, rounds = count // group, total // group
                 shares = [rounds // worlds + (world < rounds % worlds) for world in range(worlds)]
                 self.left = [shares[slot // group] for slot in range(count)]
-            self.spec = batch.action_spec()
-            self.draw = action_drawer(self.spec)  # random_action's, spec work once
+            # Each agent draws from its own spec (a multi-agent world's agents may differ).
+            agent_specs = [batch.envs[agent].action_spec() for agent in range(group)]
+            self.spec = agent_specs[0]
+            self.mixed = any(spec != self.spec for spec in agent_specs[1:])
+            drawers = [action_drawer(spec) for spec in agent_specs]  # random_action's, once
+            self.draws = [drawers[slot % group] for slot in range(count)]
             self.rngs = [np.random.default_rng((seed + w, ACTION_STREAM)) for w in range(count)]
-            # Drawn a block at a time and taken stacked, where the spec allows (_stepping.blocks).
-            if _blocks.applies(self.spec):
+            # Drawn a block at a time and taken stacked, where the spec allows (_stepping.blocks)
+            # and every agent shares it.
+            if not self.mixed and _blocks.applies(self.spec):
                 self.blocks = _blocks.ActionBlocks(self.spec, self.rngs)
         # The worlds that may take a step (random actions): every world at first, then those
         # a step came back from (or not yet full). A policy's: the worlds of ``ready``.
@@ -265,7 +272,8 @@ class _Loop:
         if group == 1:
             return slots
         there = set(slots)
-        return sorted(slot for slot in there if all(s in there for s in _agents_of(slot, group)))
+        agents_there = collections.Counter(slot // group for slot in there)
+        return sorted(slot for slot in there if agents_there[slot // group] == group)
 
     def _reset(self) -> None:
         first = self.batch.reset(timeout=self.timeout)
@@ -296,9 +304,12 @@ class _Loop:
             return []
         if self.blocks is not None:
             return self._send_block(ids)
-        draw, rngs = self.draw, self.rngs
-        actions = [draw(rngs[world]) for world in ids]
-        sent = set(_send(batch, ids, actions))
+        draws, rngs = self.draws, self.rngs
+        actions = [draws[world](rngs[world]) for world in ids]
+        if self.mixed:  # agents' actions of different specs: one dict per slot, sent at once
+            sent = set(ids if send_unless_removed(batch, actions, ids) else [])
+        else:
+            sent = set(_send(batch, ids, actions))
         for world, action in zip(ids, actions, strict=True):
             if world in sent:
                 self.tally.sent[world].append(action)
@@ -403,12 +414,6 @@ class _Loop:
                 raise
             self.failures = -1
             return _REMOVED
-
-
-def _agents_of(slot: int, group: int) -> range:
-    """The slots of the world of agent slot ``slot`` (``group`` agents per world)."""
-    first = slot - slot % group
-    return range(first, first + group)
 
 
 def _stack(actions: list[Any]) -> Any:
