@@ -193,15 +193,16 @@ class AsyncConnection:
         error: grpc.RpcError | None = None
         # Bound once: a batch's loop runs this once per step of every world.
         read, pending, eof, slots = self._call.read, self._pending, grpc.aio.EOF, self._slots
+        oldest = pending._items.popleft  # PendingQueue.pop's, without its call
         try:
             while True:
                 data = await read()
                 if data is eof:
                     break
                 try:
-                    item = pending.pop()
-                except errors.ProtocolError as exc:
-                    self._shutdown(errors.ConnectionClosedError(str(exc)))
+                    item = oldest()
+                except IndexError:  # a response nobody asked for
+                    self._shutdown(errors.ConnectionClosedError(messages.UNEXPECTED_RESPONSE))
                     self._call.cancel()
                     return
                 if isinstance(item, _Callback):
@@ -360,6 +361,17 @@ class AsyncConnection:
         receiver.decode = decode
         self._pending.push_item(receiver)
         self._writes.append(data)  # _queue's, inline: a batch's loop does this once a step
+        if self._writer is None:
+            self._start_writer()
+
+    def _submit_receiver(self, data: bytes, receiver: _Callback) -> None:
+        """``_submit_callback`` for a receiver whose ``answer`` reads the response's bytes
+        itself (a batch's step): queued with no check of its kind and no ``decode``."""
+        if self._closed_error is not None:
+            asyncio.get_running_loop().call_soon(receiver._call, None, self._closed_error)
+            return
+        self._pending._items.append(receiver)
+        self._writes.append(data)
         if self._writer is None:
             self._start_writer()
 

@@ -55,9 +55,10 @@ _BAD_EXTENSION = (
     "Expected an extension response of type {expected} but got {actual!r}; check the "
     "response_type you passed."
 )
-_UNEXPECTED = (
+UNEXPECTED_RESPONSE = (
     "The server sent a response with no request pending; the stream is out of step and was closed."
 )
+_UNEXPECTED = UNEXPECTED_RESPONSE
 
 
 def as_reference_request(request: message.Message) -> message.Message:

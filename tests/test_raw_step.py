@@ -3,11 +3,14 @@ read from its byte only where the learned layout proves it is the state, else pa
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors, tensors
+from dm_env_rpc_client._batch import core as _core
 from dm_env_rpc_client._fastpath import layout as _layout
 from dm_env_rpc_client._fastpath.decode import ObservationPlan
 from dm_env_rpc_client._fastpath.raw_step import RawStep, read_answer
@@ -67,6 +70,43 @@ def test_an_answer_that_does_not_fit_is_parsed_as_before(learned: _layout.Layout
     assert read_answer(_wire(_step(board)), None)._message is not None
 
 
+def _frame_reads(frame: _layout.Frame, data: bytes) -> int | None:
+    """What the batch's loop reads of an answer by its layout's frame (``BatchCore._landed_data``'s
+    check): the state, or None where it falls back to ``read_answer``."""
+    if len(data) != frame.length or data[frame.state_at] >= 0x80:
+        return None
+    if any(data[start:stop] != expected for start, stop, expected in frame.runs):
+        return None
+    return data[frame.state_at]
+
+
+def test_the_loop_reads_by_the_frame_exactly_what_read_answer_reads(
+    learned: _layout.Layout,
+) -> None:
+    frame = learned.frame
+    assert frame is not None
+    board = np.arange(6).reshape(3, 2)
+    for state in (pb.EnvironmentStateType.RUNNING, pb.EnvironmentStateType.TERMINATED):
+        data = _wire(_step(board, state))
+        assert _frame_reads(frame, data) == state == read_answer(data, learned).state
+        assert data[frame.body_at :] == _step(board, state).SerializeToString()
+    # Every byte outside the payloads and the state: changed, the frame no longer fits (the
+    # step field's tag and length included), and read_answer parses or refuses it.
+    data = _wire(_step(board))
+    varying = {frame.state_at}
+    for slot in learned._slots:
+        varying.update(range(frame.body_at + slot.start, frame.body_at + slot.stop))
+    for position in set(range(len(data))) - varying:
+        changed = bytearray(data)
+        changed[position] ^= 0x01
+        assert _frame_reads(frame, bytes(changed)) is None, position
+    # The same answer with its length written in two bytes (valid protobuf): not the frame.
+    body = _step(board).SerializeToString()
+    padded = bytes([data[0], len(body) | 0x80, 0]) + body
+    assert _frame_reads(frame, padded) is None
+    assert read_answer(padded, learned).state == pb.EnvironmentStateType.RUNNING
+
+
 def test_an_error_or_another_payload_raises_as_parsing_does(learned: _layout.Layout) -> None:
     error = pb.EnvironmentResponse(error={"code": 3, "message": "bad paddle"})
     with pytest.raises(errors.DmEnvRpcError, match="bad paddle"):
@@ -77,12 +117,20 @@ def test_an_error_or_another_payload_raises_as_parsing_does(learned: _layout.Lay
 
 
 def test_a_batch_reads_its_answers_states_on_the_loop_and_decodes_the_same(
-    catch_server: Server,
+    catch_server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Two batches over the same seeded worlds: one whose loop reads states by the layout,
-    # one that parses every answer (no plan): the same steps, observations and states.
+    # Two batches over the same seeded worlds: one whose loop reads states by the layout's
+    # frame, one that parses every answer (no plan): the same steps, observations and states.
+    read: list[bytes] = []
+
+    def counted(data: bytes, layout: Any) -> Any:
+        read.append(data)
+        return read_answer(data, layout)
+
+    monkeypatch.setattr(_core, "read_answer", counted)
     results = []
     for fast in (True, False):
+        read.clear()
         with dmr.BatchedEnvironment.connect([catch_server.address], 3, seed=5) as batch:
             if not fast:
                 batch._plan = None
@@ -91,6 +139,10 @@ def test_a_batch_reads_its_answers_states_on_the_loop_and_decodes_the_same(
                 steps.append(batch.step({"paddle": np.full(3, turn % 3 - 1, np.int8)}))
             if fast:
                 assert batch._plan is not None and batch._plan._layout is not None
+                # Once the layout is learned (from the first answers), none takes read_answer.
+                assert len(read) < 10
+            else:
+                assert len(read) == 3 * 30  # every step (the reset answers another way)
             results.append(steps)
     for a, b in zip(*results, strict=True):
         np.testing.assert_array_equal(a.step_type, b.step_type)

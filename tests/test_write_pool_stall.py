@@ -142,9 +142,10 @@ def _writer_tasks(batch: dmr.BatchedEnvironment) -> int:
     """How many tasks on the batch's loop write requests (a pool's, or a stream's own)."""
     counted: list[int] = []
 
-    def count() -> None:
+    def count() -> None:  # the pool's writers (no tasks) and any stream's own writer task
         names = [getattr(t.get_coro(), "__qualname__", "") for t in asyncio.all_tasks()]
-        counted.append(sum(n in ("WritePool._work", "AsyncConnection._write_loop") for n in names))
+        own = sum(n == "AsyncConnection._write_loop" for n in names)
+        counted.append(len(batch._writers._tasks) + own)
 
     assert batch._runner is not None
     batch._runner.call(count)

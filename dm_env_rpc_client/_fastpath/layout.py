@@ -39,6 +39,8 @@ from .wire_step import (
     structure_runs,
 )
 
+_STEP_TAG = 3 << 3 | 2  # EnvironmentResponse.step: a length-delimited field 3
+
 # Tensor payload field number -> the dtype of its body bytes, for payloads whose body is a
 # fixed number of bytes per element: those _wire_step walks, and bools (varints, but a
 # serialized bool is 0 or 1, one byte).
@@ -75,6 +77,7 @@ class Layout:
         self._expected = np.frombuffer(data, np.uint8)[structure].copy()  # their values
         self._runs = runs  # the structure as runs of bytes, to check one response without NumPy
         self._slots = slots
+        self.frame = _frame(data, runs, state_at)
 
     def one(self, data: bytes) -> dict[str, Any] | None:
         """The observations of one serialized response (as ``ObservationPlan.decode``), or None."""
@@ -166,3 +169,41 @@ def _walk(data: bytes) -> tuple[dict[int, tuple[int, int, int]], int | None]:
     if pos != end:
         raise _Unexpected
     return bodies, state_at
+
+
+class Frame(NamedTuple):
+    """A layout's answers as the ``EnvironmentResponse`` bytes the loop reads (see ``_frame``):
+    their ``length``, the structure ``runs`` in them (the step field's tag and length
+    first), where the state's byte is (``state_at``) and where the StepResponse starts
+    (``body_at``)."""
+
+    length: int
+    runs: tuple[tuple[int, int, bytes], ...]
+    state_at: int
+    body_at: int
+
+
+def _frame(data: bytes, runs: list[tuple[int, int, bytes]], state_at: int | None) -> Frame | None:
+    """The ``Frame`` of a StepResponse of ``data``'s layout sent alone in an
+    ``EnvironmentResponse`` (its step field: tag, a canonical length of one or two bytes,
+    the body), or None where the state does not come first or the body is too long.
+
+    Exact as ``fits`` is: bytes of the frame's length whose runs match are that
+    field's tag, that length and a body that ``fits``, so they parse to a step answer
+    whose state is the byte at ``state_at``."""
+    length = len(data)
+    if state_at != 1 or length >= 1 << 14:
+        return None
+    head = (
+        bytes([_STEP_TAG, length])
+        if length < 0x80
+        else bytes([_STEP_TAG, length & 0x7F | 0x80, length >> 7])
+    )
+    at = len(head)
+    shifted = [(start + at, stop + at, expected) for start, stop, expected in runs]
+    if shifted and shifted[0][0] == at:  # the body's first run follows the head: one run
+        first = shifted[0]
+        shifted[0] = (0, first[1], head + first[2])
+    else:
+        shifted.insert(0, (0, at, head))
+    return Frame(at + length, tuple(shifted), at + state_at, at)

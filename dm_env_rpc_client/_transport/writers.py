@@ -12,10 +12,15 @@ generation, whose collections scan the whole heap. Stepping cost grew with the
 worlds through the collector alone.
 
 ``WritePool`` writes for every stream that has requests waiting with at most
-``size`` tasks: a stream with waiting requests is queued once, and a task takes
+``size`` writers: a stream with waiting requests is queued once, and a writer takes
 the next queued stream as it finishes one, so writes start as others end (what a
-write makes is freed as the next is made) and no task is made per stream. The
-order of a stream's own requests is kept: one task writes a stream at a time.
+write makes is freed as the next is made) and nothing is made per stream. The
+order of a stream's own requests is kept: one writer writes a stream at a time.
+A writer (``_Writer``) is not an asyncio task: it runs a stream's write coroutine
+itself, as a task would (``send`` up to the gRPC future it waits for, then again
+from that future's done callback), without a task's object, its first step's
+and its done callback's loop turns (at 64 worlds, a writer was started for about
+every other step; issue 38). In the text below, "task" means such a writer.
 
 A stream whose server stops reading holds its task: its write waits for HTTP/2
 flow control once its unread requests pass the stream's window (64 KB unless
@@ -59,15 +64,15 @@ class WritePool:
     On the loop only. ``ready(stream)`` queues a stream whose requests wait
     (the stream marks itself as queued, so it is queued once); a pool whose
     tasks are all held by stalled writes starts more, one per ``STALL_CHECK_S``.
-    The tasks end when no stream waits; a batch's close ends its streams, and the loop's
-    close any task still running.
+    The writers end when no stream waits; a batch's close ends its streams, and a writer
+    waiting on a closed stream's write goes on as gRPC fails that write.
     """
 
     def __init__(self, size: int = POOL_SIZE) -> None:
         self._ready: collections.deque[Writable] = collections.deque()
         self._size = size
         self._limit = size  # tasks allowed now: size, or one more than those found held
-        self._tasks: set[asyncio.Future[None]] = set()  # held: the loop keeps only weak ones
+        self._tasks: set[_Writer] = set()  # the writers running
         # Tasks running, counted down as a task's last stream is written (in the task, not in
         # a done callback a loop turn later: a stream queued in between would find no task).
         self._running = 0
@@ -84,9 +89,9 @@ class WritePool:
 
     def _start(self) -> None:
         self._running += 1
-        task = asyncio.ensure_future(self._work())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        writer = _Writer(self)
+        self._tasks.add(writer)
+        asyncio.get_running_loop().call_soon(writer.step)
 
     def _arm(self, head: Writable) -> None:
         loop = asyncio.get_running_loop()
@@ -109,21 +114,60 @@ class WritePool:
             head = ready[0]
         self._arm(head)
 
-    async def _work(self) -> None:
-        ready = self._ready
-        try:
-            while ready:
-                stream = ready.popleft()
-                try:
-                    await stream._write_queued()
-                except asyncio.CancelledError:
-                    # A stream closed under its write ends it with CancelledError (gRPC's word for
-                    # a call cancelled here); this task's own cancellation ends the task.
-                    if not stream._close_called:
-                        raise
-                finally:
-                    stream._writer = None
-        finally:
-            self._running -= 1
-            if self._running < self._size:  # fewer tasks than the pool has room for: none held
-                self._limit = self._size
+    def _ended(self, writer: _Writer) -> None:
+        """``writer`` found no stream waiting and ended (in its last step, not a loop turn
+        later: a stream queued in between would find no writer)."""
+        self._tasks.discard(writer)
+        self._running -= 1
+        if self._running < self._size:  # fewer writers than the pool has room for: none held
+            self._limit = self._size
+
+
+class _Writer:
+    """One of a pool's writers: writes the queued streams one at a time, as a task would,
+    without one (see the module): ``step`` runs the current stream's ``_write_queued``
+    coroutine up to its next wait and is called again as what it waits for is done."""
+
+    __slots__ = ("_coroutine", "_pool", "_stream")
+
+    def __init__(self, pool: WritePool) -> None:
+        self._pool = pool
+        self._stream: Writable | None = None
+        self._coroutine: Any = None
+
+    def step(self, _done: Any = None) -> None:
+        """Runs the writes on to their next wait (the loop's call, or a wait's done callback)."""
+        ready = self._pool._ready
+        while True:
+            coroutine = self._coroutine
+            if coroutine is None:
+                if not ready:
+                    self._pool._ended(self)
+                    return
+                self._stream = ready.popleft()
+                coroutine = self._coroutine = self._stream._write_queued()
+            try:
+                waits = coroutine.send(None)
+            except (StopIteration, asyncio.CancelledError):
+                # Written, or the stream's call was cancelled under its write (gRPC's word for
+                # a call closed here: its reader ends the stream); a stream's own errors end
+                # in _write_queued. The next stream, if any.
+                self._next()
+                continue
+            except BaseException:
+                self._next()
+                self._pool._ended(self)
+                raise
+            if getattr(waits, "_asyncio_future_blocking", None):
+                waits._asyncio_future_blocking = False
+                waits.add_done_callback(self.step)
+            else:  # a bare yield (asyncio.sleep(0)): on the loop's next turn
+                asyncio.get_running_loop().call_soon(self.step)
+            return
+
+    def _next(self) -> None:
+        """The current stream is written: its writer is free, and this one takes the next."""
+        stream = self._stream
+        self._coroutine = None
+        if stream is not None:
+            stream._writer = None
