@@ -12,6 +12,7 @@ server. ``BatchedEnvironment.connect`` (``_batch.opening``) and
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -108,7 +109,7 @@ def start_streams(
             probe = probes[key] = asyncio.ensure_future(
                 _ready.wait_ready_async(channel, wait, wait_for_ready, tls)
             )
-            probe.add_done_callback(lambda _: probes.pop(key, None))
+            probe.add_done_callback(functools.partial(_probed, probes, key))
         verdict = await asyncio.shield(probe)
         if verdict is not None:
             raise await _ready.connect_error_async(verdict, address, wait, channel)
@@ -144,6 +145,15 @@ def start_streams(
         return opened
 
     return runner, channels, open_stream
+
+
+def _probed(probes: dict[str, asyncio.Future[Any]], key: str, probe: asyncio.Future[Any]) -> None:
+    """A shared readiness probe ended: the next stream on its channel probes anew. Its error
+    is taken here (a channel closed under it, the batch closing) so none is logged unseen."""
+    if probes.get(key) is probe:
+        del probes[key]
+    if not probe.cancelled():
+        probe.exception()
 
 
 def check_descriptors(addresses: Sequence[str], connections: int | None = None) -> None:
