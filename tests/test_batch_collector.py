@@ -57,3 +57,25 @@ def test_a_batch_leaves_a_collector_that_was_off_alone(catch_server: Server) -> 
     with dmr.BatchedEnvironment.connect(catch_server.address, 1, timeout=10):
         assert gc.get_threshold()[0] == 0
     assert gc.get_threshold()[0] == 0
+
+
+def oldest(thing: object) -> bool:
+    """Whether ``thing`` is in the collector's oldest generation."""
+    return any(other is thing for other in gc.get_objects(generation=2))
+
+
+def test_connect_puts_its_worlds_in_the_oldest_generation(catch_server: Server) -> None:
+    with dmr.BatchedEnvironment.connect(catch_server.address, 3, timeout=10) as envs:
+        assert all(oldest(stream) for stream in envs._streams)
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_connect_leaves_objects_the_caller_froze_frozen(catch_server: Server) -> None:
+    mine = [object()]
+    gc.freeze()
+    try:
+        with dmr.BatchedEnvironment.connect(catch_server.address, 2, timeout=10) as envs:
+            assert gc.get_freeze_count() > 0  # not released by the connect
+            assert not oldest(mine) and not oldest(envs._streams[0])
+    finally:
+        gc.unfreeze()

@@ -16,6 +16,7 @@ import pytest
 from keeping_server import keeping_server
 
 from dm_env_rpc_client import errors
+from dm_env_rpc_client._batch.channels import ChannelPool
 from dm_env_rpc_client.batched import DEFAULT_STREAMS_PER_CONNECTION, BatchedEnvironment
 from dm_env_rpc_client.server.catch import Catch
 
@@ -66,3 +67,22 @@ def test_a_stream_limit_is_named_with_what_to_pass() -> None:
 def test_a_bad_cap_is_refused_by_name(value: Any) -> None:
     with pytest.raises(errors.ArgumentError, match="max_streams_per_connection"):
         BatchedEnvironment.connect("127.0.0.1:1", 1, max_streams_per_connection=value)
+
+
+def test_the_pool_fills_its_newest_channel_then_reuses_the_room_streams_left() -> None:
+    # ChannelPool alone (no stream opens: its channels are only handed out).
+    made: list[str] = []
+
+    def make(address: str, extra: Any) -> Any:
+        made.append(address)
+        return object()
+
+    pool = ChannelPool(make, 2, {})
+    slots = [pool.acquire("a:1")[1] for _ in range(5)]
+    assert [slot.key for slot in slots] == ["a:1", "a:1", "a:1#1", "a:1#1", "a:1#2"]
+    slots[0].released = True  # a stream of the first channel ended
+    assert pool.acquire("a:1")[1].key == "a:1#2"  # the newest has room: no scan
+    assert pool.acquire("a:1")[1].key == "a:1"  # the newest is full: the first has room
+    assert pool.acquire("a:1")[1].key == "a:1#3"  # every one full: another channel
+    assert pool.acquire("b:2")[1].key == "b:2"
+    assert len(made) == 5

@@ -9,7 +9,10 @@ of the close's 2.0 s, none of which found anything to free. ``paused()`` turns
 the collector off for the duration (reference counting still frees everything
 at once; only reference cycles wait) and back on after, if it was on. It nests
 (two batches opening or closing at once on two threads), and every pause it
-covers is bounded by the operation's own timeout.
+covers is bounded by the operation's own timeout. A pause that keeps what it made
+(``paused(keep=True)``: a batch's connect, whose worlds live until its close) ends by
+putting everything tracked straight into the oldest generation, so no collection scans
+the new worlds' objects on their way there (see ``paused``).
 
 While a batch is open and steps, ``raise_young_threshold()`` raises the
 young generation's threshold to ``STEPPING_THRESHOLD`` (if it is lower), and
@@ -34,6 +37,7 @@ from collections.abc import Iterator
 _lock = threading.Lock()
 _holders = 0  # pauses under way
 _resume = False  # whether the first of them found the collector on
+_keep = False  # whether one of them keeps what it made (``paused(keep=True)``)
 # The young generation's threshold while a batch is open (Python's default is 700).
 STEPPING_THRESHOLD = 50_000
 _raisers = 0  # open batches holding the threshold raised
@@ -41,21 +45,40 @@ _saved: tuple[int, ...] | None = None  # the thresholds found by the first, if i
 
 
 @contextlib.contextmanager
-def paused() -> Iterator[None]:
-    """The collector off within the ``with`` block; as it was found after the last one ends."""
-    global _holders, _resume
+def paused(keep: bool = False) -> Iterator[None]:
+    """The collector off within the ``with`` block; as it was found after the last one ends.
+
+    ``keep``: what the block makes lives on (a batch's worlds, until its close). Made with the
+    collector off, it is all in the young generation, so the first collection after would
+    scan every world's objects, and a later one again, before they reach the oldest
+    generation, where they belong: 0.16 s of a 2.8 s connect of 4,096 worlds. With ``keep``,
+    when the last pause ends with the collector back on, everything tracked goes straight
+    to the oldest generation instead (``gc.freeze()`` and ``gc.unfreeze()``, which scan
+    nothing), unless the process holds frozen objects of its own (``gc.get_freeze_count()``),
+    which unfreezing would release, or the block raised. A reference cycle among young
+    objects then waits for the next full collection.
+    """
+    global _holders, _resume, _keep
     with _lock:
         if _holders == 0:
             _resume = gc.isenabled()
             gc.disable()
         _holders += 1
+    kept = False
     try:
         yield
+        kept = keep  # a block that failed keeps nothing
     finally:
         with _lock:
             _holders -= 1
-            if _holders == 0 and _resume:
-                gc.enable()
+            _keep = _keep or kept
+            if _holders == 0:
+                if _resume and _keep and gc.get_freeze_count() == 0:
+                    gc.freeze()  # every generation into the permanent one, the young count to 0
+                    gc.unfreeze()  # and all of it back into the oldest
+                _keep = False
+                if _resume:
+                    gc.enable()
 
 
 def raise_young_threshold() -> None:

@@ -174,7 +174,7 @@ def open_agent_batch(
 
     connections = lambda: [conn for world in opened for conn in world]  # noqa: E731
     try:
-        with collector.paused():
+        with collector.paused(keep=True):  # its worlds live on (_base.collector)
             outcomes = runner.run(open_all())
             failed = next((w for w, o in enumerate(outcomes) if isinstance(o, BaseException)), None)
             if failed is not None:

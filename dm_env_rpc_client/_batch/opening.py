@@ -153,7 +153,9 @@ def open_batch(
     connections: list[LoopConnection] = []
     made: dict[int, Made] = {}
     try:
-        with collector.paused():  # its collections would scan every world's objects, in vain
+        # The collector is off until the batch is whole: its collections would scan every
+        # world's objects, in vain; they then go to the oldest generation (``keep``).
+        with collector.paused(keep=True):
             opened = open_worlds(
                 runner,
                 open_stream,
@@ -167,27 +169,27 @@ def open_batch(
                 seed_setting,
                 made,
             )
+            envs, used, recipes, seeds = opened
+            batch = cls(envs, used, connections=connections)
+            batch.world_seeds = seeds
+            if seed is not None:
+                batch._actions_rng = np.random.default_rng(seed)
+            equip(batch, runner, channels, connections, open_stream)
+            batch._policy = on_world_failure
+            batch._restart_policy = restart or RestartPolicy()
+            batch._step_timeout = step_timeout
+            batch._recipes = recipes
+            if servers is not None:
+                batch.servers, batch.relaunches = servers, servers.relaunches
+            if on_world_failure == _restart.RESTART:
+                batch._balancer = Balancer(batch)
+                batch.moves = batch._balancer.moves
+            if step_timeout is not None:
+                runner.call(batch._watch)
     except BaseException:
         undo_worlds(runner, made, timeout)
         shut_down(runner, connections, channels)
         raise
-    envs, used, recipes, seeds = opened
-    batch = cls(envs, used, connections=connections)
-    batch.world_seeds = seeds
-    if seed is not None:
-        batch._actions_rng = np.random.default_rng(seed)
-    equip(batch, runner, channels, connections, open_stream)
-    batch._policy = on_world_failure
-    batch._restart_policy = restart or RestartPolicy()
-    batch._step_timeout = step_timeout
-    batch._recipes = recipes
-    if servers is not None:
-        batch.servers, batch.relaunches = servers, servers.relaunches
-    if on_world_failure == _restart.RESTART:
-        batch._balancer = Balancer(batch)
-        batch.moves = batch._balancer.moves
-    if step_timeout is not None:
-        runner.call(batch._watch)
     collector.raise_young_threshold()  # until close (_base.collector says why)
     batch._raised_threshold = True
     return batch

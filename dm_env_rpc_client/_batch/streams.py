@@ -11,6 +11,8 @@ server. ``BatchedEnvironment.connect`` (``_batch.opening``) and
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -19,6 +21,7 @@ import grpc
 
 from .. import errors
 from .._base import checks as _checks
+from .._transport import ready as _ready
 from .._transport.loop import LoopConnection, LoopThread
 from ..aio import AsyncConnection
 from ..connection import create_channel
@@ -62,6 +65,7 @@ def start_streams(
 
     Raises:
       ArgumentValueError: a bad ``max_response_bytes`` or ``max_streams_per_connection``.
+      ArgumentTypeError: ``metadata`` that is not a sequence of (key, value) pairs.
       DmEnvRpcConnectionError: too few file descriptors for the connections.
     """
     credentials, options, insecure, metadata, wait_for_ready = connection[:5]
@@ -75,6 +79,7 @@ def start_streams(
     batch_options = list(options or ())
     if not any(option == _NO_RETRIES[0] for option, _ in batch_options):
         batch_options.insert(0, _NO_RETRIES)
+    _checks.check_metadata(metadata)
     # before gRPC or the loop open any (gRPC aborts without them)
     check_descriptors(addresses, connections_needed(addresses, streams, per_connection))
     runner = LoopThread(name=name)
@@ -92,6 +97,22 @@ def start_streams(
         )
 
     pool = ChannelPool(make_channel, per_connection, channels)
+    tls = credentials is not None
+    # A channel's readiness probe, shared by the worlds first opened on it while it connects:
+    # each stream probing for itself made one unary call per stream (to the server too) for
+    # most streams of each new channel (up to OPENING_PER_SERVER of them at once).
+    probes: dict[str, asyncio.Future[str | None]] = {}
+
+    async def ready(key: str, channel: grpc.aio.Channel, address: str, wait: float | None) -> None:
+        probe = probes.get(key)
+        if probe is None:
+            probe = probes[key] = asyncio.ensure_future(
+                _ready.wait_ready_async(channel, wait, wait_for_ready, tls)
+            )
+            probe.add_done_callback(functools.partial(_probed, probes, key))
+        verdict = await asyncio.shield(probe)
+        if verdict is not None:
+            raise await _ready.connect_error_async(verdict, address, wait, channel)
 
     async def open_stream(
         address: str, wait: float | None = timeout, *, first: bool = False
@@ -100,7 +121,9 @@ def start_streams(
         unless ``wait_for_ready``; a restart's waits for its server to come back."""
         channel, slot = pool.acquire(address)
         try:
-            if channel.get_state() == grpc.ChannelConnectivity.READY:  # no wait for each stream
+            if first or channel.get_state() == grpc.ChannelConnectivity.READY:
+                if channel.get_state() != grpc.ChannelConnectivity.READY:
+                    await ready(slot.key, channel, address, wait)
                 stream = await AsyncConnection.open(channel, metadata)
                 stream.address = address
                 opened = LoopConnection(runner, stream)
@@ -111,8 +134,8 @@ def start_streams(
                     channel=channel,
                     timeout=wait,
                     metadata=metadata,
-                    wait_for_ready=wait_for_ready or not first,
-                    tls=credentials is not None,
+                    wait_for_ready=True,
+                    tls=tls,
                 )
         except BaseException:
             slot.released = True
@@ -122,6 +145,15 @@ def start_streams(
         return opened
 
     return runner, channels, open_stream
+
+
+def _probed(probes: dict[str, asyncio.Future[Any]], key: str, probe: asyncio.Future[Any]) -> None:
+    """A shared readiness probe ended: the next stream on its channel probes anew. Its error
+    is taken here (a channel closed under it, the batch closing) so none is logged unseen."""
+    if probes.get(key) is probe:
+        del probes[key]
+    if not probe.cancelled():
+        probe.exception()
 
 
 def check_descriptors(addresses: Sequence[str], connections: int | None = None) -> None:
