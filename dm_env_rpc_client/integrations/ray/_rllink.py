@@ -19,9 +19,15 @@ stepping loop), one step in flight per world, in rounds:
    ``collect`` for the rest (the counts are scaled by the steps per env step seen
    so far, so this is rare);
 2. once every link has its share and nothing is in flight, the episodes go to
-   each link with ``EPISODES_AND_GET_STATE``, all links first, then the client
-   waits for every ``SET_STATE`` (the learner trains meanwhile) and loads the
-   newest weights: the next round is on-policy.
+   each link with ``EPISODES_AND_GET_STATE``, all links first. The learner trains
+   on them while the next round steps (acting with the weights it has, at most one
+   round old): between batches of steps the client looks (every ``POLL`` seconds,
+   without waiting) whether every link's ``SET_STATE`` has come and loads the
+   newest weights at once. Before shipping the next round it waits for those
+   weights if they have not come: at most one round is in flight, and each step's
+   ``action_logp`` is that of the weights that acted, which PPO's ratio corrects
+   for. ``lockstep=True`` waits for them right after shipping instead: every
+   round on-policy, the learner and the worlds taking turns.
 
 With ``policy=callable`` the user's policy acts instead (scripted, human, an
 old checkpoint: the old stack's ``log_action``): ``policy(timestep)`` gets a
@@ -82,6 +88,7 @@ from ._rllink_wire import (
 
 Policy = Callable[[BatchedTimeStep], Mapping[str, Any]]
 RANDOM = "random"
+POLL = 0.005  # seconds between looks for the weights of the round in flight, while stepping
 _NO_LINKS = "run_rllink needs at least one RLlib address (rllib=['HOST:PORT'])."
 _ALL_LOST = "every world was lost (see restarts and worlds_lost)"
 _BAD_POLICY = "policy={policy!r}: give a callable, 'random', or None (the learner's RLModule)."
@@ -155,6 +162,16 @@ class RLlinkStats:
         return data
 
 
+@dataclasses.dataclass
+class _Shipped:
+    """One link's part of a round shipped on-policy, and its answer once read."""
+
+    link: Link
+    steps: int
+    state: dict[str, Any] | None = None  # the SET_STATE message's body, once read
+    dropped: str | None = None  # why the link broke before its answer came
+
+
 class _Run:
     """One ``run_rllink`` run: the worlds, the links, the book and the stats.
 
@@ -175,6 +192,7 @@ class _Run:
         stop: threading.Event,
         say: Callable[[str], None],
         torch_threads: int | None,
+        lockstep: bool,
     ) -> None:
         self.batch, self.links, self.stats = batch, links, stats
         self.policy: Policy | None = None if isinstance(policy, str) else policy
@@ -195,12 +213,17 @@ class _Run:
         self.let_go: set[int] = set()
         self.last: RunStats | None = None  # the last collect's: the next one resumes it
         self.received = self.recorded = 0  # steps received and env steps recorded, so far
+        self.lockstep, self.shipped, self.next_poll = lockstep, 0, 0.0
+        self.awaiting: list[_Shipped] = []  # the round in flight: shipped, weights not loaded
 
     # --- stepping (through dmr.collect) ---------------------------------------------
 
     def on_steps(self, timestep: BatchedTimeStep) -> None:
-        """Records every step received (the reset's FIRST steps too) in the book."""
+        """Records every step received (the reset's FIRST steps too) in the book, and
+        takes the weights of the round in flight if they have come."""
         self.stats.steps += len(self.book.take(timestep, self.bridge.observations(timestep)))
+        if self.awaiting and time.monotonic() >= self.next_poll:
+            self._poll()
 
     def on_event(self, event: RunEvent) -> None:
         """Restarts and lost worlds are read from the batch at the end."""
@@ -294,11 +317,18 @@ class _Run:
                 self._reconnect(link, str(exc))
 
     def _ship(self) -> None:
+        """Ships the round's episodes to every link.
+
+        On-policy, the previous round's weights are taken first (at most one round in
+        flight), and with ``lockstep`` this round's too before stepping on.
+        """
+        on_policy = self.actor is not None
+        if on_policy:
+            self._settle()
         started = time.perf_counter()
         chunks = self.book.ship()
-        on_policy = self.actor is not None
         kind = EPISODES_AND_GET_STATE if on_policy else EPISODES
-        delivered: list[tuple[Link, int]] = []
+        delivered: list[_Shipped] = []
         sizes = [sum(len(e) for e in episodes) for episodes in chunks]
         for index, (link, episodes) in enumerate(zip(self.links, chunks, strict=True)):
             payload = [e.get_state() for e in episodes]
@@ -306,54 +336,99 @@ class _Run:
                 self._deliver(link, kind, payload, sizes[index])
             except (LearnerUnreachableError, LinkStopped):
                 self.stats.unshipped_steps += sum(sizes[index:])  # taken from the book, not sent
-                if on_policy:  # sent whole, answers not come
-                    self.stats.unconfirmed_steps += sum(steps for _, steps in delivered)
+                self.awaiting = delivered if on_policy else []  # sent whole, answers not come
                 raise
-            delivered.append((link, sizes[index]))
-        shipped = time.perf_counter()
-        self.stats.shipping_seconds += shipped - started
-        states = []
-        for position, (link, steps) in enumerate(delivered):
-            if not on_policy:
-                self.stats.steps_shipped += steps
-                continue
-            try:
-                states.append(link.expect(SET_STATE, kind, self.learner_timeout)["state"])
-                self.stats.steps_shipped += steps
-            except LinkStopped:
-                self.stats.unconfirmed_steps += sum(s for _, s in delivered[position:])
-                raise
-            except LinkDroppedError as exc:
-                self.stats.unconfirmed_steps += steps
-                self._reconnect(link, str(exc))
-                states.append(link.state(self.timeout))
-        self.stats.learner_seconds += time.perf_counter() - shipped
+            delivered.append(_Shipped(link, sizes[index]))
+        self.stats.shipping_seconds += time.perf_counter() - started
+        self.shipped += 1
+        if not on_policy:
+            self._confirmed(delivered)
+            return
+        self.awaiting = delivered
+        if self.lockstep:
+            self._settle()
+
+    def _poll(self) -> None:
+        """Reads the weights that have come for the round in flight, without waiting for
+        more; loads them once every link has answered (a drop is left to ``_settle``)."""
+        self.next_poll = time.monotonic() + POLL
+        for entry in self.awaiting:
+            if entry.state is None and entry.dropped is None and entry.link.answer_ready():
+                try:
+                    entry.state = entry.link.expect(SET_STATE, EPISODES_AND_GET_STATE, self.timeout)
+                except LinkDroppedError as exc:
+                    entry.dropped = str(exc)
+                except LinkStopped:
+                    return  # collect sees the stop between steps
+        if all(entry.state is not None for entry in self.awaiting):
+            self._settle()
+
+    def _settle(self) -> None:
+        """Waits for the weights of the round in flight (each link's ``SET_STATE``), loads
+        the newest; a link that hung up meanwhile is reconnected and asked for its state."""
+        if not self.awaiting:
+            return
+        started, states, done = time.perf_counter(), [], list(self.awaiting)
+        try:
+            while self.awaiting:
+                entry = self.awaiting[0]
+                if entry.state is None and entry.dropped is None:
+                    try:
+                        entry.state = entry.link.expect(
+                            SET_STATE, EPISODES_AND_GET_STATE, self.learner_timeout
+                        )
+                    except LinkDroppedError as exc:
+                        entry.dropped = str(exc)
+                self.awaiting.pop(0)
+                if entry.dropped is None:
+                    assert entry.state is not None
+                    self.stats.steps_shipped += entry.steps
+                    states.append(entry.state["state"])
+                else:
+                    self.stats.unconfirmed_steps += entry.steps
+                    self._reconnect(entry.link, entry.dropped)
+                    states.append(entry.link.state(self.timeout))
+        finally:
+            self.stats.learner_seconds += time.perf_counter() - started
+        assert self.actor is not None
+        newest = max(states, key=lambda state: int(state.get("weights_seq_no", 0) or 0))
+        self.actor.load(newest)
+        self.stats.weight_updates += 1
+        self._confirmed(done, counted=True)
+
+    def _confirmed(self, delivered: list[_Shipped], *, counted: bool = False) -> None:
+        """Counts a round taken by the learner, and says so."""
+        if not counted:
+            self.stats.steps_shipped += sum(entry.steps for entry in delivered)
         self.stats.rounds += 1
-        if states and self.actor is not None:
-            newest = max(states, key=lambda state: int(state.get("weights_seq_no", 0) or 0))
-            self.actor.load(newest)
-            self.stats.weight_updates += 1
         returns = self.book.returns
         recent = f", return mean {np.mean(returns[-100:]):.3f}" if returns else ""
         self.say(
-            f"round {self.stats.rounds}: shipped {sum(s for _, s in delivered)} steps "
+            f"round {self.stats.rounds}: shipped {sum(e.steps for e in delivered)} steps "
             f"to {len(delivered)} learner port(s){recent}"
         )
 
     def run(self, rounds: int | None) -> None:
         """Steps and ships rounds until ``rounds`` are done, the learner is gone or ``stop``."""
-        while rounds is None or self.stats.rounds < rounds:
+        while rounds is None or self.shipped < rounds:
             if self.stop.is_set() or not self._round():
                 raise LinkStopped(STOPPED)
             self._ship()
             if not self.batch.live_ids:
+                self._settle()
                 self.stats.stop_reason = _ALL_LOST
                 return
+        self._settle()
         self.stats.stop_reason = f"{rounds} rounds done"
 
     def finish(self) -> None:
         """Fills the stats from the book and the batch's failures."""
         stats, book = self.stats, self.book
+        for entry in self.awaiting:  # sent whole; the answer came (unread by settle) or not
+            if entry.state is not None:
+                stats.steps_shipped += entry.steps
+            else:
+                stats.unconfirmed_steps += entry.steps
         stats.returns = list(book.returns)
         stats.episodes = len(book.returns)
         stats.unshipped_steps += book.unshipped_steps()
@@ -388,6 +463,7 @@ def run_rllink(
     stop: threading.Event | None = None,
     say: Callable[[str], None] | None = None,
     torch_threads: int | None = 1,
+    lockstep: bool = False,
     **connect_kwargs: Any,
 ) -> RLlinkStats:
     """Steps dm_env_rpc worlds for RLlib learners reached over RLlink; see the module docs.
@@ -415,6 +491,9 @@ def run_rllink(
       say: where progress notes go (default: stderr).
       torch_threads: ``torch.set_num_threads`` for the module's forward passes (default 1,
         as Ray's EnvRunners; None leaves this process's setting alone).
+      lockstep: on-policy, wait for the weights trained on a round before stepping the
+        next (strictly on-policy; default: step the next round while the learner trains,
+        acting with weights at most one round old, and load new ones as they come).
       **connect_kwargs: more ``BatchedEnvironment.connect`` arguments
         (``create_world_settings``, ``requested_observations``, ``insecure``, ...).
 
@@ -471,6 +550,7 @@ def run_rllink(
                 stop=stop,
                 say=say,
                 torch_threads=torch_threads,
+                lockstep=lockstep,
             )
             started, cpu = time.perf_counter(), time.process_time()
             run.run(rounds)
