@@ -35,7 +35,9 @@ old checkpoint: the old stack's ``log_action``): ``policy(timestep)`` gets a
 ``BatchedEnvironment.send``). The episodes say ``custom_data["behavior"] ==
 "external"`` and carry no ``action_logp``; they go with ``EPISODES`` (no waiting
 for weights, which off-policy learners such as DQN do not send back until they
-start learning).
+start learning), or with ``paced=True`` as on-policy rounds are (one in flight,
+the weights that come back ignored): a round per training iteration, so the
+learner's updates per env step are what its config says.
 
 Faults. Worlds fail as the batch's ``on_world_failure`` says (``"restart"`` by
 default): a restarted world's cut episode is shipped truncated, a removed
@@ -75,6 +77,7 @@ from ...stepping import RunEvent, RunStats, collect
 from ._rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook
 from ._rllink_module import ModuleActor
 from ._rllink_spaces import SpaceBridge
+from ._rllink_stats import RLlinkStats
 from ._rllink_wire import (
     EPISODES,
     EPISODES_AND_GET_STATE,
@@ -92,74 +95,6 @@ POLL = 0.005  # seconds between looks for the weights of the round in flight, wh
 _NO_LINKS = "run_rllink needs at least one RLlib address (rllib=['HOST:PORT'])."
 _ALL_LOST = "every world was lost (see restarts and worlds_lost)"
 _BAD_POLICY = "policy={policy!r}: give a callable, 'random', or None (the learner's RLModule)."
-
-
-@dataclasses.dataclass
-class RLlinkStats:
-    """What a ``run_rllink`` run did.
-
-    Attributes:
-      worlds: worlds stepped.
-      steps: env steps recorded (FIRST steps not counted).
-      episodes: episodes that reached their LAST step.
-      returns: the return of each of them.
-      rounds: batches of episodes shipped (to every link).
-      steps_shipped: env steps shipped and taken by the learner.
-      unconfirmed_steps: env steps sent whole whose answer never came (the
-        learner may or may not have them; never sent twice).
-      unshipped_steps: env steps recorded and not shipped when the run ended.
-      weight_updates: new weights loaded.
-      truncated_by_failure: episodes cut by a world's failure (shipped truncated).
-      cut_after_ship: episodes cut by a failure right after their chunk was shipped
-        (no step left to mark truncated; see ``ray._rllink_episodes``).
-      reconnects: one line per RLlib connection made again.
-      restarts: one line per world restarted by the batch.
-      worlds_lost: worlds removed from the batch.
-      elapsed: seconds of the run.
-      cpu_seconds: CPU time this process spent in the run (every thread: stepping,
-        forward passes, episodes, shipping), for the CPU per step in ``summary()``.
-      stepping_seconds: wall time spent stepping the worlds (``collect``).
-      shipping_seconds: wall time spent encoding and sending episodes.
-      learner_seconds: wall time spent waiting for the learner's weights after shipping
-        (its training step, and the trip of the episodes and weights through Ray).
-      learner_gone: the run ended because the learner did not come back.
-      stop_reason: why the run ended.
-      behavior: ``"rl_module"`` (on-policy) or ``"external"`` (the user's policy).
-    """
-
-    worlds: int = 0
-    steps: int = 0
-    episodes: int = 0
-    returns: list[float] = dataclasses.field(default_factory=list)
-    rounds: int = 0
-    steps_shipped: int = 0
-    unconfirmed_steps: int = 0
-    unshipped_steps: int = 0
-    weight_updates: int = 0
-    truncated_by_failure: int = 0
-    cut_after_ship: int = 0
-    reconnects: list[str] = dataclasses.field(default_factory=list)
-    restarts: list[str] = dataclasses.field(default_factory=list)
-    worlds_lost: int = 0
-    elapsed: float = 0.0
-    cpu_seconds: float = 0.0
-    stepping_seconds: float = 0.0
-    shipping_seconds: float = 0.0
-    learner_seconds: float = 0.0
-    learner_gone: bool = False
-    stop_reason: str = ""
-    behavior: str = ON_POLICY
-
-    def summary(self) -> dict[str, Any]:
-        """The stats as one flat, JSON-ready dict."""
-        data = dataclasses.asdict(self)
-        returns = data.pop("returns")
-        data["return_mean"] = round(float(np.mean(returns)), 3) if returns else None
-        data["steps_per_second"] = round(self.steps / self.elapsed, 1) if self.elapsed else None
-        data["cpu_us_per_step"] = (
-            round(1e6 * self.cpu_seconds / self.steps, 1) if self.steps else None
-        )
-        return data
 
 
 @dataclasses.dataclass
@@ -193,6 +128,7 @@ class _Run:
         say: Callable[[str], None],
         torch_threads: int | None,
         lockstep: bool,
+        paced: bool,
     ) -> None:
         self.batch, self.links, self.stats = batch, links, stats
         self.policy: Policy | None = None if isinstance(policy, str) else policy
@@ -213,7 +149,7 @@ class _Run:
         self.let_go: set[int] = set()
         self.last: RunStats | None = None  # the last collect's: the next one resumes it
         self.received = self.recorded = 0  # steps received and env steps recorded, so far
-        self.lockstep, self.shipped, self.next_poll = lockstep, 0, 0.0
+        self.lockstep, self.paced, self.shipped, self.next_poll = lockstep, paced, 0, 0.0
         self.awaiting: list[_Shipped] = []  # the round in flight: shipped, weights not loaded
 
     # --- stepping (through dmr.collect) ---------------------------------------------
@@ -239,6 +175,7 @@ class _Run:
         if self.actor is not None:
             obs = np.stack([self.book.last_obs[w] for w in ids])
             learner, extras = self.actor.act(obs)
+            self.stats.lagged_steps += len(ids) if self.awaiting else 0
             world = self.bridge.to_world(learner)
         else:
             assert self.policy is not None
@@ -322,12 +259,12 @@ class _Run:
         On-policy, the previous round's weights are taken first (at most one round in
         flight), and with ``lockstep`` this round's too before stepping on.
         """
-        on_policy = self.actor is not None
-        if on_policy:
+        answered = self.actor is not None or self.paced  # the learner answers with weights
+        if answered:
             self._settle()
         started = time.perf_counter()
         chunks = self.book.ship()
-        kind = EPISODES_AND_GET_STATE if on_policy else EPISODES
+        kind = EPISODES_AND_GET_STATE if answered else EPISODES
         delivered: list[_Shipped] = []
         sizes = [sum(len(e) for e in episodes) for episodes in chunks]
         for index, (link, episodes) in enumerate(zip(self.links, chunks, strict=True)):
@@ -336,12 +273,12 @@ class _Run:
                 self._deliver(link, kind, payload, sizes[index])
             except (LearnerUnreachableError, LinkStopped):
                 self.stats.unshipped_steps += sum(sizes[index:])  # taken from the book, not sent
-                self.awaiting = delivered if on_policy else []  # sent whole, answers not come
+                self.awaiting = delivered if answered else []  # sent whole, answers not come
                 raise
             delivered.append(_Shipped(link, sizes[index]))
         self.stats.shipping_seconds += time.perf_counter() - started
         self.shipped += 1
-        if not on_policy:
+        if not answered:
             self._confirmed(delivered)
             return
         self.awaiting = delivered
@@ -390,10 +327,10 @@ class _Run:
                     states.append(entry.link.state(self.timeout))
         finally:
             self.stats.learner_seconds += time.perf_counter() - started
-        assert self.actor is not None
-        newest = max(states, key=lambda state: int(state.get("weights_seq_no", 0) or 0))
-        self.actor.load(newest)
-        self.stats.weight_updates += 1
+        if self.actor is not None:  # (paced off-policy: the weights only say "trained")
+            newest = max(states, key=lambda state: int(state.get("weights_seq_no", 0) or 0))
+            self.actor.load(newest)
+            self.stats.weight_updates += 1
         self._confirmed(done, counted=True)
 
     def _confirmed(self, delivered: list[_Shipped], *, counted: bool = False) -> None:
@@ -464,6 +401,7 @@ def run_rllink(
     say: Callable[[str], None] | None = None,
     torch_threads: int | None = 1,
     lockstep: bool = False,
+    paced: bool = False,
     **connect_kwargs: Any,
 ) -> RLlinkStats:
     """Steps dm_env_rpc worlds for RLlib learners reached over RLlink; see the module docs.
@@ -494,6 +432,11 @@ def run_rllink(
       lockstep: on-policy, wait for the weights trained on a round before stepping the
         next (strictly on-policy; default: step the next round while the learner trains,
         acting with weights at most one round old, and load new ones as they come).
+      paced: with ``policy``, ship with ``EPISODES_AND_GET_STATE`` as on-policy, one
+        round in flight: the client goes at the learner's pace, a round per training
+        iteration (without it, it ships ``EPISODES`` as fast as its worlds step). The
+        learner must answer from the first round on (DQN: set
+        ``num_steps_sampled_before_learning_starts`` to at most a round's steps).
       **connect_kwargs: more ``BatchedEnvironment.connect`` arguments
         (``create_world_settings``, ``requested_observations``, ``insecure``, ...).
 
@@ -551,6 +494,7 @@ def run_rllink(
                 say=say,
                 torch_threads=torch_threads,
                 lockstep=lockstep,
+                paced=paced,
             )
             started, cpu = time.perf_counter(), time.process_time()
             run.run(rounds)
