@@ -7,8 +7,9 @@ module needs the ``rllib`` extra). The worlds are those of a plain ``run``
 learners at the ``--rllib-server`` ports. ``--rllib-policy random`` or
 ``MODULE:FUNCTION`` acts with that policy (off-policy episodes) instead of the
 learner's RLModule (``--rllib-paced``: a round per training iteration).
-``--rllib-lockstep`` waits for each round's weights before stepping on. Progress notes (rounds shipped, waits for the learner) go
-to stderr unless ``--quiet``; the summary to stdout (``--json``: one object).
+``--rllib-lockstep`` waits for each round's weights before stepping on.
+Progress notes (rounds shipped, waits for the learner) go to stderr unless
+``--quiet``; the summary to stdout (``--json``: one object).
 
 Exit codes: 0 when the rounds are done or the learner is gone for good (the
 summary says which), 1 on an error (a learner never reached, spaces that do
