@@ -230,7 +230,7 @@ def test_dqn_learns_from_random_policy_episodes(
             train_batch_size_per_learner=64,
             num_steps_sampled_before_learning_starts=256,  # the first round: answered at once
             target_network_update_freq=256,  # env steps sampled: a round, DQN_UPDATES updates
-            n_step=9,  # Catch's episode length: each return reaches back to the first move
+            n_step=3,  # at most 3 here: see docs/rllink.md on n_step
             dueling=False,
             double_q=True,
             replay_buffer_config={"type": "EpisodeReplayBuffer", "capacity": 50_000},
