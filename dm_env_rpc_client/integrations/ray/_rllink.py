@@ -273,7 +273,10 @@ class _Run:
                 self._deliver(link, kind, payload, sizes[index])
             except (LearnerUnreachableError, LinkStopped):
                 self.stats.unshipped_steps += sum(sizes[index:])  # taken from the book, not sent
-                self.awaiting = delivered if answered else []  # sent whole, answers not come
+                if answered:  # sent whole, answers not come
+                    self.awaiting = delivered
+                else:  # EPISODES sent whole: the learner has them
+                    self.stats.steps_shipped += sum(entry.steps for entry in delivered)
                 raise
             delivered.append(_Shipped(link, sizes[index]))
         self.stats.shipping_seconds += time.perf_counter() - started
