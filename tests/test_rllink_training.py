@@ -142,7 +142,10 @@ def test_ppo_learns_remote_catch_through_a_client_process(
     algo = config.build_algo()
     try:
         with client(
-            tmp_path, catch_address, port, "--num-envs", worlds, "--rllib-rounds", str(rounds)
+            tmp_path,
+            catch_address,
+            port,
+            *("--num-envs", worlds, "--rllib-rounds", str(rounds), "--rllib-lockstep"),
         ) as process:
             returns = [
                 algo.train()["env_runners"].get("episode_return_mean") for _ in range(rounds)
