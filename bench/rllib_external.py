@@ -8,7 +8,8 @@ that sampling dominates) two ways:
 
 - **(a) RLlink client**: the EnvRunner is an ``EnvRunnerServerForExternalInference``; the
   client (``dm-env-rpc-client run --rllib-server``) is a separate process stepping the N
-  worlds, one forward pass per ``recv``, shipping episodes and taking weights each round;
+  worlds, one forward pass per ``recv``, shipping episodes each round and taking the weights
+  trained on them while it steps the next (``lockstep=False``, the default);
 - **(b) bridge**: the EnvRunner steps a ``GymnasiumVectorEnv`` of N worlds
   (``rllib_env_creator``, ``VECTOR_ENTRY_POINT``, ``FlattenObservations``).
 

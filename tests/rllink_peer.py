@@ -56,6 +56,7 @@ class FakeLearner:
         self.drop_after, self.gone_after, self.stall_after = drop_after, gone_after, stall_after
         self.episodes: list[SingleAgentEpisode] = []
         self.batches = 0
+        self.kinds: list[str] = []  # every message's type, in order
         self.connections = 0
         self.stalled: socket.socket | None = None  # the connection it stopped reading
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -97,6 +98,7 @@ class FakeLearner:
                 self._closed.wait()
                 return
             kind, body = get_rllink_message(client)
+            self.kinds.append(kind.name)
             if kind.name == "PING":
                 send_rllink_message(client, {"type": "PONG"})
             elif kind.name == "GET_CONFIG":

@@ -124,6 +124,51 @@ def test_episodes_carry_what_ppo_needs_and_each_step_ships_once(catch: Any) -> N
 
 
 @pytest.mark.training
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_the_next_round_steps_while_the_learner_trains_unless_lockstep(
+    catch: Any, lockstep: bool
+) -> None:
+    """Pipelined (the default), the round after a shipment starts acting with the weights
+    one round old (lagged steps); the weights are loaded before the round after it ships."""
+    learner = FakeLearner(ppo_config())
+    try:
+        stats = rayi.run_rllink(
+            [catch.address], learner.address, num_envs=4, rounds=3, lockstep=lockstep, say=print
+        )
+    finally:
+        learner.close()
+    assert stats.rounds == 3 and stats.weight_updates == 3 and stats.unconfirmed_steps == 0
+    assert learner.kinds.count("EPISODES_AND_GET_STATE") == 3
+    assert stats.steps_shipped == sum(len(e) for e in learner.episodes) >= 3 * 64
+    if lockstep:
+        assert stats.lagged_steps == 0
+    else:  # at least the first actions of rounds 2 and 3, at most those two rounds' actions
+        assert 2 * 4 <= stats.lagged_steps <= stats.steps - 64
+
+
+@pytest.mark.training
+def test_a_paced_off_policy_client_ships_a_round_per_answer(catch: Any) -> None:
+    learner = FakeLearner(ppo_config(), weights={})
+    try:
+        stats = rayi.run_rllink(
+            [catch.address],
+            learner.address,
+            num_envs=3,
+            policy="random",
+            rounds=3,
+            steps_per_send=32,
+            paced=True,
+            say=print,
+        )
+    finally:
+        learner.close()
+    assert learner.kinds.count("EPISODES_AND_GET_STATE") == 3 and "EPISODES" not in learner.kinds
+    assert stats.rounds == 3 and stats.weight_updates == 0 and stats.unconfirmed_steps == 0
+    assert stats.steps_shipped == sum(len(e) for e in learner.episodes) >= 3 * 32
+    assert all(e.custom_data["behavior"] == "external" for e in learner.episodes)
+
+
+@pytest.mark.training
 def test_off_policy_episodes_say_so_and_hold_the_policys_actions(catch: Any) -> None:
     learner = FakeLearner(ppo_config())
     calls: list[int] = []

@@ -70,6 +70,23 @@ def add_rllib_flags(
         "--rllib-rounds", type=positive_int, help="ship this many batches of episodes, then stop"
     )
     group.add_argument(
+        "--rllib-steps-per-send",
+        type=positive_int,
+        help="env steps per round over all ports (default: the learner's train batch)",
+    )
+    group.add_argument(
+        "--rllib-lockstep",
+        action="store_true",
+        help="wait for the weights trained on a round before stepping the next (default: "
+        "step it while the learner trains, with weights at most one round old)",
+    )
+    group.add_argument(
+        "--rllib-paced",
+        action="store_true",
+        help="with --rllib-policy: one round in flight, at the learner's pace (a round per "
+        "training iteration) instead of shipping as fast as the worlds step",
+    )
+    group.add_argument(
         "--rllib-wait",
         type=positive_float,
         default=120.0,

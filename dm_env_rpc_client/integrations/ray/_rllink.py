@@ -19,9 +19,15 @@ stepping loop), one step in flight per world, in rounds:
    ``collect`` for the rest (the counts are scaled by the steps per env step seen
    so far, so this is rare);
 2. once every link has its share and nothing is in flight, the episodes go to
-   each link with ``EPISODES_AND_GET_STATE``, all links first, then the client
-   waits for every ``SET_STATE`` (the learner trains meanwhile) and loads the
-   newest weights: the next round is on-policy.
+   each link with ``EPISODES_AND_GET_STATE``, all links first. The learner trains
+   on them while the next round steps (acting with the weights it has, at most one
+   round old): between batches of steps the client looks (every ``POLL`` seconds,
+   without waiting) whether every link's ``SET_STATE`` has come and loads the
+   newest weights at once. Before shipping the next round it waits for those
+   weights if they have not come: at most one round is in flight, and each step's
+   ``action_logp`` is that of the weights that acted, which PPO's ratio corrects
+   for. ``lockstep=True`` waits for them right after shipping instead: every
+   round on-policy, the learner and the worlds taking turns.
 
 With ``policy=callable`` the user's policy acts instead (scripted, human, an
 old checkpoint: the old stack's ``log_action``): ``policy(timestep)`` gets a
@@ -29,7 +35,9 @@ old checkpoint: the old stack's ``log_action``): ``policy(timestep)`` gets a
 ``BatchedEnvironment.send``). The episodes say ``custom_data["behavior"] ==
 "external"`` and carry no ``action_logp``; they go with ``EPISODES`` (no waiting
 for weights, which off-policy learners such as DQN do not send back until they
-start learning).
+start learning), or with ``paced=True`` as on-policy rounds are (one in flight,
+the weights that come back ignored): a round per training iteration, so the
+learner's updates per env step are what its config says.
 
 Faults. Worlds fail as the batch's ``on_world_failure`` says (``"restart"`` by
 default): a restarted world's cut episode is shipped truncated, a removed
@@ -76,6 +84,7 @@ from ._rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook
 from ._rllink_module import ModuleActor
 from ._rllink_open import open_worlds
 from ._rllink_spaces import SpaceBridge
+from ._rllink_stats import RLlinkStats
 from ._rllink_wire import (
     EPISODES,
     EPISODES_AND_GET_STATE,
@@ -89,79 +98,20 @@ from ._rllink_wire import (
 
 Policy = Callable[[BatchedTimeStep], Mapping[str, Any]]
 RANDOM = "random"
+POLL = 0.005  # seconds between looks for the weights of the round in flight, while stepping
 _NO_LINKS = "run_rllink needs at least one RLlib address (rllib=['HOST:PORT'])."
 _ALL_LOST = "every world was lost (see restarts and worlds_lost)"
 _BAD_POLICY = "policy={policy!r}: give a callable, 'random', or None (the learner's RLModule)."
 
 
 @dataclasses.dataclass
-class RLlinkStats:
-    """What a ``run_rllink`` run did.
+class _Shipped:
+    """One link's part of a round shipped on-policy, and its answer once read."""
 
-    Attributes:
-      worlds: worlds stepped.
-      agents: agents per world (each its own episodes, one shared policy).
-      steps: env steps recorded (FIRST steps not counted; one per agent of a world).
-      episodes: episodes that reached their LAST step.
-      returns: the return of each of them.
-      rounds: batches of episodes shipped (to every link).
-      steps_shipped: env steps shipped and taken by the learner.
-      unconfirmed_steps: env steps sent whole whose answer never came (the
-        learner may or may not have them; never sent twice).
-      unshipped_steps: env steps recorded and not shipped when the run ended.
-      weight_updates: new weights loaded.
-      truncated_by_failure: episodes cut by a world's failure (shipped truncated).
-      cut_after_ship: episodes cut by a failure right after their chunk was shipped
-        (no step left to mark truncated; see ``ray._rllink_episodes``).
-      reconnects: one line per RLlib connection made again.
-      restarts: one line per world restarted by the batch.
-      worlds_lost: worlds removed from the batch.
-      elapsed: seconds of the run.
-      cpu_seconds: CPU time this process spent in the run (every thread: stepping,
-        forward passes, episodes, shipping), for the CPU per step in ``summary()``.
-      stepping_seconds: wall time spent stepping the worlds (``collect``).
-      shipping_seconds: wall time spent encoding and sending episodes.
-      learner_seconds: wall time spent waiting for the learner's weights after shipping
-        (its training step, and the trip of the episodes and weights through Ray).
-      learner_gone: the run ended because the learner did not come back.
-      stop_reason: why the run ended.
-      behavior: ``"rl_module"`` (on-policy) or ``"external"`` (the user's policy).
-    """
-
-    worlds: int = 0
-    agents: int = 1
-    steps: int = 0
-    episodes: int = 0
-    returns: list[float] = dataclasses.field(default_factory=list)
-    rounds: int = 0
-    steps_shipped: int = 0
-    unconfirmed_steps: int = 0
-    unshipped_steps: int = 0
-    weight_updates: int = 0
-    truncated_by_failure: int = 0
-    cut_after_ship: int = 0
-    reconnects: list[str] = dataclasses.field(default_factory=list)
-    restarts: list[str] = dataclasses.field(default_factory=list)
-    worlds_lost: int = 0
-    elapsed: float = 0.0
-    cpu_seconds: float = 0.0
-    stepping_seconds: float = 0.0
-    shipping_seconds: float = 0.0
-    learner_seconds: float = 0.0
-    learner_gone: bool = False
-    stop_reason: str = ""
-    behavior: str = ON_POLICY
-
-    def summary(self) -> dict[str, Any]:
-        """The stats as one flat, JSON-ready dict."""
-        data = dataclasses.asdict(self)
-        returns = data.pop("returns")
-        data["return_mean"] = round(float(np.mean(returns)), 3) if returns else None
-        data["steps_per_second"] = round(self.steps / self.elapsed, 1) if self.elapsed else None
-        data["cpu_us_per_step"] = (
-            round(1e6 * self.cpu_seconds / self.steps, 1) if self.steps else None
-        )
-        return data
+    link: Link
+    steps: int
+    state: dict[str, Any] | None = None  # the SET_STATE message's body, once read
+    dropped: str | None = None  # why the link broke before its answer came
 
 
 class _Run:
@@ -184,6 +134,8 @@ class _Run:
         stop: threading.Event,
         say: Callable[[str], None],
         torch_threads: int | None,
+        lockstep: bool,
+        paced: bool,
     ) -> None:
         self.batch, self.links, self.stats = batch, links, stats
         self.policy: Policy | None = None if isinstance(policy, str) else policy
@@ -206,12 +158,17 @@ class _Run:
         self.let_go: set[int] = set()
         self.last: RunStats | None = None  # the last collect's: the next one resumes it
         self.received = self.recorded = 0  # steps received and env steps recorded, so far
+        self.lockstep, self.paced, self.shipped, self.next_poll = lockstep, paced, 0, 0.0
+        self.awaiting: list[_Shipped] = []  # the round in flight: shipped, weights not loaded
 
     # --- stepping (through dmr.collect) ---------------------------------------------
 
     def on_steps(self, timestep: BatchedTimeStep) -> None:
-        """Records every step received (the reset's FIRST steps too) in the book."""
+        """Records every step received (the reset's FIRST steps too) in the book, and
+        takes the weights of the round in flight if they have come."""
         self.stats.steps += len(self.book.take(timestep, self.bridge.observations(timestep)))
+        if self.awaiting and time.monotonic() >= self.next_poll:
+            self._poll()
 
     def on_event(self, event: RunEvent) -> None:
         """Restarts and lost worlds are read from the batch at the end."""
@@ -227,6 +184,7 @@ class _Run:
         if self.actor is not None:
             obs = np.stack([self.book.last_obs[w] for w in ids])
             learner, extras = self.actor.act(obs)
+            self.stats.lagged_steps += len(ids) if self.awaiting else 0
             world = self.bridge.to_world(learner)
         else:
             assert self.policy is not None
@@ -298,11 +256,18 @@ class _Run:
                 self._reconnect(link, str(exc))
 
     def _ship(self) -> None:
+        """Ships the round's episodes to every link.
+
+        On-policy, the previous round's weights are taken first (at most one round in
+        flight), and with ``lockstep`` this round's too before stepping on.
+        """
+        answered = self.actor is not None or self.paced  # the learner answers with weights
+        if answered:
+            self._settle()
         started = time.perf_counter()
         chunks = self.book.ship()
-        on_policy = self.actor is not None
-        kind = EPISODES_AND_GET_STATE if on_policy else EPISODES
-        delivered: list[tuple[Link, int]] = []
+        kind = EPISODES_AND_GET_STATE if answered else EPISODES
+        delivered: list[_Shipped] = []
         sizes = [sum(len(e) for e in episodes) for episodes in chunks]
         for index, (link, episodes) in enumerate(zip(self.links, chunks, strict=True)):
             payload = [e.get_state() for e in episodes]
@@ -310,54 +275,102 @@ class _Run:
                 self._deliver(link, kind, payload, sizes[index])
             except (LearnerUnreachableError, LinkStopped):
                 self.stats.unshipped_steps += sum(sizes[index:])  # taken from the book, not sent
-                if on_policy:  # sent whole, answers not come
-                    self.stats.unconfirmed_steps += sum(steps for _, steps in delivered)
+                if answered:  # sent whole, answers not come
+                    self.awaiting = delivered
+                else:  # EPISODES sent whole: the learner has them
+                    self.stats.steps_shipped += sum(entry.steps for entry in delivered)
                 raise
-            delivered.append((link, sizes[index]))
-        shipped = time.perf_counter()
-        self.stats.shipping_seconds += shipped - started
-        states = []
-        for position, (link, steps) in enumerate(delivered):
-            if not on_policy:
-                self.stats.steps_shipped += steps
-                continue
-            try:
-                states.append(link.expect(SET_STATE, kind, self.learner_timeout)["state"])
-                self.stats.steps_shipped += steps
-            except LinkStopped:
-                self.stats.unconfirmed_steps += sum(s for _, s in delivered[position:])
-                raise
-            except LinkDroppedError as exc:
-                self.stats.unconfirmed_steps += steps
-                self._reconnect(link, str(exc))
-                states.append(link.state(self.timeout))
-        self.stats.learner_seconds += time.perf_counter() - shipped
-        self.stats.rounds += 1
-        if states and self.actor is not None:
+            delivered.append(_Shipped(link, sizes[index]))
+        self.stats.shipping_seconds += time.perf_counter() - started
+        self.shipped += 1
+        if not answered:
+            self._confirmed(delivered)
+            return
+        self.awaiting = delivered
+        if self.lockstep:
+            self._settle()
+
+    def _poll(self) -> None:
+        """Reads the weights that have come for the round in flight, without waiting for
+        more; loads them once every link has answered (a drop is left to ``_settle``)."""
+        self.next_poll = time.monotonic() + POLL
+        for entry in self.awaiting:
+            if entry.state is None and entry.dropped is None and entry.link.answer_ready():
+                try:
+                    entry.state = entry.link.expect(SET_STATE, EPISODES_AND_GET_STATE, self.timeout)
+                except LinkDroppedError as exc:
+                    entry.dropped = str(exc)
+                except LinkStopped:
+                    return  # collect sees the stop between steps
+        if all(entry.state is not None for entry in self.awaiting):
+            self._settle()
+
+    def _settle(self) -> None:
+        """Waits for the weights of the round in flight (each link's ``SET_STATE``), loads
+        the newest; a link that hung up meanwhile is reconnected and asked for its state."""
+        if not self.awaiting:
+            return
+        started, states, done = time.perf_counter(), [], list(self.awaiting)
+        try:
+            while self.awaiting:
+                entry = self.awaiting[0]
+                if entry.state is None and entry.dropped is None:
+                    try:
+                        entry.state = entry.link.expect(
+                            SET_STATE, EPISODES_AND_GET_STATE, self.learner_timeout
+                        )
+                    except LinkDroppedError as exc:
+                        entry.dropped = str(exc)
+                self.awaiting.pop(0)
+                if entry.dropped is None:
+                    assert entry.state is not None
+                    self.stats.steps_shipped += entry.steps
+                    states.append(entry.state["state"])
+                else:
+                    self.stats.unconfirmed_steps += entry.steps
+                    self._reconnect(entry.link, entry.dropped)
+                    states.append(entry.link.state(self.timeout))
+        finally:
+            self.stats.learner_seconds += time.perf_counter() - started
+        if self.actor is not None:  # (paced off-policy: the weights only say "trained")
             newest = max(states, key=lambda state: int(state.get("weights_seq_no", 0) or 0))
             self.actor.load(newest)
             self.stats.weight_updates += 1
+        self._confirmed(done, counted=True)
+
+    def _confirmed(self, delivered: list[_Shipped], *, counted: bool = False) -> None:
+        """Counts a round taken by the learner, and says so."""
+        if not counted:
+            self.stats.steps_shipped += sum(entry.steps for entry in delivered)
+        self.stats.rounds += 1
         returns = self.book.returns
         recent = f", return mean {np.mean(returns[-100:]):.3f}" if returns else ""
         self.say(
-            f"round {self.stats.rounds}: shipped {sum(s for _, s in delivered)} steps "
+            f"round {self.stats.rounds}: shipped {sum(e.steps for e in delivered)} steps "
             f"to {len(delivered)} learner port(s){recent}"
         )
 
     def run(self, rounds: int | None) -> None:
         """Steps and ships rounds until ``rounds`` are done, the learner is gone or ``stop``."""
-        while rounds is None or self.stats.rounds < rounds:
+        while rounds is None or self.shipped < rounds:
             if self.stop.is_set() or not self._round():
                 raise LinkStopped(STOPPED)
             self._ship()
             if not self.batch.live_ids:
+                self._settle()
                 self.stats.stop_reason = _ALL_LOST
                 return
+        self._settle()
         self.stats.stop_reason = f"{rounds} rounds done"
 
     def finish(self) -> None:
         """Fills the stats from the book and the batch's failures."""
         stats, book = self.stats, self.book
+        for entry in self.awaiting:  # sent whole; the answer came (unread by settle) or not
+            if entry.state is not None:
+                stats.steps_shipped += entry.steps
+            else:
+                stats.unconfirmed_steps += entry.steps
         stats.returns = list(book.returns)
         stats.episodes = len(book.returns)
         stats.unshipped_steps += book.unshipped_steps()
@@ -393,6 +406,8 @@ def run_rllink(
     stop: threading.Event | None = None,
     say: Callable[[str], None] | None = None,
     torch_threads: int | None = 1,
+    lockstep: bool = False,
+    paced: bool = False,
     **connect_kwargs: Any,
 ) -> RLlinkStats:
     """Steps dm_env_rpc worlds for RLlib learners reached over RLlink; see the module docs.
@@ -422,6 +437,14 @@ def run_rllink(
       say: where progress notes go (default: stderr).
       torch_threads: ``torch.set_num_threads`` for the module's forward passes (default 1,
         as Ray's EnvRunners; None leaves this process's setting alone).
+      lockstep: on-policy, wait for the weights trained on a round before stepping the
+        next (strictly on-policy; default: step the next round while the learner trains,
+        acting with weights at most one round old, and load new ones as they come).
+      paced: with ``policy``, ship with ``EPISODES_AND_GET_STATE`` as on-policy, one
+        round in flight: the client goes at the learner's pace, a round per training
+        iteration (without it, it ships ``EPISODES`` as fast as its worlds step). The
+        learner must answer from the first round on (DQN: set
+        ``num_steps_sampled_before_learning_starts`` to at most a round's steps).
       **connect_kwargs: more ``BatchedEnvironment.connect`` arguments
         (``create_world_settings``, ``requested_observations``, ``insecure``, ...).
 
@@ -482,6 +505,8 @@ def run_rllink(
                 stop=stop,
                 say=say,
                 torch_threads=torch_threads,
+                lockstep=lockstep,
+                paced=paced,
             )
             started, cpu = time.perf_counter(), time.process_time()
             run.run(rounds)

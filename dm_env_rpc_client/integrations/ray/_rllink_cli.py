@@ -7,8 +7,10 @@ module needs the ``rllib`` extra). The worlds are those of a plain ``run``
 learners at the ``--rllib-server`` ports (``--rllib-agents N``: multi-agent
 worlds, one policy shared by their agents). ``--rllib-policy random`` or
 ``MODULE:FUNCTION`` acts with that policy (off-policy episodes) instead of the
-learner's RLModule. Progress notes (rounds shipped, waits for the learner) go
-to stderr unless ``--quiet``; the summary to stdout (``--json``: one object).
+learner's RLModule (``--rllib-paced``: a round per training iteration).
+``--rllib-lockstep`` waits for each round's weights before stepping on.
+Progress notes (rounds shipped, waits for the learner) go to stderr unless
+``--quiet``; the summary to stdout (``--json``: one object).
 
 Exit codes: 0 when the rounds are done or the learner is gone for good (the
 summary says which), 1 on an error (a learner never reached, spaces that do
@@ -75,6 +77,9 @@ def rllink_command(
         timeout=args.timeout,
         wait=args.rllib_wait,
         learner_timeout=args.rllib_learner_timeout,
+        steps_per_send=args.rllib_steps_per_send,
+        lockstep=args.rllib_lockstep,
+        paced=args.rllib_paced,
         stop=stop,
         say=say,
         create_world_settings=create_settings,
@@ -103,6 +108,7 @@ def print_rllink_summary(stats: RLlinkStats, *, as_json: bool) -> None:
         ("unconfirmed", data["unconfirmed_steps"]),
         ("unshipped", data["unshipped_steps"]),
         ("weight updates", data["weight_updates"]),
+        ("lagged steps", data["lagged_steps"]),
         ("cut by failures", data["truncated_by_failure"]),
         ("reconnects", len(data["reconnects"])),
         ("restarts", len(data["restarts"])),

@@ -17,6 +17,7 @@ The server answers ``EPISODES`` with nothing and ``EPISODES_AND_GET_STATE`` with
 - ``request(kind, reply, timeout)`` sends one message and, with ``reply``,
   waits up to ``timeout`` for that answer (``LinkDroppedError`` if the
   connection breaks or the time runs out);
+- ``answer_ready()`` tells, without blocking, whether an answer (or a hang-up) waits;
 - ``peer_closed()`` tells, without blocking, whether the learner hung up
   (so a batch of episodes is not written into a dead socket, where it would
   vanish unseen).
@@ -301,6 +302,16 @@ class Link:
             chunks.append(chunk)
             got += len(chunk)
         return b"".join(chunks)
+
+    def answer_ready(self) -> bool:
+        """True if the learner has sent something not read yet (or hung up); never blocks."""
+        if self._sock is None:
+            return True
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
 
     def peer_closed(self) -> bool:
         """True if the learner hung up (or is not connected); never blocks."""
