@@ -70,19 +70,13 @@ from ._base import checks as _checks
 from ._batch import taking as _taking
 from ._batch.channels import DEFAULT_STREAMS_PER_CONNECTION
 from ._batch.closing import close_batch
-from ._batch.core import (
-    _FAILED,
-    _REMOVED_STATE,
-    BatchCore,
-    _call,
-    _Failure,
-    _flagged,
-    _is_bad,
-)
+from ._batch.core import BatchCore
 from ._batch.opening import open_batch
 from ._batch.options import ConnectionOptions, FailurePolicy, ungroup
+from ._batch.outcomes import _FAILED, _REMOVED_STATE, _Failure, _flagged, _is_bad
 from ._batch.reset import reset_each
 from ._batch.restart import RAISE, RestartPolicy, WorldFailure
+from ._transport.loop import call_on_loop
 from .random_actions import random_batch
 
 _CLOSED = operator.attrgetter("_closed")
@@ -449,7 +443,7 @@ class BatchedEnvironment(BatchCore):
     def _timed_out(self, index: int, cause: BaseException) -> None:
         """``recv`` gave up on world ``index``: it failed, and its unanswered steps are dropped."""
         if self._runner is not None:
-            lost = self._runner.run(_call(self._fail, index, cause, True), timeout=10)
+            lost = self._runner.run(call_on_loop(self._fail, index, cause, True), timeout=10)
         else:
             with self._cond:
                 self._gen[index] += 1

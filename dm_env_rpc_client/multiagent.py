@@ -57,8 +57,8 @@ from ._base import checks as _checks
 from ._batch.agent_actions import check_agents, cut_by_agent, interleave
 from ._batch.agent_opening import open_agent_batch
 from ._batch.agents import AgentBatch, SiblingFailure, close_agents
-from ._batch.core import _LIVE
 from ._batch.options import ConnectionOptions, FailurePolicy, regroup
+from ._batch.outcomes import _LIVE
 from ._batch.undo import ask
 from ._proto import dm_env_rpc_pb2
 

@@ -25,9 +25,9 @@ from ..environment import DmEnvAdaptor
 from . import restart as _restart
 from .agents import AGENT_SETTING, AgentBatch, Made, WorldPlan, make_world, unmake_world
 from .closing import shut_down
-from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED
 from .opening import _adaptor_like, equip
 from .options import ConnectionOptions, FailurePolicy
+from .outcomes import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED
 from .restart import RestartPolicy
 from .streams import OPENING_PER_SERVER, start_streams
 

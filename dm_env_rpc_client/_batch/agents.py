@@ -38,7 +38,7 @@ from ..aio import AsyncConnection
 from ..batched import BatchedEnvironment
 from ..environment import DmEnvAdaptor, pack_settings
 from .closing import shut_down
-from .core import _FAILED, _LIVE, _RESTARTING, _Failure
+from .outcomes import _FAILED, _LIVE, _RESTARTING, _Failure
 from .restart import RAISE, GaveUp, RestartPolicy, back_off
 from .undo import ask as _ask
 

@@ -38,7 +38,8 @@ import dm_env
 from .. import errors
 from .._proto import dm_env_rpc_pb2
 from . import restart as _restart
-from .core import _LIVE, _REMOVED_STATE, _RESTARTING, BatchCore
+from .core import BatchCore
+from .outcomes import _LIVE, _REMOVED_STATE, _RESTARTING
 
 PROBE_EVERY = 0.25  # seconds between probes of a down address
 _DEATH_SEEN = 5.0  # a relaunch counts for a failure if the death was seen at most this earlier

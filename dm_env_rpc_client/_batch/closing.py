@@ -23,7 +23,8 @@ from .._base import collector
 from .._proto import dm_env_rpc_pb2
 from .._transport.loop import LoopConnection, LoopThread
 from ..connection import ConnectionLike
-from .core import _LIVE, BatchCore
+from .core import BatchCore
+from .outcomes import _LIVE
 
 
 def close_batch(batch: BatchCore, timeout: float) -> None:

@@ -26,12 +26,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import dm_env
 import grpc
 import numpy as np
 
 from .. import errors
-from .._adaptor.stacked import BatchedTimeStep, StackedDecoder
+from .._adaptor.stacked import StackedDecoder
 from .._base import checks as _checks
 from .._fastpath.raw_step import RawStep, read_answer
 from .._fastpath.step_encoder import StepEncoder
@@ -42,35 +41,23 @@ from ..aio import AsyncConnection
 from ..connection import ConnectionLike
 from ..environment import DmEnvAdaptor
 from . import restart as _restart
+from .outcomes import (
+    _FAILED,
+    _FAILED_BEFORE,
+    _LIVE,
+    _NOT_ENVS,
+    _REMOVED,
+    _REMOVED_STATE,
+    _RESTARTING,
+    _STALLED,
+    _WORLD_FAILED,
+    _ends,
+    _Failure,
+)
 from .restart import RestartPolicy, WorldFailure
 
-_WORLD_FAILED = "World {index} at {address} failed: {error}"
-_STALLED = "no response within its step_timeout of {timeout} s (the server may be stopped or hung)"
-_FAILED_BEFORE = (
-    "it failed before ({cause}) and takes no more steps; leave it out of env_ids, close "
-    "the batch, or connect with on_world_failure='restart'"
-)
-_REMOVED = (
-    "it was removed from the batch after {attempts} restart attempts failed "
-    "(first failure: {cause}; last attempt: {last}); see envs.failures and envs.live_ids"
-)
-_LIVE, _FAILED, _RESTARTING, _REMOVED_STATE = 0, 1, 2, 3
-_SEED_TWICE = (
-    "create_world_settings already holds {name!r}, and seed= sets it per world: "
-    "pass one of the two, or a different seed_setting."
-)
-_NAMES_COUNT = "Give one world name per world: {names} names for {count} worlds."
 _NO_WAITER = 1 << 62
 LATENCY_SAMPLES = 100_000  # latencies kept for percentiles; older ones are dropped
-
-
-class _Failure:
-    """A filed outcome that stands for ``lost`` steps of a failed or removed world."""
-
-    __slots__ = ("cause", "lost", "removed")
-
-    def __init__(self, cause: BaseException, lost: int, removed: bool = False) -> None:
-        self.cause, self.lost, self.removed = cause, lost, removed
 
 
 class _Landing(_Callback):
@@ -97,12 +84,6 @@ class _Landing(_Callback):
             self._core._landed_data(self._index, self._gen, self._sent, data)
         except Exception as exc:
             _callback_failed(exc)
-
-
-_NOT_ENVS = (
-    "BatchedEnvironment(envs) takes joined worlds (DmEnvAdaptors), not {envs}; to connect to "
-    "server addresses, use BatchedEnvironment.connect(addresses, num_envs)."
-)
 
 
 class BatchCore:
@@ -562,25 +543,3 @@ class BatchCore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _ends(outcome: Any) -> bool:
-    """Whether a landed outcome is a LAST step (dm_env.StepType.LAST)."""
-    return isinstance(outcome, tuple) and outcome[0] == dm_env.StepType.LAST
-
-
-def _is_bad(outcome: Any) -> bool:
-    return isinstance(outcome, (BaseException, _Failure))
-
-
-def _flagged(
-    batch: BatchedTimeStep, truncated: Sequence[bool] | None, states: Sequence[int]
-) -> BatchedTimeStep:
-    """The batch with its ``truncated`` flags (all False unless given) and server states."""
-    flags = np.zeros(len(batch.env_ids), bool) if truncated is None else np.array(truncated, bool)
-    return batch._replace(truncated=flags, state=np.array(states, np.uint8))
-
-
-async def _call(function: Callable[..., Any], *args: Any) -> Any:
-    """Runs ``function(*args)`` on the loop (for ``LoopThread.run``)."""
-    return function(*args)

@@ -41,8 +41,9 @@ from . import restart as _restart
 from .balance import Balancer
 from .channels import DEFAULT_STREAMS_PER_CONNECTION, Slot
 from .closing import shut_down
-from .core import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED, BatchCore
+from .core import BatchCore
 from .options import ConnectionOptions
+from .outcomes import _NAMES_COUNT, _SEED_TWICE, _WORLD_FAILED
 from .restart import RestartPolicy
 from .streams import OPENING_PER_SERVER, start_streams
 from .undo import Made, ask, undo_worlds

@@ -15,7 +15,8 @@ from .. import errors
 from .._adaptor.stacked import BatchedTimeStep, batch_of
 from .._proto import dm_env_rpc_pb2
 from ..connection import wait_response
-from .core import BatchCore, _flagged
+from .core import BatchCore
+from .outcomes import _flagged
 
 
 def reset_each(core: BatchCore, ids: list[int], timeout: float | None) -> BatchedTimeStep:

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from .._adaptor.stacked import BatchedTimeStep, batch_of
-from .core import BatchCore, _flagged
+from .core import BatchCore
+from .outcomes import _flagged
 
 _BAD_ID = "env_ids holds {value!r}; give world indices from 0 to {last} (see envs.live_ids)."
 _ONE, _POP = {1}, collections.deque.popleft

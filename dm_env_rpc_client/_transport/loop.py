@@ -147,6 +147,11 @@ class LoopThread:
         return f"LoopThread({'closed' if self._closed else 'running'})"
 
 
+async def call_on_loop(function: Callable[..., Any], *args: Any) -> Any:
+    """Runs ``function(*args)`` on the loop (for ``LoopThread.run``)."""
+    return function(*args)
+
+
 async def _anchor_channel() -> grpc.aio.Channel:
     """A never-used aio channel, created on the running loop, for ``LoopThread`` to hold.
 
