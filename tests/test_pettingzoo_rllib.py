@@ -101,7 +101,10 @@ def local_ray() -> Iterator[None]:
 @pytest.mark.training
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("policies", ["shared", "per-agent"])
-def test_rllib_multi_agent_ppo_beats_random_play(paddles, local_ray, policies):
+def test_rllib_multi_agent_ppo_beats_random_play(local_ray, paddles, policies):
+    # local_ray first: ray.init starts its processes with a preexec_fn (Python run in the
+    # forked child), which can hang on a lock held by the Paddles server's gRPC threads at
+    # fork time (CI once timed out waiting for Ray's gcs_server_port file that way).
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.connectors.env_to_module import FlattenObservations
     from ray.tune.registry import register_env
