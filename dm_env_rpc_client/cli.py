@@ -220,15 +220,17 @@ def run(args: argparse.Namespace) -> int:
     if seed_setting is not None and seed_setting in create_settings and not args.world:
         raise UsageError(_SEED_TWICE.format(name=seed_setting))
     if args.ray is not None:  # sharded on Ray: needs the ray extra, so imported only here
-        from .integrations.ray._cli import run_on_ray
+        from .integrations.ray._cli import ray_first, run_on_ray
 
-        for address in dict.fromkeys(args.address or ()):
-            check_address(address, kwargs, args.timeout, args.quiet or args.json)
-        with (
-            _stop_on_signals() as (stop, received),
-            tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
-        ):
-            stats = _record_cli.sharded(args, kwargs, create_settings, run_on_ray, stop, progress)
+        with ray_first(args):  # before any gRPC thread of this process: see ray_first
+            for address in dict.fromkeys(args.address or ()):
+                check_address(address, kwargs, args.timeout, args.quiet or args.json)
+            with (
+                _stop_on_signals() as (stop, received),
+                tqdm(total=args.steps, unit="step", disable=args.quiet or args.json) as progress,
+            ):
+                shard_args = (args, kwargs, create_settings, run_on_ray, stop, progress)
+                stats = _record_cli.sharded(*shard_args)
         report(stats, args)
         return _exit_code(stats, received)
     with launched(args) or _addresses(args, kwargs) as addresses:

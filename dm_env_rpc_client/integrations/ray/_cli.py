@@ -18,8 +18,10 @@ exit code is 3 when a world was lost.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -61,16 +63,7 @@ def run_on_ray(
       UsageError: flags that do not go with ``--ray``.
       FleetError, ShardError: from the fleet or a shard (they name what failed).
     """
-    if args.world:
-        raise UsageError(_NO_WORLDS)
-    if getattr(args, "watch", False):
-        raise UsageError(_NO_WATCH)
-    check_launch_flags(args)
-    worlds = args.num_envs or 4
-    if args.num_shards > worlds:
-        raise UsageError(_TOO_MANY_SHARDS.format(shards=args.num_shards, worlds=worlds))
-    servers = 0 if args.address or args.launch else args.num_shards
-    cpus = max(os.cpu_count() or 1, args.num_shards + servers)
+    worlds, servers, cpus = _check(args)
     started = _init(args.ray, cpus)
     fleet: ServerFleet | None = None
     try:
@@ -128,6 +121,40 @@ def run_on_ray(
         if started:
             ray.shutdown()
     return run.stats
+
+
+def _check(args: argparse.Namespace) -> tuple[int, int, int]:
+    """The ``--ray`` flags checked (``UsageError``); the run's worlds, fleet servers and CPUs."""
+    if args.world:
+        raise UsageError(_NO_WORLDS)
+    if getattr(args, "watch", False):
+        raise UsageError(_NO_WATCH)
+    check_launch_flags(args)
+    worlds = args.num_envs or 4
+    if args.num_shards > worlds:
+        raise UsageError(_TOO_MANY_SHARDS.format(shards=args.num_shards, worlds=worlds))
+    servers = 0 if args.address or args.launch else args.num_shards
+    return worlds, servers, max(os.cpu_count() or 1, args.num_shards + servers)
+
+
+@contextlib.contextmanager
+def ray_first(args: argparse.Namespace) -> Iterator[None]:
+    """Ray started (or joined) before this process opens any gRPC channel or server.
+
+    ``ray.init`` starts its processes with a ``preexec_fn`` (Python run in the forked
+    child), which can hang on a lock that a gRPC thread of this process held at the fork:
+    Ray then times out waiting for its ``gcs_server_port`` file. ``cli.run`` therefore
+    enters this before it checks addresses or opens a recording's template world; the
+    flags are checked first (``UsageError`` before anything starts). ``run_on_ray`` then
+    finds Ray initialized and leaves its shutdown to this block.
+    """
+    _, _, cpus = _check(args)
+    started = _init(args.ray, cpus)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _init(target: str, cpus: int) -> bool:
