@@ -16,6 +16,12 @@ to ``EPISODES``; it keeps every episode it receives. It misbehaves on purpose:
 - ``weights``: the weights it sends (default those of the config's module; an
   off-policy client asks for none, so ``{}`` spares building a module and torch).
 
+Its ``weights_seq_no`` is the batches it took. With ``stale_every_other`` it
+answers as Ray's server does under RLlib 2.60, which calls ``set_state`` twice an
+iteration (the weights, then the connector states): every second batch is answered
+with the weights it had (the seq no unchanged), and they move at the next
+``GET_STATE``. With ``frozen_after=N`` they never move past N.
+
 No RLlib training runs: it is the learner's side of the socket only.
 """
 
@@ -46,6 +52,8 @@ class FakeLearner:
         drop_after: int | None = None,
         gone_after: int | None = None,
         stall_after: int | None = None,
+        stale_every_other: bool = False,
+        frozen_after: int | None = None,
     ) -> None:
         self.config = config
         self.weights = (
@@ -56,6 +64,8 @@ class FakeLearner:
         self.drop_after, self.gone_after, self.stall_after = drop_after, gone_after, stall_after
         self.episodes: list[SingleAgentEpisode] = []
         self.batches = 0
+        self.stale_every_other, self.frozen_after = stale_every_other, frozen_after
+        self.seq, self.pending = 0, False  # weights_seq_no; an update due at the next GET_STATE
         self.kinds: list[str] = []  # every message's type, in order
         self.connections = 0
         self.stalled: socket.socket | None = None  # the connection it stopped reading
@@ -107,6 +117,9 @@ class FakeLearner:
                 )
                 configured = True
             elif kind.name == "GET_STATE":
+                if self.pending:
+                    self.pending = False
+                    self._update()
                 self._state(client)
             elif kind.name in ("EPISODES", "EPISODES_AND_GET_STATE"):
                 self.episodes.extend(SingleAgentEpisode.from_state(s) for s in body["episodes"])
@@ -115,14 +128,22 @@ class FakeLearner:
                     return  # hangs up with the episodes taken, unanswered
                 if self.batches == self.stall_after:
                     continue  # takes them and says nothing more
+                if self.stale_every_other and self.batches % 2 == 0:
+                    self.pending = True  # answered with the weights it had
+                else:
+                    self._update()
                 if kind.name == "EPISODES_AND_GET_STATE":
                     self._state(client)
                 if self.batches == self.gone_after:
                     self.close()
                     return
 
+    def _update(self) -> None:
+        if self.frozen_after is None or self.seq < self.frozen_after:
+            self.seq += 1
+
     def _state(self, client: socket.socket) -> None:
-        state = {COMPONENT_RL_MODULE: self.weights, "weights_seq_no": self.batches}
+        state = {COMPONENT_RL_MODULE: self.weights, "weights_seq_no": self.seq}
         send_rllink_message(client, {"type": "SET_STATE", "state": state})
 
     def close(self) -> None:

@@ -169,6 +169,56 @@ def test_a_paced_off_policy_client_ships_a_round_per_answer(catch: Any) -> None:
 
 
 @pytest.mark.training
+def test_a_paced_client_ships_one_round_per_update_of_the_weights(catch: Any) -> None:
+    """RLlib answers twice an iteration (``stale_every_other``): after an answer whose
+    weights did not move, the client asks again until they do, then ships."""
+    learner = FakeLearner(ppo_config(), weights={}, stale_every_other=True)
+    try:
+        stats = rayi.run_rllink(
+            [catch.address],
+            learner.address,
+            num_envs=3,
+            policy="random",
+            rounds=4,
+            steps_per_send=16,
+            paced=True,
+        )
+    finally:
+        learner.close()
+    shipped = [k for k in learner.kinds if k in ("EPISODES_AND_GET_STATE", "GET_STATE")]
+    # the pacer's baseline, then a round per update: batch 2's answer is stale (seq 1)
+    assert shipped[0] == "GET_STATE" and shipped.count("EPISODES_AND_GET_STATE") == 4
+    e, g = "EPISODES_AND_GET_STATE", "GET_STATE"  # (the stale answer to round 4 too)
+    assert shipped[1:] == [e, e, g, e, e, g] and learner.seq == 4
+    assert stats.rounds == 4 and stats.unconfirmed_steps == 0
+
+
+@pytest.mark.training
+def test_a_paced_client_whose_learner_stops_updating_ends_with_a_summary(catch: Any) -> None:
+    learner = FakeLearner(ppo_config(), weights={}, stale_every_other=True, frozen_after=1)
+    said: list[str] = []
+    try:
+        stats = rayi.run_rllink(
+            [catch.address],
+            learner.address,
+            num_envs=3,
+            policy="random",
+            rounds=4,
+            steps_per_send=16,
+            paced=True,
+            learner_timeout=1.0,
+            say=said.append,
+        )
+    finally:
+        learner.close()
+    assert stats.learner_gone and stats.rounds == 1
+    assert (
+        "did not update its weights" in stats.stop_reason and "learner_timeout" in stats.stop_reason
+    )
+    assert any(line.startswith("paced: waiting") for line in said), said
+
+
+@pytest.mark.training
 def test_off_policy_episodes_say_so_and_hold_the_policys_actions(catch: Any) -> None:
     learner = FakeLearner(ppo_config())
     calls: list[int] = []

@@ -83,6 +83,7 @@ from ._rllink_agents import agent_labels, agents_of, check_shared, world_counts
 from ._rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook
 from ._rllink_module import ModuleActor
 from ._rllink_open import open_worlds
+from ._rllink_pace import Pacer
 from ._rllink_spaces import SpaceBridge
 from ._rllink_stats import RLlinkStats
 from ._rllink_wire import (
@@ -160,6 +161,7 @@ class _Run:
         self.received = self.recorded = 0  # steps received and env steps recorded, so far
         self.lockstep, self.paced, self.shipped, self.next_poll = lockstep, paced, 0, 0.0
         self.awaiting: list[_Shipped] = []  # the round in flight: shipped, weights not loaded
+        self.pacer = Pacer(links, timeout, learner_timeout, stop, say) if paced else None
 
     # --- stepping (through dmr.collect) ---------------------------------------------
 
@@ -325,11 +327,14 @@ class _Run:
                 if entry.dropped is None:
                     assert entry.state is not None
                     self.stats.steps_shipped += entry.steps
-                    states.append(entry.state["state"])
+                    state = entry.state["state"]
+                    states.append(self.pacer.next(entry.link, state) if self.pacer else state)
                 else:
                     self.stats.unconfirmed_steps += entry.steps
                     self._reconnect(entry.link, entry.dropped)
                     states.append(entry.link.state(self.timeout))
+                    if self.pacer:
+                        self.pacer.rebase(entry.link, states[-1])
         finally:
             self.stats.learner_seconds += time.perf_counter() - started
         if self.actor is not None:  # (paced off-policy: the weights only say "trained")
