@@ -36,8 +36,9 @@ old checkpoint: the old stack's ``log_action``): ``policy(timestep)`` gets a
 "external"`` and carry no ``action_logp``; they go with ``EPISODES`` (no waiting
 for weights, which off-policy learners such as DQN do not send back until they
 start learning), or with ``paced=True`` as on-policy rounds are (one in flight,
-the weights that come back ignored): a round per training iteration, so the
-learner's updates per env step are what its config says.
+the weights that come back ignored, the next round shipped once they have moved:
+``ray._rllink_pace``): a round per training iteration, so the learner's updates
+per env step are what its config says.
 
 Faults. Worlds fail as the batch's ``on_world_failure`` says (``"restart"`` by
 default): a restarted world's cut episode is shipped truncated, a removed
@@ -446,9 +447,10 @@ def run_rllink(
         next (strictly on-policy; default: step the next round while the learner trains,
         acting with weights at most one round old, and load new ones as they come).
       paced: with ``policy``, ship with ``EPISODES_AND_GET_STATE`` as on-policy, one
-        round in flight: the client goes at the learner's pace, a round per training
-        iteration (without it, it ships ``EPISODES`` as fast as its worlds step). The
-        learner must answer from the first round on (DQN: set
+        round in flight, the next shipped once the learner's weights have moved: the
+        client goes at the learner's pace, a round per training iteration (without it,
+        it ships ``EPISODES`` as fast as its worlds step). Until the weights first move
+        every answer lets the next round go (DQN: best set
         ``num_steps_sampled_before_learning_starts`` to at most a round's steps).
       **connect_kwargs: more ``BatchedEnvironment.connect`` arguments
         (``create_world_settings``, ``requested_observations``, ``insecure``, ...).
