@@ -146,22 +146,27 @@ def test_the_next_round_steps_while_the_learner_trains_unless_lockstep(
         assert 2 * 4 <= stats.lagged_steps <= stats.steps - 64
 
 
-@pytest.mark.training
-def test_a_paced_off_policy_client_ships_a_round_per_answer(catch: Any) -> None:
-    learner = FakeLearner(ppo_config(), weights={})
+def _paced_run(catch: Any, learner: FakeLearner, rounds: int, steps: int, **kwargs: Any) -> Any:
+    """A paced random-policy run of 3 worlds for ``learner``, which is closed after it."""
     try:
-        stats = rayi.run_rllink(
+        return rayi.run_rllink(
             [catch.address],
             learner.address,
             num_envs=3,
             policy="random",
-            rounds=3,
-            steps_per_send=32,
+            rounds=rounds,
+            steps_per_send=steps,
             paced=True,
-            say=print,
+            **kwargs,
         )
     finally:
         learner.close()
+
+
+@pytest.mark.training
+def test_a_paced_off_policy_client_ships_a_round_per_answer(catch: Any) -> None:
+    learner = FakeLearner(ppo_config(), weights={})
+    stats = _paced_run(catch, learner, 3, 32, say=print)
     assert learner.kinds.count("EPISODES_AND_GET_STATE") == 3 and "EPISODES" not in learner.kinds
     assert stats.rounds == 3 and stats.weight_updates == 0 and stats.unconfirmed_steps == 0
     assert stats.steps_shipped == sum(len(e) for e in learner.episodes) >= 3 * 32
@@ -173,23 +178,11 @@ def test_a_paced_client_ships_one_round_per_update_of_the_weights(catch: Any) ->
     """RLlib answers twice an iteration (``stale_every_other``): after an answer whose
     weights did not move, the client asks again until they do, then ships."""
     learner = FakeLearner(ppo_config(), weights={}, stale_every_other=True)
-    try:
-        stats = rayi.run_rllink(
-            [catch.address],
-            learner.address,
-            num_envs=3,
-            policy="random",
-            rounds=4,
-            steps_per_send=16,
-            paced=True,
-        )
-    finally:
-        learner.close()
+    stats = _paced_run(catch, learner, 4, 16)
     shipped = [k for k in learner.kinds if k in ("EPISODES_AND_GET_STATE", "GET_STATE")]
-    # the pacer's baseline, then a round per update: batch 2's answer is stale (seq 1)
-    assert shipped[0] == "GET_STATE" and shipped.count("EPISODES_AND_GET_STATE") == 4
-    e, g = "EPISODES_AND_GET_STATE", "GET_STATE"  # (the stale answer to round 4 too)
-    assert shipped[1:] == [e, e, g, e, e, g] and learner.seq == 4
+    # the pacer's baseline, then a round per update: the answers to rounds 2 and 4 are stale
+    e, g = "EPISODES_AND_GET_STATE", "GET_STATE"
+    assert shipped == [g, e, e, g, e, e, g] and learner.seq == 4
     assert stats.rounds == 4 and stats.unconfirmed_steps == 0
 
 
@@ -197,24 +190,10 @@ def test_a_paced_client_ships_one_round_per_update_of_the_weights(catch: Any) ->
 def test_a_paced_client_whose_learner_stops_updating_ends_with_a_summary(catch: Any) -> None:
     learner = FakeLearner(ppo_config(), weights={}, stale_every_other=True, frozen_after=1)
     said: list[str] = []
-    try:
-        stats = rayi.run_rllink(
-            [catch.address],
-            learner.address,
-            num_envs=3,
-            policy="random",
-            rounds=4,
-            steps_per_send=16,
-            paced=True,
-            learner_timeout=1.0,
-            say=said.append,
-        )
-    finally:
-        learner.close()
+    stats = _paced_run(catch, learner, 4, 16, learner_timeout=1.0, say=said.append)
     assert stats.learner_gone and stats.rounds == 1
-    assert (
-        "did not update its weights" in stats.stop_reason and "learner_timeout" in stats.stop_reason
-    )
+    assert "did not update its weights" in stats.stop_reason
+    assert "learner_timeout" in stats.stop_reason
     assert any(line.startswith("paced: waiting") for line in said), said
 
 
