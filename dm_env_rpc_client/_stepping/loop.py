@@ -55,7 +55,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,23 +66,21 @@ from ..batched import BatchedEnvironment, BatchedTimeStep
 from ..random_actions import action_drawer
 from ..recording import Recording
 from . import blocks as _blocks
+from . import receive as _receive
 from .events import RunObserver, Watch
+from .receive import recv_until_stopped, stalled
 from .tally import EpisodeTally, RunStats
 from .timesteps import join, rows
 
 ACTION_STREAM = 1  # world i's actions: numpy.random.default_rng((seed + i, ACTION_STREAM))
-_SLICE = 0.25  # seconds between checks for a stop signal while waiting for steps
-# Each pass waits for this share of the steps in flight (at most one _SLICE, then takes what
+# Each pass waits for this share of the steps in flight (at most one SLICE, then takes what
 # came): taking steps one or a few at a time cost a recv, a decode and a send per handful of
 # steps, and measured about 25 µs per step more than taking a quarter at 1,024 worlds.
 RECV_SHARE = 4
-_STALLED = (
-    "No step finished within {timeout} s. Waiting on: {waiting}. The server may be stopped, "
-    "overloaded or unreachable; pass a longer --timeout if it is only slow."
-)
 
 Policy = Callable[[BatchedTimeStep], Mapping[str, Any]]
 _REMOVED = object()  # recv raised for a world removed meanwhile
+PASS, DRAIN = "pass", "drain"  # what _Loop.passes asks its driver to receive
 
 
 def step(
@@ -129,6 +127,9 @@ def step(
         batch, steps, policy, pipeline, seed, timeout, recording, stop, progress, watch, resume
     )
     try:
+        if _receive.on_loop(batch, policy, recording, progress, observers):
+            assert batch._runner is not None
+            return _receive.wait_on_loop(batch._runner, loop.run_on_loop())
         return loop.run()
     except Exception as error:
         watch.error(error)
@@ -205,6 +206,51 @@ class _Loop:
         self.failures = -1  # len(batch.failures) when ``live`` was taken; -1: take it again
 
     def run(self) -> RunStats:
+        """The run, its receives waited for on this thread."""
+        passes = self.passes()
+        request = next(passes)
+        try:
+            while True:
+                request = passes.send(self._receive(*request))
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+
+    async def run_on_loop(self) -> RunStats:
+        """The run, its receives waited for on the batch's loop (``_stepping.receive``)."""
+        batch, stop, first = self.batch, self.stop, self.watch.first_world
+        passes = self.passes()
+        request = next(passes)
+        try:
+            while True:
+                kind, count = request
+                got: object
+                if kind == DRAIN:
+                    got = await _receive.take_on_loop(batch, count, self.timeout, first)
+                else:
+                    try:
+                        got = await _receive.recv_on_loop(
+                            batch, self.timeout, stop, first, wanted=count
+                        )
+                    except errors.WorldError as error:
+                        got = self.removed_or_raise(error)
+                request = passes.send(got)
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+
+    def _receive(self, kind: str, count: int) -> object:
+        """What ``passes`` asks for (see there), waited for on this thread."""
+        if kind == PASS:
+            return self._recv(count)
+        try:
+            return self.batch.recv(count, timeout=self.timeout)
+        except errors.RequestTimeoutError:
+            raise stalled(self.batch, self.timeout, self.watch.first_world) from None
+
+    def passes(self) -> Generator[tuple[str, int], object, RunStats]:
+        """The run, its passes' receives left to the driver: it yields ``(PASS, wanted)`` for
+        ``_recv``'s outcome (up to ``wanted`` steps), ``(DRAIN, count)`` for ``count`` steps
+        (at most ``timeout`` waited, then ``stalled``), and returns the stats. ``run`` drives
+        it from the caller's thread, ``_stepping.on_loop`` from the batch's loop."""
         started = time.perf_counter()
         if self.policy is not None and not self.resumed:
             self._reset()
@@ -225,7 +271,7 @@ class _Loop:
                 # Every step sent; the rest were lost with a restarted or removed world
                 # (batch.failures), or every world that could still step is gone.
                 break
-            result = self._recv()
+            result = yield PASS, batch.pending() // RECV_SHARE
             if result is _REMOVED:
                 continue  # the next pass lets the removed world go
             if result is None:
@@ -244,7 +290,7 @@ class _Loop:
             else:
                 self.ready = result if self.ready is None else join([self.ready, result])
         if self.group > 1 and stop.is_set():
-            self._drain()
+            yield from self._drain()
         watch.poll()
         tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
         assert stats.carry is not None
@@ -253,15 +299,13 @@ class _Loop:
             stats.waiting = join([*self.parked, *([self.ready] if self.ready is not None else [])])
         return stats
 
-    def _drain(self) -> None:
+    def _drain(self) -> Generator[tuple[str, int], object, None]:
         """A stopped multi-agent run takes the whole world steps still in flight (each barrier
         completes: every agent of the world was sent its step), so none is left waiting."""
         batch = self.batch
         while batch.pending():
-            try:
-                result = batch.recv(batch.pending(), timeout=self.timeout)
-            except errors.RequestTimeoutError:
-                raise _stalled(batch, self.timeout, self.watch.first_world) from None
+            result = yield DRAIN, batch.pending()
+            assert isinstance(result, BatchedTimeStep)
             self.tally.take(result, self.progress)
             self.watch.steps(result)
 
@@ -399,21 +443,21 @@ class _Loop:
         left = self.left
         return any(left[world] > 0 for part in self.parked for world in part.env_ids.tolist())
 
-    def _recv(self) -> object:
-        batch = self.batch
+    def _recv(self, wanted: int) -> object:
         try:
             return recv_until_stopped(
-                batch,
-                self.timeout,
-                self.stop,
-                self.watch.first_world,
-                wanted=batch.pending() // RECV_SHARE,
+                self.batch, self.timeout, self.stop, self.watch.first_world, wanted=wanted
             )
         except errors.WorldError as error:
-            if error.index in batch.live_ids:
-                raise
-            self.failures = -1
-            return _REMOVED
+            return self.removed_or_raise(error)
+
+    def removed_or_raise(self, error: errors.WorldError) -> object:
+        """A pass's receive raised ``error``: ``_REMOVED`` if its world was removed meanwhile
+        (the next pass lets it go), else it is raised."""
+        if error.index in self.batch.live_ids:
+            raise error
+        self.failures = -1
+        return _REMOVED
 
 
 def _stack(actions: list[Any]) -> Any:
@@ -462,61 +506,3 @@ def send_unless_removed(batch: BatchedEnvironment, actions: Any, ids: Sequence[i
             raise
         return False
     return True
-
-
-def _stalled(
-    batch: BatchedEnvironment, timeout: float, first_world: int
-) -> errors.RequestTimeoutError:
-    waiting = [
-        f"world {first_world + world} at {batch.addresses[world]} "
-        f"({batch.in_flight(world)} in flight)"
-        for world in range(len(batch.envs))  # removed worlds too: len(batch) leaves them out
-        if batch.in_flight(world)
-    ]
-    return errors.RequestTimeoutError(
-        _STALLED.format(timeout=timeout, waiting="; ".join(waiting) or "nothing")
-    )
-
-
-def recv_until_stopped(
-    batch: BatchedEnvironment,
-    timeout: float,
-    stop: threading.Event,
-    first_world: int = 0,
-    *,
-    wanted: int = 1,
-) -> BatchedTimeStep | None:
-    """The next finished steps, or None once ``stop`` is set.
-
-    Args:
-      batch: the worlds.
-      timeout: seconds to wait for a step.
-      stop: ends the wait when set.
-      first_world: the index of world 0 in the whole run, for the stall's message.
-      wanted: waits up to one ``_SLICE`` for this many steps (at most those in flight), then
-        takes whatever finished (at least one).
-
-    Returns:
-      The steps, or None once ``stop`` is set.
-
-    Raises:
-      RequestTimeoutError: no step finished within ``timeout``; names the worlds waited on.
-      WorldError: a world failed (or was removed, with nothing else in flight).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        count = min(wanted, batch.pending())
-        if count > 1:
-            wanted = 1  # once: after this wait, any step will do
-            try:
-                return batch.recv(count, timeout=max(0.0, min(_SLICE, left)))
-            except (errors.RequestTimeoutError, ValueError):  # (ValueError: fewer in flight now)
-                continue
-        try:
-            return batch.recv(1, timeout=max(0.0, min(_SLICE, left)))
-        except errors.RequestTimeoutError:
-            if stop.is_set():
-                return None
-            if left <= _SLICE:
-                raise _stalled(batch, timeout, first_world) from None
