@@ -346,39 +346,69 @@ class _Loop:
             self.wanting.update(set(able) - set(ids))
         if not ids:
             return []
+        rounds = self._rounds(ids)
+        flat = rounds[0] if len(rounds) == 1 else [world for part in rounds for world in part]
         if self.blocks is not None:
-            return self._send_block(ids)
+            return self._send_block(ids, rounds, flat)
         draws, rngs = self.draws, self.rngs
-        actions = [draws[world](rngs[world]) for world in ids]
+        actions = [draws[world](rngs[world]) for world in flat]
+        sent: Sequence[int]
         if self.mixed:  # agents' actions of different specs: one dict per slot, sent at once
-            sent = set(ids if send_unless_removed(batch, actions, ids) else [])
+            sent = range(len(flat)) if send_unless_removed(batch, actions, flat) else range(0)
         else:
-            sent = set(_send(batch, ids, actions))
-        for world, action in zip(ids, actions, strict=True):
-            if world in sent:
-                self.tally.sent[world].append(action)
-                left[world] -= 1
-            if world not in sent or batch.in_flight(world) < pipeline:
+            sent = _send(batch, flat, actions)
+        for position in sent:
+            world = flat[position]
+            self.tally.sent[world].append(actions[position])
+            left[world] -= 1
+        worlds_sent = {flat[position] for position in sent}
+        for world in ids:
+            if world not in worlds_sent or batch.in_flight(world) < pipeline:
                 self.wanting.add(world)  # not sent (removed meanwhile), or room for more
-        if len(sent) < len(ids):
+        if len(sent) < len(flat):
             self.failures = -1  # refused: a world was removed; look again
             if not sent:
                 return None
-        return list(sent)
+        return list(worlds_sent)
 
-    def _send_block(self, ids: list[int]) -> list[int] | None:
+    def _rounds(self, ids: list[int]) -> list[list[int]]:
+        """The worlds of ``ids`` sent this pass, round by round: each as many rounds as it has
+        room for (``pipeline`` in flight, its steps left), a multi-agent world's agents alike
+        (``ids`` holds whole worlds, each its agents' slots in a row). So the pipeline is kept
+        full: a pass tops each world up, not one step more per world a pass."""
+        in_flight, left, pipeline, group = (
+            self.batch.in_flight,
+            self.left,
+            self.pipeline,
+            self.group,
+        )
+        assert left is not None
+        room = [min(pipeline - in_flight(world), left[world]) for world in ids]
+        if group > 1:
+            room = [
+                min(room[at : at + group]) for at in range(0, len(ids), group) for _ in range(group)
+            ]
+        most = max(room)
+        if most <= 1:
+            return [ids]
+        return [[w for w, n in zip(ids, room, strict=True) if n > r] for r in range(most)]
+
+    def _send_block(
+        self, ids: list[int], rounds: list[list[int]], flat: list[int]
+    ) -> list[int] | None:
         """``_send_random``'s send, for actions taken stacked from their blocks."""
         batch, left, pipeline = self.batch, self.left, self.pipeline
         assert left is not None and self.blocks is not None
-        actions = self.blocks.take(ids)
-        if not send_unless_removed(batch, actions, ids):  # all or nothing: none was sent
+        actions = self.blocks.take_rounds(rounds)
+        if not send_unless_removed(batch, actions, flat):  # all or nothing: none was sent
             self.wanting.update(ids)
             self.failures = -1  # refused: a world was removed; look again
             return None
-        self.tally.sent_stacked(ids, actions)
+        self.tally.sent_stacked(flat, actions)
+        for world in flat:
+            left[world] -= 1
         in_flight = batch.in_flight
         for world in ids:
-            left[world] -= 1
             if in_flight(world) < pipeline:
                 self.wanting.add(world)  # room for more
         return ids
@@ -467,8 +497,9 @@ def _stack(actions: list[Any]) -> Any:
     return np.stack([np.asarray(a) for a in actions])
 
 
-def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> list[int]:
-    """Sends each world of ``ids`` its action; returns the worlds it sent to.
+def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> Sequence[int]:
+    """Sends each world of ``ids`` (a world may be there more than once) its action; returns
+    the positions in ``ids`` it sent.
 
     A world removed from the batch since ``ids`` was chosen is refused by
     ``send``; it is left out (a stacked send sends nothing then, being all or
@@ -477,12 +508,14 @@ def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> list
     try:
         stacked = _stack(actions)
     except ValueError:  # variable-length actions of different lengths: one world at a time
-        sent = []
-        for world, action in zip(ids, actions, strict=True):
-            if send_unless_removed(batch, _stack([action]), [world]):
-                sent.append(world)
+        sent, refused = [], set()
+        for position, (world, action) in enumerate(zip(ids, actions, strict=True)):
+            if world not in refused and send_unless_removed(batch, _stack([action]), [world]):
+                sent.append(position)
+            else:
+                refused.add(world)  # its later steps stay unsent too: it was removed
         return sent
-    return ids if send_unless_removed(batch, stacked, ids) else []
+    return range(len(ids)) if send_unless_removed(batch, stacked, ids) else range(0)
 
 
 def send_unless_removed(batch: BatchedEnvironment, actions: Any, ids: Sequence[int]) -> bool:
