@@ -208,8 +208,8 @@ class _Loop:
     def run(self) -> RunStats:
         """The run, its receives waited for on this thread."""
         passes = self.passes()
-        request = next(passes)
         try:
+            request = next(passes)
             while True:
                 request = passes.send(self._receive(*request))
         except StopIteration as end:
@@ -219,8 +219,8 @@ class _Loop:
         """The run, its receives waited for on the batch's loop (``_stepping.receive``)."""
         batch, stop, first = self.batch, self.stop, self.watch.first_world
         passes = self.passes()
-        request = next(passes)
         try:
+            request = next(passes)
             while True:
                 kind, count = request
                 got: object
