@@ -97,6 +97,16 @@ REFERENCE, FLOOR = "reference, thread/agent", "raw gRPC floor"
 FLOOR_PIPELINED = "raw gRPC floor, 8 in flight"
 PIPELINE = DEFAULT_PIPELINE
 ORDER = (OURS, OURS_FLAT, OURS_COLLECT, REFERENCE, FLOOR, FLOOR_PIPELINED)
+# --clients' names for the clients (each row's ratios need the reference and its floor: a
+# ratio whose base was not run prints "-").
+CLIENTS = {
+    "step_agents": OURS,
+    "send_recv": OURS_FLAT,
+    "collect": OURS_COLLECT,
+    "reference": REFERENCE,
+    "floor": FLOOR,
+    "floor8": FLOOR_PIPELINED,
+}
 
 
 def _settings(agents: int) -> dict[str, Any]:
@@ -274,6 +284,15 @@ def raw_floor(address: str, worlds: int, agents: int, depth: int = 1) -> Any:
     return run, close
 
 
+def _ratio(
+    results: Any, variants: Any, name: str, base: str, field: str = "steps_per_second"
+) -> str:
+    """``name``'s median ratio to ``base`` in ``field``, or "-" if either was not run."""
+    if name not in variants or base not in variants:
+        return "-"
+    return f"{results.ratio(name, base, field):.2f}x"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[2, 4, 8])
@@ -282,6 +301,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-threads", type=int, default=512)
     parser.add_argument("--servers", nargs="+", choices=list(SERVER_COMMANDS), default=["lockstep"])
+    parser.add_argument("--clients", nargs="+", choices=list(CLIENTS), default=list(CLIENTS))
     add_pin_argument(parser)
     args = parser.parse_args()
     pinned = apply_pin(args.pin)
@@ -306,6 +326,8 @@ def main() -> None:
                     }
                     if slots <= args.max_threads:
                         variants[REFERENCE] = lambda cell=cell: reference_threads(**cell)
+                    chosen = {CLIENTS[key] for key in args.clients}
+                    variants = {name: make for name, make in variants.items() if name in chosen}
                     results = measure_interleaved(
                         variants,
                         steps,
@@ -313,8 +335,8 @@ def main() -> None:
                         warmup=slots * 2,
                         server_pid=server.pid,
                     )
-                    for name in ORDER:
-                        if name not in variants:
+                    for name in [name for name in ORDER if name in chosen]:
+                        if name not in variants:  # the reference, above --max-threads
                             rows.append(
                                 [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 6
                             )
@@ -322,14 +344,8 @@ def main() -> None:
                         floor = (
                             FLOOR_PIPELINED if name in (OURS_COLLECT, FLOOR_PIPELINED) else FLOOR
                         )
-                        vs_reference, floor_vs_reference = (
-                            (
-                                f"{results.ratio(name, REFERENCE):.2f}x",
-                                f"{results.ratio(floor, REFERENCE):.2f}x",
-                            )
-                            if REFERENCE in variants
-                            else ("-", "-")
-                        )
+                        vs_reference = _ratio(results, variants, name, REFERENCE)
+                        floor_vs_reference = _ratio(results, variants, floor, REFERENCE)
                         rows.append(
                             [
                                 SERVER_NAMES[server_key],
@@ -341,7 +357,7 @@ def main() -> None:
                                 results.median(name, "server_cpu_us_per_step"),
                                 vs_reference,
                                 floor_vs_reference,
-                                f"{results.ratio(name, floor, 'cpu_us_per_step'):.2f}x",
+                                _ratio(results, variants, name, floor, "cpu_us_per_step"),
                             ]
                         )
                     print(f"done: {server_key}, {agents} agents x {worlds} worlds", flush=True)
