@@ -233,9 +233,7 @@ class _Loop:
                     got = await _receive.take_on_loop(batch, count, self.timeout, first)
                 else:
                     try:
-                        got = await _receive.recv_on_loop(
-                            batch, self.timeout, stop, first, wanted=count
-                        )
+                        got = await _receive.recv_on_loop(batch, self.timeout, stop, first, count)
                     except errors.WorldError as error:
                         got = self.removed_or_raise(error)
                 request = passes.send(got)
@@ -344,14 +342,16 @@ class _Loop:
         batch, left, live, pipeline = self.batch, self.left, self.live, self.pipeline
         assert left is not None
         in_flight = batch.in_flight
-        able = [w for w in self.wanting if left[w] and w in live and in_flight(w) < pipeline]
-        ids = self._whole(sorted(able))
+        # Each world that may step: the steps it has room for (one look at it before the send).
+        room = {w: min(pipeline - in_flight(w), left[w]) for w in self.wanting if w in live}
+        able = sorted(w for w, n in room.items() if n > 0)
+        ids = self._whole(able)
         self.wanting.clear()
         if len(ids) < len(able):  # agents whose world's others cannot step yet: later
             self.wanting.update(set(able) - set(ids))
         if not ids:
             return []
-        rounds = self._rounds(ids)
+        rounds = self._rounds(ids, [room[world] for world in ids])
         flat = rounds[0] if len(rounds) == 1 else [world for part in rounds for world in part]
         if self.blocks is not None:
             return self._send_block(ids, rounds, flat)
@@ -376,19 +376,12 @@ class _Loop:
                 return None
         return list(worlds_sent)
 
-    def _rounds(self, ids: list[int]) -> list[list[int]]:
+    def _rounds(self, ids: list[int], room: list[int]) -> list[list[int]]:
         """The worlds of ``ids`` sent this pass, round by round: each as many rounds as it has
-        room for (``pipeline`` in flight, its steps left), a multi-agent world's agents alike
+        ``room`` for (``pipeline`` in flight, its steps left), a multi-agent world's agents alike
         (``ids`` holds whole worlds, each its agents' slots in a row). So the pipeline is kept
         full: a pass tops each world up, not one step more per world a pass."""
-        in_flight, left, pipeline, group = (
-            self.batch.in_flight,
-            self.left,
-            self.pipeline,
-            self.group,
-        )
-        assert left is not None
-        room = [min(pipeline - in_flight(world), left[world]) for world in ids]
+        group = self.group
         if group > 1:
             room = [
                 min(room[at : at + group]) for at in range(0, len(ids), group) for _ in range(group)

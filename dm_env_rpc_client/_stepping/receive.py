@@ -28,7 +28,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
 from .. import errors
@@ -95,6 +95,31 @@ def recv_until_stopped(
       RequestTimeoutError: no step finished within ``timeout``; names the worlds waited on.
       WorldError: a world failed (or was removed, with nothing else in flight).
     """
+    tries = _tries(batch, timeout, stop, first_world, wanted)
+    try:
+        count, wait = next(tries)
+        while True:
+            count, wait = _answer(tries, batch.recv, count, wait)
+    except StopIteration as end:
+        return end.value  # type: ignore[no-any-return]
+
+
+def _answer(tries: Generator[tuple[int, float], Any, Any], recv: Any, *args: Any) -> Any:
+    """``recv(*args)``'s steps sent to ``tries``, or its ``RequestTimeoutError`` or
+    ``ValueError`` thrown in; returns what ``tries`` yields next."""
+    try:
+        got = recv(*args)
+    except (errors.RequestTimeoutError, ValueError) as error:
+        return tries.throw(error)
+    return tries.send(got)
+
+
+def _tries(
+    batch: BatchedEnvironment, timeout: float, stop: threading.Event, first_world: int, wanted: int
+) -> Generator[tuple[int, float], Any, BatchedTimeStep | None]:
+    """``recv_until_stopped``'s receives, each left to its driver: it yields ``(count, wait)``
+    for ``batch.recv(count)`` waited at most ``wait`` s, is sent its steps (which it returns)
+    or thrown its ``RequestTimeoutError`` or ``ValueError``."""
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
@@ -102,11 +127,11 @@ def recv_until_stopped(
         if count > 1:
             wanted = 1  # once: after this wait, any step will do
             try:
-                return batch.recv(count, timeout=max(0.0, min(SLICE, left)))
+                return (yield count, max(0.0, min(SLICE, left)))
             except (errors.RequestTimeoutError, ValueError):  # (ValueError: fewer in flight now)
                 continue
         try:
-            return batch.recv(1, timeout=max(0.0, min(SLICE, left)))
+            return (yield 1, max(0.0, min(SLICE, left)))
         except errors.RequestTimeoutError:
             if stop.is_set():
                 return None
@@ -195,33 +220,17 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 async def recv_on_loop(
-    batch: BatchedEnvironment,
-    timeout: float,
-    stop: threading.Event,
-    first_world: int = 0,
-    *,
-    wanted: int = 1,
+    batch: BatchedEnvironment, timeout: float, stop: threading.Event, first: int, wanted: int
 ) -> BatchedTimeStep | None:
     """``recv_until_stopped``, waited for on the batch's loop (see there and the module)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        count = min(wanted, batch.pending())
-        if count > 1:
-            wanted = 1  # once: after this wait, any step will do
-            await _landed(batch, count, max(0.0, min(SLICE, left)))
-            try:
-                return batch.recv(count, timeout=0.0)
-            except (errors.RequestTimeoutError, ValueError):  # (ValueError: fewer in flight now)
-                continue
-        await _landed(batch, 1, max(0.0, min(SLICE, left)))
-        try:
-            return batch.recv(1, timeout=0.0)
-        except errors.RequestTimeoutError:
-            if stop.is_set():
-                return None
-            if left <= SLICE:
-                raise stalled(batch, timeout, first_world) from None
+    tries = _tries(batch, timeout, stop, first, wanted)
+    try:
+        count, wait = next(tries)
+        while True:
+            await _landed(batch, count, wait)
+            count, wait = _answer(tries, batch.recv, count, 0.0)  # (it waited above)
+    except StopIteration as end:
+        return end.value  # type: ignore[no-any-return]
 
 
 async def take_on_loop(
