@@ -7,6 +7,8 @@ what observers are told, a policy's steps, ``stop`` from an observer, and bad ar
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import threading
 import time
 from typing import Any, ClassVar
@@ -110,6 +112,53 @@ def test_stop_set_from_another_thread_ends_a_run_on_the_loop_between_steps(
         assert stats.interrupted and 50 <= stats.steps < 10**9
         # Every step received was counted; those still in flight stay the batch's.
         assert stats.steps == len(batch.latencies)
+
+
+class _Interrupted(Exception):
+    """What the test's SIGINT handler raises (Ctrl-C's KeyboardInterrupt would end pytest)."""
+
+
+def test_an_exception_in_the_callers_wait_cancels_the_run_on_the_loop(
+    catch_server: Server,
+) -> None:
+    """A signal handler's exception while the caller waits for a run stepping from the loop
+    (Ctrl-C) is raised, and the run stops between steps: nothing of it is left on the loop."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        with dmr.BatchedEnvironment.connect([catch_server.address], 2, seed=1) as batch:
+            main = threading.main_thread().ident
+            assert main is not None and batch._runner is not None
+
+            def interrupt_once_stepping() -> None:
+                deadline = time.monotonic() + 30
+                while len(batch.latencies) < 50 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # polling the run's progress, with a deadline
+                signal.pthread_kill(main, signal.SIGINT)
+
+            interrupter = threading.Thread(target=interrupt_once_stepping)
+            interrupter.start()
+            with pytest.raises(_Interrupted):
+                dmr.collect(batch, 10**9, pipeline=8, timeout=30)
+            interrupter.join(30)
+            loop = batch._runner.loop
+
+            async def runs_left() -> list[str]:
+                names = [task.get_coro().__qualname__ for task in asyncio.all_tasks()]
+                return [name for name in names if "run_on_loop" in name]
+
+            deadline = time.monotonic() + 10
+            while batch._runner.run(runs_left(), 10) and time.monotonic() < deadline:
+                time.sleep(0.01)  # the cancelled run ends at its next wait
+            assert batch._runner.run(runs_left(), 10) == []
+            while batch.pending():  # its steps in flight are the batch's, and still answered
+                batch.recv(batch.pending(), timeout=10)
+            assert loop.is_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_policy_gets_the_steps_of_the_worlds_that_just_finished(catch_server: Server) -> None:
