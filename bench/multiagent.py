@@ -65,6 +65,7 @@ from dm_env_rpc.v1 import dm_env_adaptor as reference_adaptor
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import dm_env_rpc_pb2
 from dm_env_rpc_client.messages import METHOD
+from dm_env_rpc_client.server.paddles import MAX_AGENTS as PADDLES_MAX_AGENTS
 from dm_env_rpc_client.stepping import DEFAULT_PIPELINE
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -87,6 +88,9 @@ SERVER_COMMANDS["sdk"] = [
     "0",
     "--exit-with-parent",
 ]
+# The most agents a world of each server takes (Paddles: 2 to 4; the foreign server's game: 1
+# to 8); a cell with more prints "-" rows for that server.
+SERVER_MAX_AGENTS = {"lockstep": None, "foreign": 8, "sdk": PADDLES_MAX_AGENTS}
 SERVER_NAMES = {
     "lockstep": "grpc.aio lockstep",
     "foreign": "reference-package Paddles",
@@ -318,12 +322,21 @@ def main() -> None:
     add_pin_argument(parser)
     args = parser.parse_args()
     pinned = apply_pin(args.pin)
+    chosen = {CLIENTS[key] for key in args.clients}
     rows = []
     for server_key in args.servers:
         with command_server_process_info(SERVER_COMMANDS[server_key], server_key) as server:
             for agents in args.agents:
                 for worlds in args.worlds:
                     slots = worlds * agents
+                    most = SERVER_MAX_AGENTS[server_key]
+                    if most is not None and agents > most:
+                        for name in [name for name in ORDER if name in chosen]:
+                            rows.append(
+                                [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 6
+                            )
+                        print(f"skipped: {server_key} takes at most {most} agents a world")
+                        continue
                     steps = max(args.steps, slots * 4 * PIPELINE)
                     cell = {
                         "address": server.address,
@@ -339,7 +352,6 @@ def main() -> None:
                     }
                     if slots <= args.max_threads:
                         variants[REFERENCE] = lambda cell=cell: reference_threads(**cell)
-                    chosen = {CLIENTS[key] for key in args.clients}
                     variants = {name: make for name, make in variants.items() if name in chosen}
                     results = measure_interleaved(
                         variants,
@@ -391,10 +403,12 @@ def main() -> None:
         rows,
     )
     print(f"\nMedians over {args.rounds} interleaved rounds; each timed run takes max(--steps,")
-    print("10 per agent) agent-steps. CPU vs floor: collect's against the floor with its")
-    print(f"pipeline ({PIPELINE} in flight), the others' against the floor with 1 in flight.")
+    print(f"{4 * PIPELINE} per agent stream) agent-steps. CPU vs floor: collect's against the")
+    print(f"floor with its pipeline ({PIPELINE} in flight), the others' against the floor with 1.")
     print("Its floor's steps/s vs reference: what that floor reaches against the reference in")
     print("the same rounds; where the server saturates, it bounds every client's ratio.")
+    print(f"The reference (a thread per agent) is skipped above {args.max_threads} agent streams")
+    print("(--max-threads): its rows and the ratios to it print '-'.")
     print("The machine is shared (2 cores): numbers are noisy.")
     print(pinned)
 
