@@ -86,6 +86,8 @@ SERVER_COMMANDS["sdk"] = [
     "paddles",
     "--port",
     "0",
+    "--max-workers",  # one stream a world's agent: 2,048 at 256 worlds x 8 agents
+    "2200",
     "--exit-with-parent",
 ]
 # The most agents a world of each server takes (Paddles: 2 to 4; the foreign server's game: 1
@@ -324,93 +326,101 @@ def main() -> None:
     pinned = apply_pin(args.pin)
     chosen = {CLIENTS[key] for key in args.clients}
     rows = []
-    for server_key in args.servers:
-        with command_server_process_info(SERVER_COMMANDS[server_key], server_key) as server:
-            for agents in args.agents:
-                for worlds in args.worlds:
-                    slots = worlds * agents
-                    most = SERVER_MAX_AGENTS[server_key]
-                    if most is not None and agents > most:
-                        for name in [name for name in ORDER if name in chosen]:
-                            rows.append(
-                                [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 6
-                            )
-                        print(f"skipped: {server_key} takes at most {most} agents a world")
-                        continue
-                    steps = max(args.steps, slots * 4 * PIPELINE)
-                    cell = {
-                        "address": server.address,
-                        "worlds": worlds,
-                        "agents": agents,
-                    }
-                    variants = {
-                        OURS: lambda cell=cell: ours(**cell),
-                        OURS_FLAT: lambda cell=cell: ours_flat(**cell),
-                        OURS_COLLECT: lambda cell=cell: ours_collect(**cell),
-                        FLOOR: lambda cell=cell: raw_floor(**cell),
-                        FLOOR_PIPELINED: lambda cell=cell: raw_floor(**cell, depth=PIPELINE),
-                    }
-                    if slots <= args.max_threads:
-                        variants[REFERENCE] = lambda cell=cell: reference_threads(**cell)
-                    variants = {name: make for name, make in variants.items() if name in chosen}
-                    results = measure_interleaved(
-                        variants,
-                        steps,
-                        rounds=args.rounds,
-                        warmup=slots * 2,
-                        server_pid=server.pid,
-                    )
-                    for name in [name for name in ORDER if name in chosen]:
-                        if name not in variants:  # the reference, above --max-threads
-                            rows.append(
-                                [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 6
-                            )
+    try:  # the rows measured so far are printed even if a cell fails
+        for server_key in args.servers:
+            with command_server_process_info(SERVER_COMMANDS[server_key], server_key) as server:
+                for agents in args.agents:
+                    for worlds in args.worlds:
+                        slots = worlds * agents
+                        most = SERVER_MAX_AGENTS[server_key]
+                        if most is not None and agents > most:
+                            for name in [name for name in ORDER if name in chosen]:
+                                rows.append(
+                                    [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 6
+                                )
+                            print(f"skipped: {server_key} takes at most {most} agents a world")
                             continue
-                        floor = (
-                            FLOOR_PIPELINED if name in (OURS_COLLECT, FLOOR_PIPELINED) else FLOOR
+                        steps = max(args.steps, slots * 4 * PIPELINE)
+                        cell = {
+                            "address": server.address,
+                            "worlds": worlds,
+                            "agents": agents,
+                        }
+                        variants = {
+                            OURS: lambda cell=cell: ours(**cell),
+                            OURS_FLAT: lambda cell=cell: ours_flat(**cell),
+                            OURS_COLLECT: lambda cell=cell: ours_collect(**cell),
+                            FLOOR: lambda cell=cell: raw_floor(**cell),
+                            FLOOR_PIPELINED: lambda cell=cell: raw_floor(**cell, depth=PIPELINE),
+                        }
+                        if slots <= args.max_threads:
+                            variants[REFERENCE] = lambda cell=cell: reference_threads(**cell)
+                        variants = {name: make for name, make in variants.items() if name in chosen}
+                        results = measure_interleaved(
+                            variants,
+                            steps,
+                            rounds=args.rounds,
+                            warmup=slots * 2,
+                            server_pid=server.pid,
                         )
-                        vs_reference = _ratio(results, variants, name, REFERENCE)
-                        floor_vs_reference = _ratio(results, variants, floor, REFERENCE)
-                        rows.append(
-                            [
-                                SERVER_NAMES[server_key],
-                                agents,
-                                worlds,
-                                name,
-                                results.median(name),
-                                results.median(name, "cpu_us_per_step"),
-                                results.median(name, "server_cpu_us_per_step"),
-                                vs_reference,
-                                floor_vs_reference,
-                                _ratio(results, variants, name, floor, "cpu_us_per_step"),
-                            ]
-                        )
-                    print(f"done: {server_key}, {agents} agents x {worlds} worlds", flush=True)
-    print_table(
-        "Multi-agent worlds: agent-steps/s and client CPU per agent-step",
-        [
-            "server",
-            "agents/world",
-            "worlds",
-            "client",
-            "agent-steps/s",
-            "client CPU µs/agent-step",
-            "server CPU µs/agent-step",
-            "steps/s vs reference",
-            "its floor's steps/s vs reference",
-            "CPU vs floor",
-        ],
-        rows,
-    )
-    print(f"\nMedians over {args.rounds} interleaved rounds; each timed run takes max(--steps,")
-    print(f"{4 * PIPELINE} per agent stream) agent-steps. CPU vs floor: collect's against the")
-    print(f"floor with its pipeline ({PIPELINE} in flight), the others' against the floor with 1.")
-    print("Its floor's steps/s vs reference: what that floor reaches against the reference in")
-    print("the same rounds; where the server saturates, it bounds every client's ratio.")
-    print(f"The reference (a thread per agent) is skipped above {args.max_threads} agent streams")
-    print("(--max-threads): its rows and the ratios to it print '-'.")
-    print("The machine is shared (2 cores): numbers are noisy.")
-    print(pinned)
+                        for name in [name for name in ORDER if name in chosen]:
+                            if name not in variants:  # the reference, above --max-threads
+                                rows.append(
+                                    [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 6
+                                )
+                                continue
+                            floor = (
+                                FLOOR_PIPELINED
+                                if name in (OURS_COLLECT, FLOOR_PIPELINED)
+                                else FLOOR
+                            )
+                            vs_reference = _ratio(results, variants, name, REFERENCE)
+                            floor_vs_reference = _ratio(results, variants, floor, REFERENCE)
+                            rows.append(
+                                [
+                                    SERVER_NAMES[server_key],
+                                    agents,
+                                    worlds,
+                                    name,
+                                    results.median(name),
+                                    results.median(name, "cpu_us_per_step"),
+                                    results.median(name, "server_cpu_us_per_step"),
+                                    vs_reference,
+                                    floor_vs_reference,
+                                    _ratio(results, variants, name, floor, "cpu_us_per_step"),
+                                ]
+                            )
+                        print(f"done: {server_key}, {agents} agents x {worlds} worlds", flush=True)
+    finally:
+        print_table(
+            "Multi-agent worlds: agent-steps/s and client CPU per agent-step",
+            [
+                "server",
+                "agents/world",
+                "worlds",
+                "client",
+                "agent-steps/s",
+                "client CPU µs/agent-step",
+                "server CPU µs/agent-step",
+                "steps/s vs reference",
+                "its floor's steps/s vs reference",
+                "CPU vs floor",
+            ],
+            rows,
+        )
+        print(f"\nMedians over {args.rounds} interleaved rounds; each timed run takes max(--steps,")
+        print(f"{4 * PIPELINE} per agent stream) agent-steps. CPU vs floor: collect's against the")
+        print(
+            f"floor with its pipeline ({PIPELINE} in flight), the others' against the floor with 1."
+        )
+        print("Its floor's steps/s vs reference: what that floor reaches against the reference in")
+        print("the same rounds; where the server saturates, it bounds every client's ratio.")
+        print(
+            f"The reference (a thread per agent) is skipped above {args.max_threads} agent streams"
+        )
+        print("(--max-threads): its rows and the ratios to it print '-'.")
+        print("The machine is shared (2 cores): numbers are noisy.")
+        print(pinned)
 
 
 if __name__ == "__main__":
