@@ -65,6 +65,7 @@ from dm_env_rpc.v1 import dm_env_adaptor as reference_adaptor
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import dm_env_rpc_pb2
 from dm_env_rpc_client.messages import METHOD
+from dm_env_rpc_client.server.paddles import MAX_AGENTS as PADDLES_MAX_AGENTS
 from dm_env_rpc_client.stepping import DEFAULT_PIPELINE
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -85,8 +86,13 @@ SERVER_COMMANDS["sdk"] = [
     "paddles",
     "--port",
     "0",
+    "--max-workers",  # one stream a world's agent: 2,048 at 256 worlds x 8 agents
+    "2200",
     "--exit-with-parent",
 ]
+# The most agents a world of each server takes (Paddles: 2 to 4; the foreign server's game: 1
+# to 8); a cell with more prints "-" rows for that server.
+SERVER_MAX_AGENTS = {"lockstep": None, "foreign": 8, "sdk": PADDLES_MAX_AGENTS}
 SERVER_NAMES = {
     "lockstep": "grpc.aio lockstep",
     "foreign": "reference-package Paddles",
@@ -97,6 +103,16 @@ REFERENCE, FLOOR = "reference, thread/agent", "raw gRPC floor"
 FLOOR_PIPELINED = "raw gRPC floor, 8 in flight"
 PIPELINE = DEFAULT_PIPELINE
 ORDER = (OURS, OURS_FLAT, OURS_COLLECT, REFERENCE, FLOOR, FLOOR_PIPELINED)
+# --clients' names for the clients (each row's ratios need the reference and its floor: a
+# ratio whose base was not run prints "-").
+CLIENTS = {
+    "step_agents": OURS,
+    "send_recv": OURS_FLAT,
+    "collect": OURS_COLLECT,
+    "reference": REFERENCE,
+    "floor": FLOOR,
+    "floor8": FLOOR_PIPELINED,
+}
 
 
 def _settings(agents: int) -> dict[str, Any]:
@@ -217,6 +233,8 @@ def raw_floor(address: str, worlds: int, agents: int, depth: int = 1) -> Any:
         await call.write(Request(**payload).SerializeToString())
         return Response.FromString(await call.read())
 
+    names: list[str] = []
+
     async def open_streams() -> tuple[Any, list[Any], bytes]:
         channel = grpc.aio.insecure_channel(address)
         calls, specs = [], None
@@ -227,6 +245,7 @@ def raw_floor(address: str, worlds: int, agents: int, depth: int = 1) -> Any:
                 world_calls[0], create_world=dm_env_rpc_pb2.CreateWorldRequest(settings=settings)
             )
             name = created.create_world.world_name
+            names.append(name)
             for call in world_calls:
                 join = dm_env_rpc_pb2.JoinWorldRequest(world_name=name)
                 specs = (await ask(call, join_world=join)).join_world.specs
@@ -259,7 +278,17 @@ def raw_floor(address: str, worlds: int, agents: int, depth: int = 1) -> Any:
     run(worlds * agents)  # every agent's first step
 
     def close() -> None:
+        async def leave(call: Any) -> None:
+            await ask(call, leave_world=dm_env_rpc_pb2.LeaveWorldRequest())
+
         async def shut() -> None:
+            # As a client should: every agent leaves, then each world is destroyed (from its
+            # first agent's stream, no longer joined). A world left joined on a Paddles server
+            # slowed the next runs' 1-deep floor there several times over.
+            await asyncio.gather(*(leave(call) for call in calls))
+            for world, name in enumerate(names):
+                destroy = dm_env_rpc_pb2.DestroyWorldRequest(world_name=name)
+                await ask(calls[world * agents], destroy_world=destroy)
             for call in calls:
                 call.cancel()
             await channel.close()
@@ -274,6 +303,15 @@ def raw_floor(address: str, worlds: int, agents: int, depth: int = 1) -> Any:
     return run, close
 
 
+def _ratio(
+    results: Any, variants: Any, name: str, base: str, field: str = "steps_per_second"
+) -> str:
+    """``name``'s median ratio to ``base`` in ``field``, or "-" if either was not run."""
+    if name not in variants or base not in variants:
+        return "-"
+    return f"{results.ratio(name, base, field):.2f}x"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, nargs="+", default=[2, 4, 8])
@@ -282,92 +320,107 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-threads", type=int, default=512)
     parser.add_argument("--servers", nargs="+", choices=list(SERVER_COMMANDS), default=["lockstep"])
+    parser.add_argument("--clients", nargs="+", choices=list(CLIENTS), default=list(CLIENTS))
     add_pin_argument(parser)
     args = parser.parse_args()
     pinned = apply_pin(args.pin)
+    chosen = {CLIENTS[key] for key in args.clients}
     rows = []
-    for server_key in args.servers:
-        with command_server_process_info(SERVER_COMMANDS[server_key], server_key) as server:
-            for agents in args.agents:
-                for worlds in args.worlds:
-                    slots = worlds * agents
-                    steps = max(args.steps, slots * 10)
-                    cell = {
-                        "address": server.address,
-                        "worlds": worlds,
-                        "agents": agents,
-                    }
-                    variants = {
-                        OURS: lambda cell=cell: ours(**cell),
-                        OURS_FLAT: lambda cell=cell: ours_flat(**cell),
-                        OURS_COLLECT: lambda cell=cell: ours_collect(**cell),
-                        FLOOR: lambda cell=cell: raw_floor(**cell),
-                        FLOOR_PIPELINED: lambda cell=cell: raw_floor(**cell, depth=PIPELINE),
-                    }
-                    if slots <= args.max_threads:
-                        variants[REFERENCE] = lambda cell=cell: reference_threads(**cell)
-                    results = measure_interleaved(
-                        variants,
-                        steps,
-                        rounds=args.rounds,
-                        warmup=slots * 2,
-                        server_pid=server.pid,
-                    )
-                    for name in ORDER:
-                        if name not in variants:
-                            rows.append(
-                                [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 6
-                            )
+    try:  # the rows measured so far are printed even if a cell fails
+        for server_key in args.servers:
+            with command_server_process_info(SERVER_COMMANDS[server_key], server_key) as server:
+                for agents in args.agents:
+                    for worlds in args.worlds:
+                        slots = worlds * agents
+                        most = SERVER_MAX_AGENTS[server_key]
+                        if most is not None and agents > most:
+                            for name in [name for name in ORDER if name in chosen]:
+                                rows.append(
+                                    [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 6
+                                )
+                            print(f"skipped: {server_key} takes at most {most} agents a world")
                             continue
-                        floor = (
-                            FLOOR_PIPELINED if name in (OURS_COLLECT, FLOOR_PIPELINED) else FLOOR
+                        steps = max(args.steps, slots * 4 * PIPELINE)
+                        cell = {
+                            "address": server.address,
+                            "worlds": worlds,
+                            "agents": agents,
+                        }
+                        variants = {
+                            OURS: lambda cell=cell: ours(**cell),
+                            OURS_FLAT: lambda cell=cell: ours_flat(**cell),
+                            OURS_COLLECT: lambda cell=cell: ours_collect(**cell),
+                            FLOOR: lambda cell=cell: raw_floor(**cell),
+                            FLOOR_PIPELINED: lambda cell=cell: raw_floor(**cell, depth=PIPELINE),
+                        }
+                        if slots <= args.max_threads:
+                            variants[REFERENCE] = lambda cell=cell: reference_threads(**cell)
+                        variants = {name: make for name, make in variants.items() if name in chosen}
+                        results = measure_interleaved(
+                            variants,
+                            steps,
+                            rounds=args.rounds,
+                            warmup=slots * 2,
+                            server_pid=server.pid,
                         )
-                        vs_reference, floor_vs_reference = (
-                            (
-                                f"{results.ratio(name, REFERENCE):.2f}x",
-                                f"{results.ratio(floor, REFERENCE):.2f}x",
+                        for name in [name for name in ORDER if name in chosen]:
+                            if name not in variants:  # the reference, above --max-threads
+                                rows.append(
+                                    [SERVER_NAMES[server_key], agents, worlds, name] + ["-"] * 6
+                                )
+                                continue
+                            floor = (
+                                FLOOR_PIPELINED
+                                if name in (OURS_COLLECT, FLOOR_PIPELINED)
+                                else FLOOR
                             )
-                            if REFERENCE in variants
-                            else ("-", "-")
-                        )
-                        rows.append(
-                            [
-                                SERVER_NAMES[server_key],
-                                agents,
-                                worlds,
-                                name,
-                                results.median(name),
-                                results.median(name, "cpu_us_per_step"),
-                                results.median(name, "server_cpu_us_per_step"),
-                                vs_reference,
-                                floor_vs_reference,
-                                f"{results.ratio(name, floor, 'cpu_us_per_step'):.2f}x",
-                            ]
-                        )
-                    print(f"done: {server_key}, {agents} agents x {worlds} worlds", flush=True)
-    print_table(
-        "Multi-agent worlds: agent-steps/s and client CPU per agent-step",
-        [
-            "server",
-            "agents/world",
-            "worlds",
-            "client",
-            "agent-steps/s",
-            "client CPU µs/agent-step",
-            "server CPU µs/agent-step",
-            "steps/s vs reference",
-            "its floor's steps/s vs reference",
-            "CPU vs floor",
-        ],
-        rows,
-    )
-    print(f"\nMedians over {args.rounds} interleaved rounds; each timed run takes max(--steps,")
-    print("10 per agent) agent-steps. CPU vs floor: collect's against the floor with its")
-    print(f"pipeline ({PIPELINE} in flight), the others' against the floor with 1 in flight.")
-    print("Its floor's steps/s vs reference: what that floor reaches against the reference in")
-    print("the same rounds; where the server saturates, it bounds every client's ratio.")
-    print("The machine is shared (2 cores): numbers are noisy.")
-    print(pinned)
+                            vs_reference = _ratio(results, variants, name, REFERENCE)
+                            floor_vs_reference = _ratio(results, variants, floor, REFERENCE)
+                            rows.append(
+                                [
+                                    SERVER_NAMES[server_key],
+                                    agents,
+                                    worlds,
+                                    name,
+                                    results.median(name),
+                                    results.median(name, "cpu_us_per_step"),
+                                    results.median(name, "server_cpu_us_per_step"),
+                                    vs_reference,
+                                    floor_vs_reference,
+                                    _ratio(results, variants, name, floor, "cpu_us_per_step"),
+                                ]
+                            )
+                        print(f"done: {server_key}, {agents} agents x {worlds} worlds", flush=True)
+    finally:
+        print_table(
+            "Multi-agent worlds: agent-steps/s and client CPU per agent-step",
+            [
+                "server",
+                "agents/world",
+                "worlds",
+                "client",
+                "agent-steps/s",
+                "client CPU µs/agent-step",
+                "server CPU µs/agent-step",
+                "steps/s vs reference",
+                "its floor's steps/s vs reference",
+                "CPU vs floor",
+            ],
+            rows,
+        )
+        print(f"\nMedians over {args.rounds} interleaved rounds; each timed run takes max(--steps,")
+        print(f"{4 * PIPELINE} per agent stream) agent-steps. CPU vs floor: collect's against the")
+        print(
+            f"floor with its pipeline ({PIPELINE} in flight), the others' against the floor with 1."
+        )
+        print("Its floor's steps/s vs reference: what that floor reaches against the reference in")
+        print("the same rounds; where the server saturates, it bounds every client's ratio.")
+        print(
+            f"The reference (a thread per agent) is skipped above {args.max_threads} agent streams"
+        )
+        print("(--max-threads): its rows and the ratios to it print '-'.")
+        print("The machine is shared (2 cores): numbers are noisy.")
+        print(pinned)
 
 
 if __name__ == "__main__":

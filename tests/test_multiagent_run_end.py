@@ -14,6 +14,7 @@ Node).
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -164,6 +165,27 @@ def test_a_stopped_random_run_leaves_no_agent_waiting(address):
     with _batch(address) as batch:
         stats = dmr.collect(batch, steps=10_000, stop=stop, observers=[StopAfterTwo()])
         assert stats.interrupted and stats.steps % AGENTS == 0
+        assert batch.pending() == 0
+        _every_agent_steps_on(batch)
+
+
+def test_a_random_run_on_the_loop_stopped_from_another_thread_leaves_no_agent_waiting(address):
+    """With no observer the run steps from the batch's loop thread (issue 36); ``stop`` set
+    from another thread (as a signal handler would) still ends it on whole world steps."""
+    stop = threading.Event()
+    with _batch(address) as batch:
+
+        def stop_once_stepping() -> None:
+            deadline = time.monotonic() + 30
+            while len(batch.latencies) < 4 * AGENTS and time.monotonic() < deadline:
+                time.sleep(0.01)  # polling the run's progress, with a deadline
+            stop.set()
+
+        stopper = threading.Thread(target=stop_once_stepping)
+        stopper.start()
+        stats = dmr.collect(batch, steps=10**9, stop=stop, pipeline=8, timeout=10.0)
+        stopper.join(30)
+        assert stats.interrupted and 0 < stats.steps < 10**9 and stats.steps % AGENTS == 0
         assert batch.pending() == 0
         _every_agent_steps_on(batch)
 

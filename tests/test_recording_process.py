@@ -53,8 +53,13 @@ def test_a_writer_process_writes_the_same_files_as_the_stepping_process(
     catch_server, tmp_path
 ) -> None:
     batch = dmr.BatchedEnvironment.connect([catch_server.address], 3, seed=5, timeout=30)
-    here = dmr.Recording(tmp_path / "here", 3, batch.world_seeds)
-    child = dmr.Recording(tmp_path / "child", 3, batch.world_seeds, background="process")
+    # Flushed by their steps alone (not also every 0.5 s, which the two would reach at
+    # different steps): a flush cuts its episodes world by world, so the files' order is the
+    # same only for the same flushes.
+    here = dmr.Recording(tmp_path / "here", 3, batch.world_seeds, flush_seconds=3600)
+    child = dmr.Recording(
+        tmp_path / "child", 3, batch.world_seeds, background="process", flush_seconds=3600
+    )
     try:
         both = _Both(here, child)
         dmr.collect(batch, steps=316, pipeline=4, timeout=30, seed=5, record=both)  # type: ignore[arg-type]

@@ -7,8 +7,11 @@ what observers are told, a policy's steps, ``stop`` from an observer, and bad ar
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import threading
-from typing import Any
+import time
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -59,6 +62,103 @@ def test_random_actions_are_reproducible_and_every_batch_is_observed(
     assert shares.tolist() == [101, 100, 100]
     with dmr.BatchedEnvironment.connect([catch_server.address], 3, seed=4) as batch:
         assert dmr.collect(batch, 301, seed=4, progress=True).returns == stats.returns
+
+
+class _SendingThreads(dmr.BatchedEnvironment):
+    """Keeps the name of each thread that sent steps."""
+
+    threads: ClassVar[set[str]] = set()
+
+    def send(self, actions: Any, env_ids: Any) -> None:
+        type(self).threads.add(threading.current_thread().name)
+        super().send(actions, env_ids)
+
+
+def test_a_run_with_nothing_of_the_callers_per_pass_steps_from_the_loop_and_plays_the_same(
+    catch_server: Server,
+) -> None:
+    """Issue 36: random actions with no observer, progress or recording step from the batch's
+    loop thread (no hand-off per pass); the steps, shares and returns are those of the same run
+    stepped from the caller's thread (an observer keeps it there)."""
+    runs = []
+    for observers in ([Watcher()], []):
+        _SendingThreads.threads = set()
+        with _SendingThreads.connect([catch_server.address], 3, seed=4) as batch:
+            stats = dmr.collect(batch, 301, seed=4, pipeline=4, observers=observers)
+            assert stats.steps == 301 and batch.pending() == 0 and not stats.interrupted
+        runs.append((stats, _SendingThreads.threads))
+    (by_caller, caller_threads), (by_loop, loop_threads) = runs
+    assert caller_threads == {threading.current_thread().name}
+    assert len(loop_threads) == 1 and loop_threads != caller_threads
+    assert by_loop.returns == by_caller.returns and by_loop.episodes == by_caller.episodes
+
+
+def test_stop_set_from_another_thread_ends_a_run_on_the_loop_between_steps(
+    catch_server: Server,
+) -> None:
+    stop = threading.Event()
+    with dmr.BatchedEnvironment.connect([catch_server.address], 2, seed=1) as batch:
+
+        def stop_once_stepping() -> None:
+            deadline = time.monotonic() + 30
+            while len(batch.latencies) < 50 and time.monotonic() < deadline:
+                time.sleep(0.01)  # polling the run's progress, with a deadline
+            stop.set()
+
+        stopper = threading.Thread(target=stop_once_stepping)
+        stopper.start()
+        stats = dmr.collect(batch, 10**9, stop=stop, pipeline=8, timeout=30)
+        stopper.join(30)
+        assert stats.interrupted and 50 <= stats.steps < 10**9
+        # Every step received was counted; those still in flight stay the batch's.
+        assert stats.steps == len(batch.latencies)
+
+
+class _Interrupted(Exception):
+    """What the test's SIGINT handler raises (Ctrl-C's KeyboardInterrupt would end pytest)."""
+
+
+def test_an_exception_in_the_callers_wait_cancels_the_run_on_the_loop(
+    catch_server: Server,
+) -> None:
+    """A signal handler's exception while the caller waits for a run stepping from the loop
+    (Ctrl-C) is raised, and the run stops between steps: nothing of it is left on the loop."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        with dmr.BatchedEnvironment.connect([catch_server.address], 2, seed=1) as batch:
+            main = threading.main_thread().ident
+            assert main is not None and batch._runner is not None
+
+            def interrupt_once_stepping() -> None:
+                deadline = time.monotonic() + 30
+                while len(batch.latencies) < 50 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # polling the run's progress, with a deadline
+                signal.pthread_kill(main, signal.SIGINT)
+
+            interrupter = threading.Thread(target=interrupt_once_stepping)
+            interrupter.start()
+            with pytest.raises(_Interrupted):
+                dmr.collect(batch, 10**9, pipeline=8, timeout=30)
+            interrupter.join(30)
+            loop = batch._runner.loop
+
+            async def runs_left() -> list[str]:
+                names = [task.get_coro().__qualname__ for task in asyncio.all_tasks()]
+                return [name for name in names if "run_on_loop" in name]
+
+            deadline = time.monotonic() + 10
+            while batch._runner.run(runs_left(), 10) and time.monotonic() < deadline:
+                time.sleep(0.01)  # the cancelled run ends at its next wait
+            assert batch._runner.run(runs_left(), 10) == []
+            while batch.pending():  # its steps in flight are the batch's, and still answered
+                batch.recv(batch.pending(), timeout=10)
+            assert loop.is_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_policy_gets_the_steps_of_the_worlds_that_just_finished(catch_server: Server) -> None:

@@ -34,7 +34,7 @@ from .._adaptor.stacked import StackedDecoder
 from .._base import checks as _checks
 from .._fastpath.raw_step import RawStep, read_answer
 from .._fastpath.step_encoder import StepEncoder
-from .._transport.loop import LoopThread
+from .._transport.loop import LoopThread, LoopWakingCondition
 from .._transport.receivers import _Callback, _callback_failed
 from .._transport.writers import WritePool
 from ..aio import AsyncConnection
@@ -132,7 +132,7 @@ class BatchCore:
         # _lock is _cond's: taken directly where nothing waits or is notified (its C-level
         # enter and exit, not Condition's Python-level ones: the loop takes it once a step).
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._cond = LoopWakingCondition(self._lock)
         count = len(self.envs)
         self._done: list[collections.deque[tuple[Any, float]]] = [
             collections.deque() for _ in range(count)

@@ -91,13 +91,30 @@ class ActionBlocks:
         Returns:
           The spec's structure with ``[len(worlds), *shape]`` arrays.
         """
+        return _rebuild(self._spec, iter(self._take_leaves(worlds)))
+
+    def take_rounds(self, rounds: Sequence[Sequence[int]]) -> Any:
+        """``take`` of each round (no world twice in one), stacked one round after another:
+        a world's actions in its order of steps.
+
+        Returns:
+          The spec's structure with ``[sum of the rounds' lengths, *shape]`` arrays.
+        """
+        if len(rounds) == 1:
+            return self.take(rounds[0])
+        parts = [self._take_leaves(part) for part in rounds]
+        return _rebuild(
+            self._spec, iter([np.concatenate(leaf) for leaf in zip(*parts, strict=True)])
+        )
+
+    def _take_leaves(self, worlds: Sequence[int]) -> list[np.ndarray]:
         rows = np.asarray(worlds, np.int64)
         at = self._next[rows]
         for world in rows[at == BLOCK].tolist():  # a world whose block is used up
             self._draw(world)
         at[at == BLOCK] = 0
         self._next[rows] = at + 1
-        return _rebuild(self._spec, iter([table[rows, at] for table in self._tables]))
+        return [table[rows, at] for table in self._tables]
 
     def _draw(self, world: int) -> None:
         block = random_batch(self._spec, BLOCK, self._rngs[world])

@@ -10,10 +10,13 @@ public face; the command line's ``run``, the Ray shards, the RLlink client and
   ``steps % worlds`` worlds), and draws its actions from a generator of its
   own, seeded from ``seed + i`` (a stream apart from the one its server gets).
   So the same call, against servers seeded the same way, plays the same steps
-  whatever order the responses come back in. Up to ``pipeline`` steps are in
-  flight per world. A small fixed-shape action spec's are drawn 32 at a time
-  per world and taken stacked (``_stepping.blocks``); variable-length actions
-  are sent world by world when they do not stack.
+  whatever order the responses come back in. Each pass tops every world it
+  sends to up to ``pipeline`` steps in flight (in rounds, one send), and waits
+  for half of those in flight. A small fixed-shape action spec's are drawn 32 at
+  a time per world and taken stacked (``_stepping.blocks``); variable-length
+  actions are sent world by world when they do not stack. With nothing of the
+  caller's per pass (no recording, progress or observers), the run steps from
+  the batch's loop thread (``_stepping.receive``).
 - A policy: every world is reset first, then ``policy(timestep)`` gives the
   actions of the worlds of each batch of steps received (one step in flight per
   world); the steps are shared, so a world that answers sooner takes more.
@@ -55,7 +58,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,23 +69,23 @@ from ..batched import BatchedEnvironment, BatchedTimeStep
 from ..random_actions import action_drawer
 from ..recording import Recording
 from . import blocks as _blocks
+from . import receive as _receive
 from .events import RunObserver, Watch
+from .receive import recv_until_stopped, stalled
 from .tally import EpisodeTally, RunStats
 from .timesteps import join, rows
 
 ACTION_STREAM = 1  # world i's actions: numpy.random.default_rng((seed + i, ACTION_STREAM))
-_SLICE = 0.25  # seconds between checks for a stop signal while waiting for steps
-# Each pass waits for this share of the steps in flight (at most one _SLICE, then takes what
+# Each pass waits for this share of the steps in flight (at most one SLICE, then takes what
 # came): taking steps one or a few at a time cost a recv, a decode and a send per handful of
-# steps, and measured about 25 µs per step more than taking a quarter at 1,024 worlds.
-RECV_SHARE = 4
-_STALLED = (
-    "No step finished within {timeout} s. Waiting on: {waiting}. The server may be stopped, "
-    "overloaded or unreachable; pass a longer --timeout if it is only slow."
-)
+# steps (about 25 µs per step more than a quarter at 1,024 worlds); with each world's pipeline
+# topped up every pass, half cost less CPU per step than a quarter and stepped faster, from
+# 1 x 2 agents to 64 x 4 (issue 36).
+RECV_SHARE = 2
 
 Policy = Callable[[BatchedTimeStep], Mapping[str, Any]]
 _REMOVED = object()  # recv raised for a world removed meanwhile
+PASS, DRAIN = "pass", "drain"  # what _Loop.passes asks its driver to receive
 
 
 def step(
@@ -129,6 +132,9 @@ def step(
         batch, steps, policy, pipeline, seed, timeout, recording, stop, progress, watch, resume
     )
     try:
+        if _receive.on_loop(batch, policy, recording, progress, observers):
+            assert batch._runner is not None
+            return _receive.wait_on_loop(batch._runner, loop.run_on_loop())
         return loop.run()
     except Exception as error:
         watch.error(error)
@@ -205,6 +211,49 @@ class _Loop:
         self.failures = -1  # len(batch.failures) when ``live`` was taken; -1: take it again
 
     def run(self) -> RunStats:
+        """The run, its receives waited for on this thread."""
+        passes = self.passes()
+        try:
+            request = next(passes)
+            while True:
+                request = passes.send(self._receive(*request))
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+
+    async def run_on_loop(self) -> RunStats:
+        """The run, its receives waited for on the batch's loop (``_stepping.receive``)."""
+        batch, stop, first = self.batch, self.stop, self.watch.first_world
+        passes = self.passes()
+        try:
+            request = next(passes)
+            while True:
+                kind, count = request
+                got: object
+                if kind == DRAIN:
+                    got = await _receive.take_on_loop(batch, count, self.timeout, first)
+                else:
+                    try:
+                        got = await _receive.recv_on_loop(batch, self.timeout, stop, first, count)
+                    except errors.WorldError as error:
+                        got = self.removed_or_raise(error)
+                request = passes.send(got)
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+
+    def _receive(self, kind: str, count: int) -> object:
+        """What ``passes`` asks for (see there), waited for on this thread."""
+        if kind == PASS:
+            return self._recv(count)
+        try:
+            return self.batch.recv(count, timeout=self.timeout)
+        except errors.RequestTimeoutError:
+            raise stalled(self.batch, self.timeout, self.watch.first_world) from None
+
+    def passes(self) -> Generator[tuple[str, int], object, RunStats]:
+        """The run, its passes' receives left to the driver: it yields ``(PASS, wanted)`` for
+        ``_recv``'s outcome (up to ``wanted`` steps), ``(DRAIN, count)`` for ``count`` steps
+        (at most ``timeout`` waited, then ``stalled``), and returns the stats. ``run`` drives
+        it from the caller's thread, ``_stepping.on_loop`` from the batch's loop."""
         started = time.perf_counter()
         if self.policy is not None and not self.resumed:
             self._reset()
@@ -225,7 +274,7 @@ class _Loop:
                 # Every step sent; the rest were lost with a restarted or removed world
                 # (batch.failures), or every world that could still step is gone.
                 break
-            result = self._recv()
+            result = yield PASS, batch.pending() // RECV_SHARE
             if result is _REMOVED:
                 continue  # the next pass lets the removed world go
             if result is None:
@@ -244,7 +293,7 @@ class _Loop:
             else:
                 self.ready = result if self.ready is None else join([self.ready, result])
         if self.group > 1 and stop.is_set():
-            self._drain()
+            yield from self._drain()
         watch.poll()
         tally.finish(time.perf_counter() - started, interrupted=stop.is_set())
         assert stats.carry is not None
@@ -253,15 +302,13 @@ class _Loop:
             stats.waiting = join([*self.parked, *([self.ready] if self.ready is not None else [])])
         return stats
 
-    def _drain(self) -> None:
+    def _drain(self) -> Generator[tuple[str, int], object, None]:
         """A stopped multi-agent run takes the whole world steps still in flight (each barrier
         completes: every agent of the world was sent its step), so none is left waiting."""
         batch = self.batch
         while batch.pending():
-            try:
-                result = batch.recv(batch.pending(), timeout=self.timeout)
-            except errors.RequestTimeoutError:
-                raise _stalled(batch, self.timeout, self.watch.first_world) from None
+            result = yield DRAIN, batch.pending()
+            assert isinstance(result, BatchedTimeStep)
             self.tally.take(result, self.progress)
             self.watch.steps(result)
 
@@ -295,46 +342,71 @@ class _Loop:
         batch, left, live, pipeline = self.batch, self.left, self.live, self.pipeline
         assert left is not None
         in_flight = batch.in_flight
-        able = [w for w in self.wanting if left[w] and w in live and in_flight(w) < pipeline]
-        ids = self._whole(sorted(able))
+        # Each world that may step: the steps it has room for (one look at it before the send).
+        room = {w: min(pipeline - in_flight(w), left[w]) for w in self.wanting if w in live}
+        able = sorted(w for w, n in room.items() if n > 0)
+        ids = self._whole(able)
         self.wanting.clear()
         if len(ids) < len(able):  # agents whose world's others cannot step yet: later
             self.wanting.update(set(able) - set(ids))
         if not ids:
             return []
+        rounds = self._rounds(ids, [room[world] for world in ids])
+        flat = rounds[0] if len(rounds) == 1 else [world for part in rounds for world in part]
         if self.blocks is not None:
-            return self._send_block(ids)
+            return self._send_block(ids, rounds, flat)
         draws, rngs = self.draws, self.rngs
-        actions = [draws[world](rngs[world]) for world in ids]
+        actions = [draws[world](rngs[world]) for world in flat]
+        sent: Sequence[int]
         if self.mixed:  # agents' actions of different specs: one dict per slot, sent at once
-            sent = set(ids if send_unless_removed(batch, actions, ids) else [])
+            sent = range(len(flat)) if send_unless_removed(batch, actions, flat) else range(0)
         else:
-            sent = set(_send(batch, ids, actions))
-        for world, action in zip(ids, actions, strict=True):
-            if world in sent:
-                self.tally.sent[world].append(action)
-                left[world] -= 1
-            if world not in sent or batch.in_flight(world) < pipeline:
+            sent = _send(batch, flat, actions)
+        for position in sent:
+            world = flat[position]
+            self.tally.sent[world].append(actions[position])
+            left[world] -= 1
+        worlds_sent = {flat[position] for position in sent}
+        for world in ids:
+            if world not in worlds_sent or batch.in_flight(world) < pipeline:
                 self.wanting.add(world)  # not sent (removed meanwhile), or room for more
-        if len(sent) < len(ids):
+        if len(sent) < len(flat):
             self.failures = -1  # refused: a world was removed; look again
             if not sent:
                 return None
-        return list(sent)
+        return list(worlds_sent)
 
-    def _send_block(self, ids: list[int]) -> list[int] | None:
+    def _rounds(self, ids: list[int], room: list[int]) -> list[list[int]]:
+        """The worlds of ``ids`` sent this pass, round by round: each as many rounds as it has
+        ``room`` for (``pipeline`` in flight, its steps left), a multi-agent world's agents alike
+        (``ids`` holds whole worlds, each its agents' slots in a row). So the pipeline is kept
+        full: a pass tops each world up, not one step more per world a pass."""
+        group = self.group
+        if group > 1:
+            room = [
+                min(room[at : at + group]) for at in range(0, len(ids), group) for _ in range(group)
+            ]
+        most = max(room)
+        if most <= 1:
+            return [ids]
+        return [[w for w, n in zip(ids, room, strict=True) if n > r] for r in range(most)]
+
+    def _send_block(
+        self, ids: list[int], rounds: list[list[int]], flat: list[int]
+    ) -> list[int] | None:
         """``_send_random``'s send, for actions taken stacked from their blocks."""
         batch, left, pipeline = self.batch, self.left, self.pipeline
         assert left is not None and self.blocks is not None
-        actions = self.blocks.take(ids)
-        if not send_unless_removed(batch, actions, ids):  # all or nothing: none was sent
+        actions = self.blocks.take_rounds(rounds)
+        if not send_unless_removed(batch, actions, flat):  # all or nothing: none was sent
             self.wanting.update(ids)
             self.failures = -1  # refused: a world was removed; look again
             return None
-        self.tally.sent_stacked(ids, actions)
+        self.tally.sent_stacked(flat, actions)
+        for world in flat:
+            left[world] -= 1
         in_flight = batch.in_flight
         for world in ids:
-            left[world] -= 1
             if in_flight(world) < pipeline:
                 self.wanting.add(world)  # room for more
         return ids
@@ -399,21 +471,21 @@ class _Loop:
         left = self.left
         return any(left[world] > 0 for part in self.parked for world in part.env_ids.tolist())
 
-    def _recv(self) -> object:
-        batch = self.batch
+    def _recv(self, wanted: int) -> object:
         try:
             return recv_until_stopped(
-                batch,
-                self.timeout,
-                self.stop,
-                self.watch.first_world,
-                wanted=batch.pending() // RECV_SHARE,
+                self.batch, self.timeout, self.stop, self.watch.first_world, wanted=wanted
             )
         except errors.WorldError as error:
-            if error.index in batch.live_ids:
-                raise
-            self.failures = -1
-            return _REMOVED
+            return self.removed_or_raise(error)
+
+    def removed_or_raise(self, error: errors.WorldError) -> object:
+        """A pass's receive raised ``error``: ``_REMOVED`` if its world was removed meanwhile
+        (the next pass lets it go), else it is raised."""
+        if error.index in self.batch.live_ids:
+            raise error
+        self.failures = -1
+        return _REMOVED
 
 
 def _stack(actions: list[Any]) -> Any:
@@ -423,8 +495,9 @@ def _stack(actions: list[Any]) -> Any:
     return np.stack([np.asarray(a) for a in actions])
 
 
-def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> list[int]:
-    """Sends each world of ``ids`` its action; returns the worlds it sent to.
+def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> Sequence[int]:
+    """Sends each world of ``ids`` (a world may be there more than once) its action; returns
+    the positions in ``ids`` it sent.
 
     A world removed from the batch since ``ids`` was chosen is refused by
     ``send``; it is left out (a stacked send sends nothing then, being all or
@@ -433,12 +506,14 @@ def _send(batch: BatchedEnvironment, ids: list[int], actions: list[Any]) -> list
     try:
         stacked = _stack(actions)
     except ValueError:  # variable-length actions of different lengths: one world at a time
-        sent = []
-        for world, action in zip(ids, actions, strict=True):
-            if send_unless_removed(batch, _stack([action]), [world]):
-                sent.append(world)
+        sent, refused = [], set()
+        for position, (world, action) in enumerate(zip(ids, actions, strict=True)):
+            if world not in refused and send_unless_removed(batch, _stack([action]), [world]):
+                sent.append(position)
+            else:
+                refused.add(world)  # its later steps stay unsent too: it was removed
         return sent
-    return ids if send_unless_removed(batch, stacked, ids) else []
+    return range(len(ids)) if send_unless_removed(batch, stacked, ids) else range(0)
 
 
 def send_unless_removed(batch: BatchedEnvironment, actions: Any, ids: Sequence[int]) -> bool:
@@ -462,61 +537,3 @@ def send_unless_removed(batch: BatchedEnvironment, actions: Any, ids: Sequence[i
             raise
         return False
     return True
-
-
-def _stalled(
-    batch: BatchedEnvironment, timeout: float, first_world: int
-) -> errors.RequestTimeoutError:
-    waiting = [
-        f"world {first_world + world} at {batch.addresses[world]} "
-        f"({batch.in_flight(world)} in flight)"
-        for world in range(len(batch.envs))  # removed worlds too: len(batch) leaves them out
-        if batch.in_flight(world)
-    ]
-    return errors.RequestTimeoutError(
-        _STALLED.format(timeout=timeout, waiting="; ".join(waiting) or "nothing")
-    )
-
-
-def recv_until_stopped(
-    batch: BatchedEnvironment,
-    timeout: float,
-    stop: threading.Event,
-    first_world: int = 0,
-    *,
-    wanted: int = 1,
-) -> BatchedTimeStep | None:
-    """The next finished steps, or None once ``stop`` is set.
-
-    Args:
-      batch: the worlds.
-      timeout: seconds to wait for a step.
-      stop: ends the wait when set.
-      first_world: the index of world 0 in the whole run, for the stall's message.
-      wanted: waits up to one ``_SLICE`` for this many steps (at most those in flight), then
-        takes whatever finished (at least one).
-
-    Returns:
-      The steps, or None once ``stop`` is set.
-
-    Raises:
-      RequestTimeoutError: no step finished within ``timeout``; names the worlds waited on.
-      WorldError: a world failed (or was removed, with nothing else in flight).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        count = min(wanted, batch.pending())
-        if count > 1:
-            wanted = 1  # once: after this wait, any step will do
-            try:
-                return batch.recv(count, timeout=max(0.0, min(_SLICE, left)))
-            except (errors.RequestTimeoutError, ValueError):  # (ValueError: fewer in flight now)
-                continue
-        try:
-            return batch.recv(1, timeout=max(0.0, min(_SLICE, left)))
-        except errors.RequestTimeoutError:
-            if stop.is_set():
-                return None
-            if left <= _SLICE:
-                raise _stalled(batch, timeout, first_world) from None

@@ -96,6 +96,7 @@ class LoopThread:
 
         A burst of calls (one per world of a batch) costs one wake-up of the
         loop, not one each: only the first call of a burst schedules the drain.
+        Called on the loop's own thread with no drain due, it runs at once.
 
         Raises:
           ConnectionClosedError: the loop is closed.
@@ -103,7 +104,9 @@ class LoopThread:
         if self._closed:
             raise errors.ConnectionClosedError(_LOOP_CLOSED)
         self._calls.append((function, args))
-        if not self._drain_scheduled:
+        if not self._drain_scheduled and threading.get_ident() == self._thread.ident:
+            self._drain()  # on the loop itself (a run stepped from there): now, in order
+        elif not self._drain_scheduled:
             # Safe without a lock: _drain clears the flag *before* it empties the
             # deque, so a call that saw the flag set is drained by that pass.
             self._drain_scheduled = True
@@ -145,6 +148,31 @@ class LoopThread:
 
     def __repr__(self) -> str:
         return f"LoopThread({'closed' if self._closed else 'running'})"
+
+
+class LoopWakingCondition(threading.Condition):
+    """A ``threading.Condition`` whose ``notify`` also wakes a coroutine: ``waiter``, a future
+    of a loop that waits as a thread would (a batch's run stepped from its own loop,
+    ``_stepping.receive``). Set ``waiter`` with the lock held; a notify resolves it once."""
+
+    def __init__(self, lock: Any) -> None:
+        super().__init__(lock)
+        self.waiter: asyncio.Future[None] | None = None
+
+    def notify(self, n: int = 1) -> None:
+        super().notify(n)
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            loop = waiter.get_loop()
+            if asyncio._get_running_loop() is loop:
+                _resolve(waiter)
+            else:
+                loop.call_soon_threadsafe(_resolve, waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def call_on_loop(function: Callable[..., Any], *args: Any) -> Any:
