@@ -29,7 +29,8 @@ from faulty import faulty_server, float_specs, refusing_leave
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._base import collector
-from dm_env_rpc_client._transport.writers import POOL_SIZE, WritePool
+from dm_env_rpc_client._transport import writers
+from dm_env_rpc_client._transport.writers import WritePool
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server._subprocess import _ADDRESS, _first_line, _stop
 from dm_env_rpc_client.server.catch import Catch
@@ -292,14 +293,20 @@ def test_stepping_a_batch_makes_no_cyclic_garbage(server_process: Any) -> None:
             batch.recv(batch.pending(), timeout=30)
 
 
-def test_a_send_to_many_worlds_starts_a_bounded_pool_of_writers() -> None:
+def test_a_send_to_many_worlds_starts_a_bounded_pool_of_writers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # One writer task per stream, started in one loop turn for every world sent a step, was
     # a burst of tracked objects (the task's and its gRPC write's) that ran dozens of young
     # collections per send at 4,096 worlds. The writer tasks on the loop right after the send
-    # is queued: at most POOL_SIZE (main had one per world: 138).
-    worlds = POOL_SIZE * 2 + 10
+    # is queued: at most the pool's size (main had one per world: 138). The pool is made
+    # with writers.POOL_SIZE (1,024), here 64, so that twice as many worlds stay few.
+    pool_size = 64
+    monkeypatch.setattr(writers, "POOL_SIZE", pool_size)
+    worlds = pool_size * 2 + 10
     with serve(lambda settings: Catch(**settings), max_workers=worlds + 8) as server:
         batch = dmr.BatchedEnvironment.connect([server.address], worlds, seed=0)
+        assert batch._writers._size == pool_size
         with batch:
             batch.reset()
             assert batch._runner is not None
@@ -309,7 +316,7 @@ def test_a_send_to_many_worlds_starts_a_bounded_pool_of_writers() -> None:
                 lambda: counted.append(len(batch._writers._tasks) + _writers(asyncio.all_tasks()))
             )
             assert wait_for(lambda: bool(counted))
-            assert 0 < counted[0] <= POOL_SIZE
+            assert 0 < counted[0] <= pool_size
             assert len(batch.recv(worlds, timeout=30).env_ids) == worlds
 
 
