@@ -299,7 +299,8 @@ def test_a_send_to_many_worlds_starts_a_bounded_pool_of_writers(
     # One writer task per stream, started in one loop turn for every world sent a step, was
     # a burst of tracked objects (the task's and its gRPC write's) that ran dozens of young
     # collections per send at 4,096 worlds. The writer tasks on the loop right after the send
-    # is queued: at most the pool's size (main had one per world: 138). The pool is made
+    # is queued (``_running``: they start together on the next turn): at most the pool's size
+    # (main had one per world: 138). The pool is made
     # with writers.POOL_SIZE (1,024), here 64, so that twice as many worlds stay few.
     pool_size = 64
     monkeypatch.setattr(writers, "POOL_SIZE", pool_size)
@@ -313,7 +314,7 @@ def test_a_send_to_many_worlds_starts_a_bounded_pool_of_writers(
             counted: list[int] = []
             batch.send({"paddle": np.zeros(worlds, np.int8)}, list(range(worlds)))
             batch._runner.call(
-                lambda: counted.append(len(batch._writers._tasks) + _writers(asyncio.all_tasks()))
+                lambda: counted.append(batch._writers._running + _writers(asyncio.all_tasks()))
             )
             assert wait_for(lambda: bool(counted))
             assert 0 < counted[0] <= pool_size
@@ -354,3 +355,48 @@ def test_a_stream_queued_as_the_pools_last_task_ends_is_still_written() -> None:
 
     asyncio.run(run())
     assert written == ["a", "b"]
+
+
+def test_a_burst_of_ready_streams_starts_its_writers_in_one_callback() -> None:
+    # The pool's scheduling alone (no gRPC): a send to 512 worlds used to schedule one loop
+    # callback per writer it started; now one starts them all, in the order queued, and
+    # streams past the pool's size wait for a writer to finish one.
+    pool = WritePool(size=3)
+    written: list[str] = []
+
+    class Stream:
+        _close_called = False
+
+        def __init__(self, name: str) -> None:
+            self.name, self._writer = name, None
+
+        async def _write_queued(self) -> None:
+            await asyncio.sleep(0)  # a write waits for gRPC's completion: a loop turn
+            written.append(self.name)
+
+    async def run() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        scheduled: list[Any] = []
+        original = loop.call_soon
+
+        def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            scheduled.append(callback)
+            return original(callback, *args, **kwargs)
+
+        loop.call_soon = counting  # type: ignore[method-assign]
+        try:
+            for name in "abcde":
+                pool.ready(Stream(name))
+        finally:
+            loop.call_soon = original  # type: ignore[method-assign]
+        assert pool._running == 3
+        for _ in range(100):
+            if len(written) == 5:
+                break
+            await asyncio.sleep(0)
+        return scheduled
+
+    scheduled = asyncio.run(run())
+    assert scheduled == [pool._start_writers]
+    assert written == list("abcde")
+    assert pool._running == 0 and not pool._tasks
