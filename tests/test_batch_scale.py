@@ -29,6 +29,7 @@ from faulty import faulty_server, float_specs, refusing_leave
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._base import collector
+from dm_env_rpc_client._batch.closing import _leave_all
 from dm_env_rpc_client._transport import writers
 from dm_env_rpc_client._transport.writers import WritePool
 from dm_env_rpc_client.server import Server, serve
@@ -400,3 +401,19 @@ def test_a_burst_of_ready_streams_starts_its_writers_in_one_callback() -> None:
     assert scheduled == [pool._start_writers]
     assert written == list("abcde")
     assert pool._running == 0 and not pool._tasks
+
+
+def test_leaving_ends_each_streams_reader_with_its_last_answer() -> None:
+    # close's leave and destroy are a stream's last requests: its reader ends as it reads
+    # their answers, with no read left waiting for the stream's cancellation to fail (and
+    # its task to be cancelled): a tenth of closing 4,096 worlds (issue 38).
+    with serve(lambda settings: Catch(**settings), max_workers=8) as server:
+        batch = dmr.BatchedEnvironment.connect([server.address], 6, seed=0)
+        batch.reset()
+        streams = list(batch._streams)
+        _leave_all(batch, timeout=10)
+        assert wait_for(lambda: all(stream._reader.done() for stream in streams))
+        assert all(stream.closed and not stream._close_called for stream in streams)
+        assert not server._registry._worlds  # every world left and destroyed
+        batch.close()
+        assert wait_for(lambda: server._streams == 0)
