@@ -128,7 +128,8 @@ def shut_down(
     async def close_all() -> None:  # each stream's aclose, but one wait for all their tasks
         streams = [conn.async_connection for conn in on_loop]
         tasks = [task for stream in streams for task in stream._abort()]
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Readers that ended with their last answer are done: no callback to wait for each.
+        await asyncio.gather(*(task for task in tasks if not task.done()), return_exceptions=True)
         own = [stream._channel for stream in streams if stream._owns_channel and stream._channel]
         for stream in streams:
             stream._call = stream._channel = None  # as aclose: let go of gRPC's objects
