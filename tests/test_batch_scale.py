@@ -302,7 +302,7 @@ def test_a_send_to_many_worlds_starts_a_bounded_pool_of_writers(
     # collections per send at 4,096 worlds. The writer tasks on the loop right after the send
     # is queued (``_running``: they start together on the next turn): at most the pool's size
     # (main had one per world: 138). The pool is made
-    # with writers.POOL_SIZE (1,024), here 64, so that twice as many worlds stay few.
+    # with writers.POOL_SIZE (256), here 64, so that twice as many worlds stay few.
     pool_size = 64
     monkeypatch.setattr(writers, "POOL_SIZE", pool_size)
     worlds = pool_size * 2 + 10

@@ -39,8 +39,8 @@ from dm_env_rpc_client.server import Server, serve
 
 ACTION = 256 * 1024  # bytes a step: four times HTTP/2's default window of 64 KB
 HEALTHY = 4
-# The batch's pool for these tests (writers.POOL_SIZE is 1,024: as many stalled worlds with
-# 256 KB actions would be a quarter of a gigabyte): what matters is stalling them all.
+# The batch's pool for these tests (writers.POOL_SIZE is 256: as many stalled worlds with
+# 256 KB actions would be 64 MB in flight): what matters is stalling them all.
 POOL_SIZE = 64
 STALLED = POOL_SIZE + 6  # more than the pool's tasks
 ROUNDS = 5
