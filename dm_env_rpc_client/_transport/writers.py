@@ -47,8 +47,8 @@ from typing import Any, Protocol
 # Writers per pool: enough that a send's writes start in few waves (each write waits for
 # gRPC's completion, a loop turn; issue 38, at 1,024 worlds, a send to 512 of them: client
 # CPU per step 1.25x the bare grpc.aio floor's with 64 writers, 1.19x with 256, 1.16x with
-# 1,024, the client's RSS 43, 44 and 46 KB a world: each stream written at once keeps more of
-# gRPC's memory), few enough that their objects are not a burst the collector scans (a writer
+# 1,024 at load 10 to 20, less apart on a quieter machine; the client's RSS 43, 44 and 46 KB
+# a world: each stream written at once keeps more of gRPC's memory), few enough that their objects are not a burst the collector scans (a writer
 # per stream cost 2.5 µs a step in it at 4,096 worlds). Read when a pool is made.
 POOL_SIZE = 256
 # Seconds streams wait for a busy pool, no task taking one, before the pool starts one task more.
