@@ -120,6 +120,9 @@ if len(sys.argv) > 1 and sys.argv[1] == "--child" and os.environ.get("SCALE_SDK_
     sys.path.insert(0, os.environ["SCALE_SDK_ROOT"])
 
 WORLDS = (64, 1024, 4096, 16384)
+# py-spy (--profile): the one beside this Python (a venv's bin, often not on PATH), else PATH's.
+_BESIDE = os.path.join(os.path.dirname(sys.executable), "py-spy")
+PY_SPY = _BESIDE if os.access(_BESIDE, os.X_OK) else "py-spy"
 IN_FLIGHT = 2
 WARMUP_PER_WORLD = 3
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -315,7 +318,7 @@ def run_child(
         targets = [("client", process.pid)]
         targets += [(f"server{number}", server.pid) for number, server in enumerate(servers)]
         for name, pid in targets:
-            spy_command = ["py-spy", "record", "-p", str(pid), "-f", "raw", "-r", "250"]
+            spy_command = [PY_SPY, "record", "-p", str(pid), "-f", "raw", "-r", "250"]
             spy_command += ["--threads", "--nonblocking", "-o", f"{profile}-{worlds}-{name}.txt"]
             spies.append(
                 subprocess.Popen(spy_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -84,6 +84,7 @@ class AsyncConnection:
         "_pending",
         "_pool",
         "_reader",
+        "_reads_end",
         "_slots",
         "_writer",
         "_writes",
@@ -120,6 +121,7 @@ class AsyncConnection:
         self._writer = None
         self._pool = None
         self._end_queued = False
+        self._reads_end = False  # _last_requests: the reader ends once those are answered
         self._call = channel.stream_stream(messages.METHOD)(metadata=metadata)
         self._reader = asyncio.ensure_future(self._read_loop())
         return self
@@ -135,6 +137,7 @@ class AsyncConnection:
     _slots: asyncio.Semaphore | None
     _writes: list[bytes | None]
     _end_queued: bool
+    _reads_end: bool
     _call: Any
     _writer: asyncio.Future[None] | WritePool | None
     _pool: WritePool | None
@@ -211,6 +214,10 @@ class AsyncConnection:
                     pending.complete(item, data)
                 if slots is not None:
                     slots.release()
+                if not pending._items and self._reads_end:  # see _last_requests
+                    if self._closed_error is None:
+                        self._closed_error = errors.ConnectionClosedError(_CLOSED)
+                    return
         except grpc.RpcError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -374,6 +381,17 @@ class AsyncConnection:
         self._writes.append(data)
         if self._writer is None:
             self._start_writer()
+
+    def _last_requests(self) -> None:
+        """No request follows those queued (a closing batch's leave and destroy, on the loop):
+        the reader ends as it has read their answers, and the stream counts as closed.
+
+        It ends quietly, with no read left waiting: cancelling the call then fails no read
+        (a waiting read fails as the call is cancelled, and cancelling the reader's task
+        throws into it: about a tenth of closing 4,096 worlds; issue 38). ``aclose`` (or
+        ``_abort``) still cancels the call, and the reader of a stream whose answers never
+        come."""
+        self._reads_end = True
 
     async def aclose(self) -> None:
         """Closes the stream and fails pending requests (idempotent)."""

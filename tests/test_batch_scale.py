@@ -29,7 +29,9 @@ from faulty import faulty_server, float_specs, refusing_leave
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
 from dm_env_rpc_client._base import collector
-from dm_env_rpc_client._transport.writers import POOL_SIZE, WritePool
+from dm_env_rpc_client._batch.closing import _leave_all
+from dm_env_rpc_client._transport import writers
+from dm_env_rpc_client._transport.writers import WritePool
 from dm_env_rpc_client.server import Server, serve
 from dm_env_rpc_client.server._subprocess import _ADDRESS, _first_line, _stop
 from dm_env_rpc_client.server.catch import Catch
@@ -292,24 +294,31 @@ def test_stepping_a_batch_makes_no_cyclic_garbage(server_process: Any) -> None:
             batch.recv(batch.pending(), timeout=30)
 
 
-def test_a_send_to_many_worlds_starts_a_bounded_pool_of_writers() -> None:
+def test_a_send_to_many_worlds_starts_a_bounded_pool_of_writers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # One writer task per stream, started in one loop turn for every world sent a step, was
     # a burst of tracked objects (the task's and its gRPC write's) that ran dozens of young
     # collections per send at 4,096 worlds. The writer tasks on the loop right after the send
-    # is queued: at most POOL_SIZE (main had one per world: 138).
-    worlds = POOL_SIZE * 2 + 10
+    # is queued (``_running``: they start together on the next turn): at most the pool's size
+    # (main had one per world: 138). The pool is made
+    # with writers.POOL_SIZE (256), here 64, so that twice as many worlds stay few.
+    pool_size = 64
+    monkeypatch.setattr(writers, "POOL_SIZE", pool_size)
+    worlds = pool_size * 2 + 10
     with serve(lambda settings: Catch(**settings), max_workers=worlds + 8) as server:
         batch = dmr.BatchedEnvironment.connect([server.address], worlds, seed=0)
+        assert batch._writers._size == pool_size
         with batch:
             batch.reset()
             assert batch._runner is not None
             counted: list[int] = []
             batch.send({"paddle": np.zeros(worlds, np.int8)}, list(range(worlds)))
             batch._runner.call(
-                lambda: counted.append(len(batch._writers._tasks) + _writers(asyncio.all_tasks()))
+                lambda: counted.append(batch._writers._running + _writers(asyncio.all_tasks()))
             )
             assert wait_for(lambda: bool(counted))
-            assert 0 < counted[0] <= POOL_SIZE
+            assert 0 < counted[0] <= pool_size
             assert len(batch.recv(worlds, timeout=30).env_ids) == worlds
 
 
@@ -347,3 +356,64 @@ def test_a_stream_queued_as_the_pools_last_task_ends_is_still_written() -> None:
 
     asyncio.run(run())
     assert written == ["a", "b"]
+
+
+def test_a_burst_of_ready_streams_starts_its_writers_in_one_callback() -> None:
+    # The pool's scheduling alone (no gRPC): a send to 512 worlds used to schedule one loop
+    # callback per writer it started; now one starts them all, in the order queued, and
+    # streams past the pool's size wait for a writer to finish one.
+    pool = WritePool(size=3)
+    written: list[str] = []
+
+    class Stream:
+        _close_called = False
+
+        def __init__(self, name: str) -> None:
+            self.name, self._writer = name, None
+
+        async def _write_queued(self) -> None:
+            await asyncio.sleep(0)  # a write waits for gRPC's completion: a loop turn
+            written.append(self.name)
+
+    async def run() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        scheduled: list[Any] = []
+        original = loop.call_soon
+
+        def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            scheduled.append(callback)
+            return original(callback, *args, **kwargs)
+
+        loop.call_soon = counting  # type: ignore[method-assign]
+        try:
+            for name in "abcde":
+                pool.ready(Stream(name))
+        finally:
+            loop.call_soon = original  # type: ignore[method-assign]
+        assert pool._running == 3
+        for _ in range(100):
+            if len(written) == 5:
+                break
+            await asyncio.sleep(0)
+        return scheduled
+
+    scheduled = asyncio.run(run())
+    assert scheduled == [pool._start_writers]
+    assert written == list("abcde")
+    assert pool._running == 0 and not pool._tasks
+
+
+def test_leaving_ends_each_streams_reader_with_its_last_answer() -> None:
+    # close's leave and destroy are a stream's last requests: its reader ends as it reads
+    # their answers, with no read left waiting for the stream's cancellation to fail (and
+    # its task to be cancelled): a tenth of closing 4,096 worlds (issue 38).
+    with serve(lambda settings: Catch(**settings), max_workers=8) as server:
+        batch = dmr.BatchedEnvironment.connect([server.address], 6, seed=0)
+        batch.reset()
+        streams = list(batch._streams)
+        _leave_all(batch, timeout=10)
+        assert wait_for(lambda: all(stream._reader.done() for stream in streams))
+        assert all(stream.closed and not stream._close_called for stream in streams)
+        assert not server._registry._worlds  # every world left and destroyed
+        batch.close()
+        assert wait_for(lambda: server._streams == 0)

@@ -33,11 +33,15 @@ from raw_stream import RawStream
 
 import dm_env_rpc_client as dmr
 from dm_env_rpc_client import errors
-from dm_env_rpc_client._transport.writers import POOL_SIZE, WritePool
+from dm_env_rpc_client._transport import writers
+from dm_env_rpc_client._transport.writers import WritePool
 from dm_env_rpc_client.server import Server, serve
 
 ACTION = 256 * 1024  # bytes a step: four times HTTP/2's default window of 64 KB
 HEALTHY = 4
+# The batch's pool for these tests (writers.POOL_SIZE is 256: as many stalled worlds with
+# 256 KB actions would be 64 MB in flight): what matters is stalling them all.
+POOL_SIZE = 64
 STALLED = POOL_SIZE + 6  # more than the pool's tasks
 ROUNDS = 5
 
@@ -104,16 +108,22 @@ def stalling_server(specs: Any, stalled: list[int], ended: list[int]) -> Iterato
 
 @contextlib.contextmanager
 def stalled_batch(step_timeout: float) -> Iterator[tuple[dmr.BatchedEnvironment, Server]]:
-    """Worlds 0..STALLED-1 on the stalling server, then HEALTHY on the SDK's (Echo). Every
-    world has been sent one step: the stalled worlds' writes wait for flow control. Once the
-    batch is closed, every stalled world's stream must have been cancelled."""
+    """Worlds 0..STALLED-1 on the stalling server, then HEALTHY on the SDK's (Echo), with a
+    pool of POOL_SIZE writers. Every world has been sent one step: the stalled worlds' writes
+    wait for flow control. Once the batch is closed, every stalled world's stream must have
+    been cancelled."""
     stalled: list[int] = []
     ended: list[int] = []
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(serve(Echo, max_workers=HEALTHY + 8))
         address = stack.enter_context(stalling_server(_specs_of(server.address), stalled, ended))
         addresses = [address] * STALLED + [server.address] * HEALTHY
-        batch = dmr.BatchedEnvironment.connect(addresses, len(addresses), step_timeout=step_timeout)
+        with pytest.MonkeyPatch.context() as patch:  # read as the batch makes its pool
+            patch.setattr(writers, "POOL_SIZE", POOL_SIZE)
+            batch = dmr.BatchedEnvironment.connect(
+                addresses, len(addresses), step_timeout=step_timeout
+            )
+        assert batch._writers._size == POOL_SIZE
         try:
             assert wait_for(lambda: len(stalled) == STALLED)  # every handler stopped reading
             everyone = list(range(len(addresses)))

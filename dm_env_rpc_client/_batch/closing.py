@@ -1,10 +1,11 @@
 """Closing a batch for ``BatchedEnvironment.close``: every world left and destroyed, then torn down.
 
 ``close_batch`` writes every live world's LeaveWorldRequest and
-DestroyWorldRequest in one call on the batch's loop, waits for their answers
-(at most the close's timeout; a dead or hung server ends the wait quietly),
-then ``shut_down`` cancels every stream at once and closes the channels and
-the loop. Python's garbage collector is held off throughout
+DestroyWorldRequest in one call on the batch's loop (no task per stream: a pool
+of writers as large as the worlds), waits for their answers (at most the
+close's timeout; a dead or hung server ends the wait quietly; each stream's
+reader ends with its last answer, so none is cancelled), then ``shut_down``
+cancels every stream at once and closes the channels and the loop. Python's garbage collector is held off throughout
 (``_base.collector``). ``shut_down`` also undoes a ``connect`` that failed.
 """
 
@@ -22,6 +23,7 @@ from .. import errors, messages
 from .._base import collector
 from .._proto import dm_env_rpc_pb2
 from .._transport.loop import LoopConnection, LoopThread
+from .._transport.writers import WritePool
 from ..connection import ConnectionLike
 from .core import BatchCore
 from .outcomes import _LIVE
@@ -80,17 +82,21 @@ def _leave_all(batch: BatchCore, timeout: float) -> None:
             if not waiting and not everyone.done():
                 everyone.set_result(None)
 
+        # Every stream's leave and destroy are written at once, each stream by a writer of
+        # its own (a pool as large as the worlds: the collector is paused while closing, and
+        # the batch's pool would write 4,096 worlds' in turn), with no task per stream.
+        writers = WritePool(size=max(1, len(live)))
         for index, env in live:
             stream = batch._streams[index]
-            # Each stream writes its leave with a task of its own (the collector is paused while
-            # closing, and a pool's few tasks would write 4,096 leaves in turn).
-            stream._pool = None
+            if stream._writer is None:  # else its writes go on where they are
+                stream._pool = writers
             waiting += 1
             stream._submit_callback(leave, _ignored, answered)
             if env._destroy_on_close and env.world_name is not None:
                 request = dm_env_rpc_pb2.DestroyWorldRequest(world_name=env.world_name)
                 waiting += 1
                 stream._submit_callback(messages.envelope(request)[0], _ignored, answered)
+            stream._last_requests()  # its reader ends with their answers: none cancelled
         if waiting:
             await asyncio.wait((everyone,), timeout=timeout)
 
@@ -122,7 +128,8 @@ def shut_down(
     async def close_all() -> None:  # each stream's aclose, but one wait for all their tasks
         streams = [conn.async_connection for conn in on_loop]
         tasks = [task for stream in streams for task in stream._abort()]
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Readers that ended with their last answer are done: no callback to wait for each.
+        await asyncio.gather(*(task for task in tasks if not task.done()), return_exceptions=True)
         own = [stream._channel for stream in streams if stream._owns_channel and stream._channel]
         for stream in streams:
             stream._call = stream._channel = None  # as aclose: let go of gRPC's objects
