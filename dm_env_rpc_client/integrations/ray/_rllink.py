@@ -160,7 +160,7 @@ class _Run:
         self.let_go: set[int] = set()
         self.last: RunStats | None = None  # the last collect's: the next one resumes it
         self.received = self.recorded = 0  # steps received and env steps recorded, so far
-        self.lockstep, self.paced, self.shipped, self.next_poll = lockstep, paced, 0, 0.0
+        self.lockstep, self.shipped, self.next_poll = lockstep, 0, 0.0
         self.awaiting: list[_Shipped] = []  # the round in flight: shipped, weights not loaded
         answered = self.actor is not None or paced  # rounds answered with weights: paced
         self.pacer = Pacer(links, timeout, learner_timeout, stop, say) if answered else None
@@ -265,7 +265,7 @@ class _Run:
         On-policy, the previous round's weights are taken first (at most one round in
         flight), and with ``lockstep`` this round's too before stepping on.
         """
-        answered = self.actor is not None or self.paced  # the learner answers with weights
+        answered = self.pacer is not None  # the learner answers with weights
         if answered:
             self._settle()
         started = time.perf_counter()
@@ -306,10 +306,10 @@ class _Run:
                     entry.dropped = str(exc)
                 except LinkStopped:
                     return  # collect sees the stop between steps
-        if all(entry.state is not None for entry in self.awaiting) and all(
-            self.pacer is None or self.pacer.moved(entry.link, entry.state["state"])
+        if all(
+            entry.state is not None
+            and (self.pacer is None or self.pacer.moved(entry.link, entry.state["state"]))
             for entry in self.awaiting
-            if entry.state is not None
         ):
             self._settle()  # (an answer whose weights did not move is left to it too)
 
