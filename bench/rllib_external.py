@@ -1,8 +1,9 @@
 """RLlib fed from outside (the RLlink client) against RLlib's EnvRunners over the Gymnasium bridge.
 
-Run: ``python bench/rllib_external.py [--worlds 8 64 256] [--iters 3] [--batch 2048]``. It
-starts a local Ray (``num_cpus=2``, no dashboard, loopback) and one SDK Catch server in a
-child process (room for every world), then, for each world count, trains the same PPO
+Run: ``python bench/rllib_external.py [--worlds 8 64 256] [--iters 3] [--batch 2048]
+[--servers sdk foreign]``. It starts a local Ray (``num_cpus=2``, no dashboard, loopback)
+and, for each ``--servers`` kind, one Catch server in a child process (room for every world:
+the SDK's, or ``foreign``, one written on the reference package, ``_lib/foreign_server.py``), then, for each world count, trains the same PPO
 (one EnvRunner, ``train_batch_size_per_learner=--batch``, one epoch of one minibatch, so
 that sampling dominates) two ways:
 
@@ -43,7 +44,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopba
 import gymnasium
 import numpy as np
 import ray
-from _lib.common import print_table
+from _lib.common import foreign_server_process_info, print_table
 
 from dm_env_rpc_client.integrations import ray as rayi
 from dm_env_rpc_client.server._subprocess import server_subprocess
@@ -192,25 +193,34 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--servers", nargs="+", choices=["sdk", "foreign"], default=["sdk"])
     args = parser.parse_args()
     rayi.init_ray("local", num_cpus=2, log_to_driver=False)
     rows = []
-    with server_subprocess("catch", max_workers=2 * max(args.worlds) + 16) as server:
-        for worlds in args.worlds:
-            a_env, a_learn, a_cpu, client, client_cpu, split = rllink(
-                server.address, worlds, args.batch, args.iters
-            )
-            b_env, b_learn, b_cpu = bridge(server.address, worlds, args.batch, args.iters)
-            rows.append(
-                [
-                    *(worlds, a_env, a_learn, client, b_env, b_learn, f"{a_env / b_env:.2f}x"),
-                    *(a_cpu, client_cpu, b_cpu, f"{a_cpu / b_cpu:.2f}x", split),
-                ]
-            )
-            print(rows[-1], file=sys.stderr, flush=True)
+    room = str(2 * max(args.worlds) + 16)
+    starts = {
+        "sdk": lambda: server_subprocess("catch", max_workers=int(room)),
+        "foreign": lambda: foreign_server_process_info("catch", "--max-workers", room),
+    }
+    for kind in args.servers:  # the SDK's server, or one written on the reference package
+        with starts[kind]() as server:
+            for worlds in args.worlds:
+                a_env, a_learn, a_cpu, client, client_cpu, split = rllink(
+                    server.address, worlds, args.batch, args.iters
+                )
+                b_env, b_learn, b_cpu = bridge(server.address, worlds, args.batch, args.iters)
+                rows.append(
+                    [
+                        *(kind, worlds, a_env, a_learn, client, b_env, b_learn),
+                        *(f"{a_env / b_env:.2f}x", a_cpu, client_cpu, b_cpu),
+                        *(f"{a_cpu / b_cpu:.2f}x", split),
+                    ]
+                )
+                print(rows[-1], file=sys.stderr, flush=True)
     print_table(
         f"PPO on Catch, one EnvRunner, train batch {args.batch}, {args.iters} iterations timed",
         [
+            "server",
             "worlds",
             "(a) RLlink env steps/s",
             "(a) learner steps/s",
