@@ -27,9 +27,12 @@ offer them.
 - DestroyWorld from a connection still joined is FAILED_PRECONDITION; a stream
   that ends leaves its agent.
 
-For fault tests the servicer has two switches: ``abort_agent = k`` aborts the
-stream of agent k at its next step (once), and ``stall = True`` never answers a
-step (the barrier never completes).
+For fault tests the servicer has these switches: ``abort_agent = k`` aborts the
+stream of agent k at its next step (once; with ``abort_mid_episode``, its next
+step that would answer MID after at least one MID step); ``abort_answered = k``
+lets agent k's next step play its round (the other agents get their answers),
+then holds agent k's answer until ``release`` is set and aborts its stream
+instead; ``stall = True`` never answers a step (the barrier never completes).
 
 Run ``python tests/ma_foreign_server.py [--port P] [--max-workers W]``: it prints
 ``Serving paddles on <address>`` and serves until killed.
@@ -229,6 +232,11 @@ class World:
         self.round += 1
         self.cond.notify_all()
 
+    def mid_episode(self) -> bool:
+        """Whether the next round answers MID and follows a MID round (the test hooks')."""
+        with self.cond:
+            return not self.fresh and 1 <= self.ball[0] < self.rows - 2
+
     def _board(self, agent: int) -> np.ndarray:
         board = np.zeros((self.rows, self.columns), np.float32)
         for column in self.paddles:
@@ -256,6 +264,9 @@ class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
         self.lock = threading.Lock()
         self.active_streams = 0
         self.abort_agent: int | None = None
+        self.abort_mid_episode = False
+        self.abort_answered: int | None = None
+        self.release = threading.Event()
         self.stall = False
         self.steps_received = 0  # every StepRequest read, by any stream
         self._names = itertools.count()
@@ -301,7 +312,9 @@ class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
                             self.steps_received += 1
                         if world is None or agent is None:
                             raise Refused(code_pb2.FAILED_PRECONDITION, "join a world first")
-                        if self.abort_agent == agent:
+                        if self.abort_agent == agent and (
+                            not self.abort_mid_episode or world.mid_episode()
+                        ):
                             self.abort_agent = None
                             context.abort(grpc.StatusCode.UNAVAILABLE, "agent stream aborted")
                         while self.stall and context.is_active():
@@ -309,6 +322,10 @@ class Servicer(dm_env_rpc_pb2_grpc.EnvironmentServicer):
                         tensor = request.step.actions.get(PADDLE)
                         action = 0 if tensor is None else int(tensor_utils.unpack_tensor(tensor))
                         state, board, reward, discount = world.step(agent, action)
+                        if self.abort_answered == agent:
+                            self.abort_answered = None
+                            self.release.wait(30.0)
+                            context.abort(grpc.StatusCode.UNAVAILABLE, "agent stream aborted")
                         step = response.step
                         step.state = state
                         values = {BOARD: board, REWARD: reward, DISCOUNT: discount}

@@ -126,6 +126,82 @@ def test_a_policy_run_through_a_restart_counts_each_agents_own_lost_step(server)
     assert wait_for(lambda: _nothing_left(server))
 
 
+def test_an_agent_answered_before_its_world_failed_takes_the_new_worlds_first_step_too(server):
+    """Agent 0's step came back and was received; agent 1's was lost with its stream. After
+    the restart every agent's next step received is the new world's FIRST, flagged
+    truncated (agent 0's answers no step sent), and the agents step on together: agent 0's
+    next action is not the new world's second step with its FIRST unseen."""
+    policy = dmr.RestartPolicy(attempts=3, backoff=0.05)
+    with dmr.MultiAgentBatch.connect(
+        server.address,
+        1,
+        2,
+        create_world_settings=SETTINGS,
+        on_world_failure="restart",
+        restart=policy,
+        step_timeout=10.0,
+    ) as batch:
+        batch.reset_agents()
+        one = {agent: [{"paddle": 1}] for agent in batch.agents}
+        batch.step_agents(one)
+        server.servicer.abort_answered = 1  # agent 0 is answered; agent 1's answer is lost
+        batch.send_agents(one)
+        answered = batch.recv(1, timeout=10.0)
+        assert answered.env_ids.tolist() == [0] and answered.step_type.tolist() == [1]
+        server.servicer.release.set()
+        firsts = batch.recv(1, timeout=10.0)
+        assert sorted(firsts.env_ids.tolist()) == [0, 1]
+        assert firsts.step_type.tolist() == [0, 0] and firsts.truncated.tolist() == [True, True]
+        assert batch.pending() == 0
+        (failure,) = batch.failures
+        assert failure.outcome == "restarted" and failure.steps_lost == 1
+        for _ in range(3):
+            steps = batch.step_agents(one)
+            for agent in batch.agents:
+                assert steps[agent].step_type.tolist() == [1]
+                assert not steps[agent].truncated.any()
+    assert wait_for(lambda: _nothing_left(server))
+
+
+def test_a_policy_run_through_a_restart_after_one_agents_answer_acts_on_both_firsts(server):
+    """The same failure under ``dmr.collect`` with a policy: the agent whose answer came back
+    is not acted for on that answer; both agents' FIRST steps go to the policy together."""
+    seen: list[tuple[list[int], list[int]]] = []
+
+    def move(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
+        seen.append((timestep.env_ids.tolist(), timestep.step_type.tolist()))
+        if len(seen) == 3:
+            server.servicer.abort_answered = 1
+        return {"paddle": np.ones(len(timestep.env_ids), np.int8)}
+
+    class Release:
+        def on_steps(self, timestep: dmr.BatchedTimeStep) -> None:
+            if len(seen) >= 3 and timestep.env_ids.tolist() == [0]:  # agent 0's answer alone
+                server.servicer.release.set()
+
+        def on_event(self, event: object) -> None:
+            pass
+
+    with dmr.MultiAgentBatch.connect(
+        server.address,
+        1,
+        2,
+        create_world_settings=SETTINGS,
+        on_world_failure="restart",
+        restart=dmr.RestartPolicy(attempts=3, backoff=0.05),
+        step_timeout=10.0,
+    ) as batch:
+        stats = dmr.collect(batch, [8, 8], policy=move, timeout=10.0, observers=[Release()])
+        assert stats.steps == 16 and batch.pending() == 0
+        (failure,) = batch.failures
+        assert failure.outcome == "restarted"
+        assert all(sorted(ids) == [0, 1] for ids, _ in seen)  # always both agents, together
+        kinds = [step_types for _, step_types in seen]
+        assert kinds[:4] == [[0, 0], [1, 1], [1, 1], [0, 0]]  # the reset, 2 steps, the restart
+        assert all(step_types == [1, 1] for step_types in kinds[4:])
+    assert wait_for(lambda: _nothing_left(server))
+
+
 # --- a barrier that never completes; a barrier that gives up -----------------------------------
 
 

@@ -142,7 +142,8 @@ def test_a_cut_world_ships_every_agents_episode_truncated() -> None:
             mid = bool(np.all(timestep.step_type == 1))
             if len(calls) >= 12 and mid and server.servicer.abort_agent is None and not cut:
                 cut.append(True)
-                server.servicer.abort_agent = 1  # the next agent 1 to step, mid-episode
+                server.servicer.abort_mid_episode = True  # its episode has steps to cut
+                server.servicer.abort_agent = 1  # the next agent 1 to step mid-episode
             return policy(timestep)
 
         cut: list[bool] = []

@@ -38,6 +38,7 @@ from ..aio import AsyncConnection
 from ..batched import BatchedEnvironment
 from ..environment import DmEnvAdaptor, pack_settings
 from .closing import shut_down
+from .core import _NO_WAITER
 from .outcomes import _FAILED, _LIVE, _RESTARTING, _Failure
 from .restart import RAISE, GaveUp, RestartPolicy, back_off
 from .undo import ask as _ask
@@ -304,6 +305,7 @@ class AgentBatch(BatchedEnvironment):
         self._restarted(
             index, address, cause, detected, started, remade.attempts, address, lost_in_all
         )
+        firsts: list[tuple[int, tuple[Any, Any, int]]] = []
         for agent, slot in enumerate(slots):
             env, conn = remade.envs[agent], remade.connections[agent]
             self.envs[slot] = env
@@ -312,15 +314,14 @@ class AgentBatch(BatchedEnvironment):
             self._streams[slot]._pool = self._writers
             if env._wire_specs == self._joined_specs[slot]:
                 self._joined_specs[slot] = env._wire_specs
-            first = None if remade.firsts is None else remade.firsts[agent]
-            self._first_answers[slot] = max(1, lost[slot])
-            step_type = None if first is None else env._advance(first.state)
-            if first is not None and lost[slot]:
-                self._file(
-                    slot, self._gen[slot], time.perf_counter(), (step_type, first, lost[slot])
-                )
-            else:
+            if remade.firsts is None:  # no agent lost a step: each one's next is its FIRST
+                self._first_answers[slot] = 1
                 self._truncate_next[slot] = True
+            else:  # answers the agent's lost steps (or none: see _file_firsts)
+                first = remade.firsts[agent]
+                self._first_answers[slot] = lost[slot]
+                firsts.append((slot, (env._advance(first.state), first, lost[slot])))
+        _file_firsts(self, firsts)
         with self._cond:
             for slot in slots:
                 self._state[slot] = _LIVE
@@ -341,6 +342,26 @@ class AgentBatch(BatchedEnvironment):
             with contextlib.suppress(Exception):
                 await _ask(conn.async_connection, request, bound)
             await conn.async_connection.aclose()
+
+
+def _file_firsts(batch: AgentBatch, firsts: list[tuple[int, tuple[Any, Any, int]]]) -> None:
+    """Files a restarted world's FIRST steps, every agent's at once (one ``recv`` takes all or
+    none of them). An agent whose last step was received before its world failed (its step
+    landed, another agent's was lost) had none in flight: its FIRST answers no step (``0``
+    in the outcome), so that every agent's next step received is its FIRST of the new world
+    (its next action would otherwise be the new world's second step, the FIRST unseen)."""
+    if not firsts:
+        return
+    with batch._lock:
+        for slot, outcome in firsts:
+            queue = batch._done[slot]
+            if not queue:
+                batch._filed.append(slot)
+            queue.append((outcome, 0.0))
+            batch._ready += 1
+        if batch._ready >= batch._want:
+            batch._want = _NO_WAITER
+            batch._cond.notify()
 
 
 def _answers(outcome: Any) -> int:

@@ -291,6 +291,8 @@ class _Loop:
             if self.policy is None:
                 self.wanting.update(result.env_ids.tolist())
             else:
+                if self.group > 1 and result.truncated is not None and result.truncated.any():
+                    self._supersede(result)
                 self.ready = result if self.ready is None else join([self.ready, result])
         if self.group > 1 and stop.is_set():
             yield from self._drain()
@@ -458,6 +460,22 @@ class _Loop:
             self._park(ready, [p for p in positions if p not in taken])
         self.ready = rest
         return sent
+
+    def _supersede(self, result: BatchedTimeStep) -> None:
+        """A restarted world's agents' FIRST steps replace the steps of theirs still waiting for
+        an action (an agent whose step came back before another's was lost: its FIRST answers
+        no step, ``_batch.agents._file_firsts``): its episode was cut, and it acts on the FIRST."""
+        assert result.truncated is not None
+        cut = set(result.env_ids[result.truncated].tolist())
+        kept = []
+        for part in [*self.parked, *([self.ready] if self.ready is not None else [])]:
+            ids = part.env_ids.tolist()
+            keep = [p for p, world in enumerate(ids) if world not in cut]
+            kept.append(part if len(keep) == len(ids) else rows(part, keep))
+        self.ready = kept.pop() if self.ready is not None else None
+        self.parked = [part for part in kept if len(part.env_ids)]
+        if self.ready is not None and not len(self.ready.env_ids):
+            self.ready = None
 
     def _park(self, ready: BatchedTimeStep, positions: list[int]) -> None:
         if positions:

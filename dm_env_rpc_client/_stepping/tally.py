@@ -233,17 +233,21 @@ class EpisodeTally:
         sent, in_episode, running = self.sent, self.in_episode, self.running
         actions: list[Any] = []
         dropped: dict[int, int] = {}
+        unasked = 0  # FIRST steps that answer no step sent (``_batch.agents._file_firsts``)
         for position, world in enumerate(worlds):
             if result.truncated is not None and result.truncated[position]:
                 # Restarted: this FIRST step answers every step the world had in flight
                 # (the others are counted in the failure's steps_lost, and made up).
-                lost = _steps_lost(self.batch, world) - 1
-                for _ in range(lost):
+                answered = _steps_lost(self.batch, world)
+                for _ in range(answered - 1):
                     sent[world].popleft()
-                if lost:
-                    dropped[world] = dropped.get(world, 0) + lost
+                if answered > 1:
+                    dropped[world] = dropped.get(world, 0) + answered - 1
                 in_episode[world] = False
-            action = sent[world].popleft()
+                unasked += not answered
+            else:
+                answered = 1
+            action = sent[world].popleft() if answered else None
             step_type = int(result.step_type[position])
             if step_type == 0:
                 running[world], in_episode[world] = 0.0, True
@@ -256,9 +260,9 @@ class EpisodeTally:
             actions.append(None if step_type == 0 else action)
         if self.recording is not None:
             self.recording.add_batch(result, actions)
-        self.stats.steps += len(actions)
+        self.stats.steps += len(actions) - unasked
         if progress is not None:
-            progress(len(actions))
+            progress(len(actions) - unasked)
         return dropped
 
     def _take_apart(
@@ -326,7 +330,8 @@ class EpisodeTally:
 
 
 def _steps_lost(batch: BatchedEnvironment, world: int) -> int:
-    """How many steps the latest restart of ``world`` answered with its FIRST step."""
+    """How many steps the latest restart of ``world`` answered with its FIRST step (0: an
+    agent of a multi-agent world that had none in flight)."""
     per_slot = getattr(batch, "_answered_by_first", None)  # a multi-agent world's agent slot
     if per_slot is not None:
         return int(per_slot(world))
