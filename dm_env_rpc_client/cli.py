@@ -52,6 +52,7 @@ from ._base.cli_args import (
 )
 from ._base.cli_args import channel_kwargs as _channel_kwargs
 from ._base.quiet import quiet_grpc_logs
+from ._base.signals import set_from_handler
 from ._cli import record as _record_cli
 from ._cli import watch as _watch_cli
 from ._cli.check import add_check_command
@@ -188,9 +189,7 @@ def _addresses(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[lis
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[tuple[threading.Event, list[int]]]:
     """Ctrl-C and SIGTERM set the event instead of ending us: the loop ends between steps.
-
-    Yields the event and the list of the signals received.
-    """
+    Yields the event and the list of the signals received."""
     stop, received = threading.Event(), list[int]()
     if threading.current_thread() is not threading.main_thread():
         yield stop, received  # signals reach the main thread only: they act as usual
@@ -198,7 +197,7 @@ def _stop_on_signals() -> Iterator[tuple[threading.Event, list[int]]]:
 
     def handler(signum: int, _: object) -> None:
         received.append(signum)
-        stop.set()
+        set_from_handler(stop)  # (stop.set() here may deadlock: _base.signals)
 
     previous = {
         signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)

@@ -44,6 +44,7 @@ from .._base.cli_args import (
     token_flags,
 )
 from .._base.quiet import quiet_grpc_logs
+from .._base.signals import set_from_handler
 from . import _factory, serve
 from ._registry import DEFAULT_AGENT_TIMEOUT
 from .catch import Catch
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     def stop_with(exit_code: int) -> Callable[..., None]:
         def handler(*_: object) -> None:
             code[0] = exit_code
-            stop.set()
+            set_from_handler(stop)  # (stop.set() here may deadlock: _base.signals)
 
         return handler
 
