@@ -93,8 +93,8 @@ def test_under_restart_the_world_is_made_again_and_every_agent_rejoins(server):
 
 
 def test_a_policy_run_through_a_restart_counts_each_agents_own_lost_step(server):
-    """``failures`` records the world's lost steps summed over its agents (2 here); each agent's
-    FIRST step answers its own one, so the run neither drops an action nor takes one twice."""
+    """``failures`` records the world's lost steps summed over its agents; each agent's FIRST
+    step answers its own one (if any), so the run neither drops an action nor takes one twice."""
     policy = dmr.RestartPolicy(attempts=3, backoff=0.05)
     sent: list[list[int]] = []
 
@@ -116,7 +116,9 @@ def test_a_policy_run_through_a_restart_counts_each_agents_own_lost_step(server)
         stats = dmr.collect(batch, [20, 20, 20, 20], policy=move, timeout=10.0)
         assert stats.steps == 80 and batch.pending() == 0
         (failure,) = batch.failures
-        assert failure.outcome == "restarted" and failure.steps_lost == 2
+        # 2: agent 0's answer (the server gives it as agent 1 leaves) was dropped with the
+        # world; 1: it was received first (its FIRST then answers no step: the test below).
+        assert failure.outcome == "restarted" and failure.steps_lost in (1, 2)
         counts = collections.Counter(slot for slots in sent for slot in slots)
         assert counts == {0: 20, 1: 20, 2: 20, 3: 20}
         steps = batch.step_agents(

@@ -73,7 +73,7 @@ from . import receive as _receive
 from .events import RunObserver, Watch
 from .receive import recv_until_stopped, stalled
 from .tally import EpisodeTally, RunStats
-from .timesteps import join, rows
+from .timesteps import drop_worlds, join, rows
 
 ACTION_STREAM = 1  # world i's actions: numpy.random.default_rng((seed + i, ACTION_STREAM))
 # Each pass waits for this share of the steps in flight (at most one SLICE, then takes what
@@ -462,20 +462,12 @@ class _Loop:
         return sent
 
     def _supersede(self, result: BatchedTimeStep) -> None:
-        """A restarted world's agents' FIRST steps replace the steps of theirs still waiting for
-        an action (an agent whose step came back before another's was lost: its FIRST answers
-        no step, ``_batch.agents._file_firsts``): its episode was cut, and it acts on the FIRST."""
+        """A restarted world's FIRST steps replace its agents' steps still waiting for an action
+        (an agent answered before another's step was lost: ``_batch.agents._file_firsts``)."""
         assert result.truncated is not None
         cut = set(result.env_ids[result.truncated].tolist())
-        kept = []
-        for part in [*self.parked, *([self.ready] if self.ready is not None else [])]:
-            ids = part.env_ids.tolist()
-            keep = [p for p, world in enumerate(ids) if world not in cut]
-            kept.append(part if len(keep) == len(ids) else rows(part, keep))
-        self.ready = kept.pop() if self.ready is not None else None
-        self.parked = [part for part in kept if len(part.env_ids)]
-        if self.ready is not None and not len(self.ready.env_ids):
-            self.ready = None
+        self.ready = drop_worlds(self.ready, cut)
+        self.parked = [p for p in (drop_worlds(p, cut) for p in self.parked) if p is not None]
 
     def _park(self, ready: BatchedTimeStep, positions: list[int]) -> None:
         if positions:

@@ -27,6 +27,17 @@ def rows(timestep: BatchedTimeStep, positions: Sequence[int]) -> BatchedTimeStep
     return BatchedTimeStep(*(pick(field) for field in timestep))
 
 
+def drop_worlds(part: BatchedTimeStep | None, worlds: set[int]) -> BatchedTimeStep | None:
+    """``part`` without the steps of ``worlds``; None if no step is left."""
+    if part is None:
+        return None
+    ids = part.env_ids.tolist()
+    keep = [position for position, world in enumerate(ids) if world not in worlds]
+    if not keep:
+        return None
+    return part if len(keep) == len(ids) else rows(part, keep)
+
+
 def join(parts: Sequence[BatchedTimeStep]) -> BatchedTimeStep | None:
     """The steps of ``parts`` one after the other, or None if there are none.
 
