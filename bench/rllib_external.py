@@ -44,10 +44,9 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopba
 import gymnasium
 import numpy as np
 import ray
-from _lib.common import foreign_server_process_info, print_table
+from _lib.common import foreign_server_process_info, print_table, server_process_info
 
 from dm_env_rpc_client.integrations import ray as rayi
-from dm_env_rpc_client.server._subprocess import server_subprocess
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the wrap travels by value
 BOARD = gymnasium.spaces.Box(0.0, 1.0, (50,), np.float32)
@@ -98,11 +97,19 @@ def tree_cpu_seconds() -> float:
     return sum(times.get(pid, 0.0) for pid in tree)
 
 
-def _timed(algo: Any, iters: int) -> tuple[float, float, float]:
-    """Env steps/s, learner steps/s, and CPU µs per env step of the whole process tree."""
+def pid_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` alone (its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(algo: Any, iters: int, server_pid: int) -> tuple[float, float, float, float]:
+    """Env steps/s, learner steps/s, CPU µs per env step of the whole process tree, and of
+    the server process alone."""
     algo.train()  # warm-up: connections, first weights
     sampled = trained = 0.0
-    cpu = tree_cpu_seconds()
+    cpu, server_cpu = tree_cpu_seconds(), pid_cpu_seconds(server_pid)
     started = time.perf_counter()
     for _ in range(iters):
         result = algo.train()
@@ -112,13 +119,14 @@ def _timed(algo: Any, iters: int) -> tuple[float, float, float]:
             "num_env_steps_trained", result["env_runners"]["num_env_steps_sampled"]
         )
     elapsed = time.perf_counter() - started
-    cpu = tree_cpu_seconds() - cpu
-    return sampled / elapsed, trained / elapsed, 1e6 * cpu / max(sampled, 1.0)
+    cpu, server_cpu = tree_cpu_seconds() - cpu, pid_cpu_seconds(server_pid) - server_cpu
+    steps = max(sampled, 1.0)
+    return sampled / elapsed, trained / elapsed, 1e6 * cpu / steps, 1e6 * server_cpu / steps
 
 
-def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[Any, ...]:
-    """(a): env steps/s, learner steps/s, CPU µs/env step (all), client steps/s and CPU µs/step,
-    and the client's seconds stepping / shipping / waiting for weights.
+def rllink(address: str, pid: int, worlds: int, batch: int, iters: int) -> tuple[Any, ...]:
+    """(a): env steps/s, learner steps/s, CPU µs/env step (all, the server's), client steps/s and
+    CPU µs/step, and the client's seconds stepping / shipping / waiting for weights.
 
     The client runs until SIGTERMed after the timed iterations (so it is measured while alive).
     """
@@ -145,7 +153,7 @@ def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[Any, ...]
     with tempfile.TemporaryFile("w+") as out:
         client = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, text=True)
         try:
-            sampled, trained, cpu = _timed(algo, iters)
+            sampled, trained, cpu, server_cpu = _timed(algo, iters, pid)
             client.terminate()  # SIGTERM: the summary, then exit 143
             client.wait(timeout=60)
         finally:
@@ -159,11 +167,13 @@ def rllink(address: str, worlds: int, batch: int, iters: int) -> tuple[Any, ...]
         f"{summary.get(key) or 0.0:.1f}"
         for key in ("stepping_seconds", "shipping_seconds", "learner_seconds")
     )
-    return sampled, trained, cpu, own, float(summary.get("cpu_us_per_step") or 0.0), split
+    client_cpu = float(summary.get("cpu_us_per_step") or 0.0)
+    return sampled, trained, cpu, server_cpu, own, client_cpu, split
 
 
-def bridge(address: str, worlds: int, batch: int, iters: int) -> tuple[float, float, float]:
-    """(b): env steps/s, learner steps/s and CPU µs/env step (all) over the Gymnasium bridge."""
+def bridge(address: str, pid: int, worlds: int, batch: int, iters: int) -> tuple[float, ...]:
+    """(b): env steps/s, learner steps/s and CPU µs/env step (all, the server's) over the
+    Gymnasium bridge."""
     from ray.rllib.connectors.env_to_module import FlattenObservations
 
     env_config = rayi.rllib_env_config(
@@ -182,7 +192,7 @@ def bridge(address: str, worlds: int, batch: int, iters: int) -> tuple[float, fl
     )
     algo = config.build_algo()
     try:
-        return _timed(algo, iters)
+        return _timed(algo, iters, pid)
     finally:
         algo.stop()
         rayi.free_rllib_env_config(env_config)
@@ -199,21 +209,23 @@ def main() -> None:
     rows = []
     room = str(2 * max(args.worlds) + 16)
     starts = {
-        "sdk": lambda: server_subprocess("catch", max_workers=int(room)),
+        "sdk": lambda: server_process_info("catch", "--max-workers", room),
         "foreign": lambda: foreign_server_process_info("catch", "--max-workers", room),
     }
     for kind in args.servers:  # the SDK's server, or one written on the reference package
         with starts[kind]() as server:
             for worlds in args.worlds:
-                a_env, a_learn, a_cpu, client, client_cpu, split = rllink(
-                    server.address, worlds, args.batch, args.iters
+                a_env, a_learn, a_cpu, a_server, client, client_cpu, split = rllink(
+                    server.address, server.pid, worlds, args.batch, args.iters
                 )
-                b_env, b_learn, b_cpu = bridge(server.address, worlds, args.batch, args.iters)
+                b_env, b_learn, b_cpu, b_server = bridge(
+                    server.address, server.pid, worlds, args.batch, args.iters
+                )
                 rows.append(
                     [
                         *(kind, worlds, a_env, a_learn, client, b_env, b_learn),
                         *(f"{a_env / b_env:.2f}x", a_cpu, client_cpu, b_cpu),
-                        *(f"{a_cpu / b_cpu:.2f}x", split),
+                        *(f"{a_cpu / b_cpu:.2f}x", a_server, b_server, split),
                     ]
                 )
                 print(rows[-1], file=sys.stderr, flush=True)
@@ -232,6 +244,8 @@ def main() -> None:
             "(a) client CPU µs/step",
             "(b) CPU µs/env step, all",
             "(a)/(b) CPU",
+            "(a) server CPU µs/env step",
+            "(b) server CPU µs/env step",
             "(a) client s: stepping / shipping / waiting for weights",
         ],
         rows,
