@@ -81,7 +81,7 @@ from ..._base import checks as _checks
 from ...batched import BatchedEnvironment
 from ...stepping import RunEvent, RunStats, collect
 from ._rllink_agents import agent_labels, agents_of, check_shared, world_counts
-from ._rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook
+from ._rllink_episodes import OFF_POLICY, ON_POLICY, EpisodeBook, wire_state
 from ._rllink_module import ModuleActor
 from ._rllink_open import open_worlds
 from ._rllink_pace import Pacer
@@ -274,7 +274,7 @@ class _Run:
         delivered: list[_Shipped] = []
         sizes = [sum(len(e) for e in episodes) for episodes in chunks]
         for index, (link, episodes) in enumerate(zip(self.links, chunks, strict=True)):
-            payload = [e.get_state() for e in episodes]
+            payload = [wire_state(e) for e in episodes]
             try:
                 self._deliver(link, kind, payload, sizes[index])
             except (LearnerUnreachableError, LinkStopped):
