@@ -92,10 +92,22 @@ def test_under_restart_the_world_is_made_again_and_every_agent_rejoins(server):
     assert wait_for(lambda: _nothing_left(server))
 
 
+def _restarting(server: ForeignServer, worlds: int) -> dmr.MultiAgentBatch:
+    """``worlds`` two-agent worlds on ``server``, each made again when it fails."""
+    return dmr.MultiAgentBatch.connect(
+        server.address,
+        worlds,
+        2,
+        create_world_settings=SETTINGS,
+        on_world_failure="restart",
+        restart=dmr.RestartPolicy(attempts=3, backoff=0.05),
+        step_timeout=10.0,
+    )
+
+
 def test_a_policy_run_through_a_restart_counts_each_agents_own_lost_step(server):
     """``failures`` records the world's lost steps summed over its agents; each agent's FIRST
     step answers its own one (if any), so the run neither drops an action nor takes one twice."""
-    policy = dmr.RestartPolicy(attempts=3, backoff=0.05)
     sent: list[list[int]] = []
 
     def move(timestep: dmr.BatchedTimeStep) -> dict[str, np.ndarray]:
@@ -104,15 +116,7 @@ def test_a_policy_run_through_a_restart_counts_each_agents_own_lost_step(server)
             server.servicer.abort_agent = 1  # mid-episode (Paddles' episodes are 9 steps)
         return {"paddle": np.ones(len(timestep.env_ids), np.int8)}
 
-    with dmr.MultiAgentBatch.connect(
-        server.address,
-        2,
-        2,
-        create_world_settings=SETTINGS,
-        on_world_failure="restart",
-        restart=policy,
-        step_timeout=10.0,
-    ) as batch:
+    with _restarting(server, 2) as batch:
         stats = dmr.collect(batch, [20, 20, 20, 20], policy=move, timeout=10.0)
         assert stats.steps == 80 and batch.pending() == 0
         (failure,) = batch.failures
@@ -133,16 +137,7 @@ def test_an_agent_answered_before_its_world_failed_takes_the_new_worlds_first_st
     the restart every agent's next step received is the new world's FIRST, flagged
     truncated (agent 0's answers no step sent), and the agents step on together: agent 0's
     next action is not the new world's second step with its FIRST unseen."""
-    policy = dmr.RestartPolicy(attempts=3, backoff=0.05)
-    with dmr.MultiAgentBatch.connect(
-        server.address,
-        1,
-        2,
-        create_world_settings=SETTINGS,
-        on_world_failure="restart",
-        restart=policy,
-        step_timeout=10.0,
-    ) as batch:
+    with _restarting(server, 1) as batch:
         batch.reset_agents()
         one = {agent: [{"paddle": 1}] for agent in batch.agents}
         batch.step_agents(one)
@@ -184,15 +179,7 @@ def test_a_policy_run_through_a_restart_after_one_agents_answer_acts_on_both_fir
         def on_event(self, event: object) -> None:
             pass
 
-    with dmr.MultiAgentBatch.connect(
-        server.address,
-        1,
-        2,
-        create_world_settings=SETTINGS,
-        on_world_failure="restart",
-        restart=dmr.RestartPolicy(attempts=3, backoff=0.05),
-        step_timeout=10.0,
-    ) as batch:
+    with _restarting(server, 1) as batch:
         stats = dmr.collect(batch, [8, 8], policy=move, timeout=10.0, observers=[Release()])
         assert stats.steps == 16 and batch.pending() == 0
         (failure,) = batch.failures
