@@ -354,11 +354,7 @@ def _file_firsts(batch: AgentBatch, firsts: list[tuple[int, tuple[Any, Any, int]
         return
     with batch._lock:
         for slot, outcome in firsts:
-            queue = batch._done[slot]
-            if not queue:
-                batch._filed.append(slot)
-            queue.append((outcome, 0.0))
-            batch._ready += 1
+            batch._enqueue(slot, outcome, 0.0)
         if batch._ready >= batch._want:
             batch._want = _NO_WAITER
             batch._cond.notify()
