@@ -6,8 +6,8 @@ the reference package, ``_lib/foreign_server.py``), 4 server processes serve Cat
 (8 from 16,384 worlds on, to spare the servers' CPU: ``_lib/scale_report.py``),
 each started with room for the largest batch (``--max-workers``: a stream per
 world). For each size, a fresh client process (so its RSS is its own) runs
-``BatchedEnvironment.connect`` over the 4 servers with the default
-``step_timeout`` watchdog and restart policy ``"restart"``, resets, keeps two
+``BatchedEnvironment.connect`` over the 4 servers with the
+``step_timeout`` watchdog (600 s, ``STEP_TIMEOUT``) and restart policy ``"restart"``, resets, keeps two
 steps in flight per world and takes ``recv(n // 2)`` at a time, sending each
 world that came back its next step at once, for ``--steps-per-world`` steps per
 world (at least ``--min-steps``) after a warm-up of 3 per world. Reported:
@@ -125,6 +125,12 @@ _BESIDE = os.path.join(os.path.dirname(sys.executable), "py-spy")
 PY_SPY = _BESIDE if os.access(_BESIDE, os.X_OK) else "py-spy"
 IN_FLIGHT = 2
 WARMUP_PER_WORLD = 3
+# The batch's step watchdog, as by default but with more time: 8 reference-package servers
+# sharing one core answer 16,384 worlds' 32,768 steps in flight at about 1,000 steps/s, so a
+# world's answer can wait 30 s (the default step_timeout) in their queues, and the watchdog
+# restarted worlds that were only queued (each restart more work for the same servers: a
+# warm-up of 105 steps in 60 s). The watchdog's cost per step is the same.
+STEP_TIMEOUT = 600.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -172,6 +178,17 @@ def streams_option() -> dict[str, int]:
     return {"max_streams_per_connection": int(value)} if value else {}
 
 
+def connect_options() -> dict[str, Any]:
+    """How every size connects: a restart policy, the watchdog (``STEP_TIMEOUT``), seeds."""
+    return {
+        "timeout": 60,
+        "seed": 0,
+        "on_world_failure": "restart",
+        "step_timeout": STEP_TIMEOUT,
+        **streams_option(),
+    }
+
+
 def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict[str, Any]:
     """One size, in this (child) process; returns the measurements."""
     import numpy as np
@@ -185,9 +202,7 @@ def client(addresses: list[str], worlds: int, steps: int, threads: bool) -> dict
 
         return {**open_close_floor(addresses, worlds, servers_cpu), "rss_kb": float("nan")}
     with Spent() as connecting:
-        batch = dmr.BatchedEnvironment.connect(
-            addresses, worlds, timeout=60, seed=0, on_world_failure="restart", **streams_option()
-        )
+        batch = dmr.BatchedEnvironment.connect(addresses, worlds, **connect_options())
     if steps == 0:  # --connect-only: connect and close, nothing else
         rss = rss_bytes() - rss0
         with Spent() as closing:
@@ -278,9 +293,7 @@ def cli_client(addresses: list[str], worlds: int, steps: int) -> dict[str, float
     world) over a batch connected as above: its CPU per step, after a warm-up run."""
     import dm_env_rpc_client as dmr
 
-    batch = dmr.BatchedEnvironment.connect(
-        addresses, worlds, timeout=60, seed=0, on_world_failure="restart", **streams_option()
-    )
+    batch = dmr.BatchedEnvironment.connect(addresses, worlds, **connect_options())
     with batch:
         options = {"pipeline": IN_FLIGHT, "timeout": 60.0, "seed": 0}
         dmr.collect(batch, steps=WARMUP_PER_WORLD * worlds, **options)
@@ -288,6 +301,10 @@ def cli_client(addresses: list[str], worlds: int, steps: int) -> dict[str, float
         stats = dmr.collect(batch, steps=steps, **options)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"cpu_us": cpu / stats.steps * 1e6, "steps_s": stats.steps / wall}
+
+
+class ChildFailed(RuntimeError):
+    """A size's client process failed (its own error is on stderr, above)."""
 
 
 def run_child(
@@ -338,7 +355,7 @@ def run_child(
                 spy.kill()
                 spy.wait()
     if process.returncode:
-        raise SystemExit(f"the {worlds}-world client failed ({process.returncode})")
+        raise ChildFailed(f"the {worlds}-world client failed (exit status {process.returncode})")
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -480,20 +497,25 @@ def main() -> None:
                 # Rounds: the SDK, its floor and the run loop in turn, each in a fresh process;
                 # the rows show each one's median round, the ratios their median and range.
                 results, stepped_rounds, ran_rounds = [], [], []
-                for number in range(1 if args.connect_only else args.rounds):
-                    spy = profile if number == 0 else None
-                    results.append(run_child(servers, worlds, steps, args.threads, spy))
-                    if args.connect_only:
-                        continue
-                    if args.step_floor:
-                        floor_spy = spy and f"{spy}-floor"
-                        stepped_rounds.append(
-                            run_child(
-                                servers, worlds, steps, args.threads, floor_spy, step_floor=True
+                try:
+                    for number in range(1 if args.connect_only else args.rounds):
+                        spy = profile if number == 0 else None
+                        results.append(run_child(servers, worlds, steps, args.threads, spy))
+                        if args.connect_only:
+                            continue
+                        if args.step_floor:
+                            floor_spy = spy and f"{spy}-floor"
+                            stepped_rounds.append(
+                                run_child(
+                                    servers, worlds, steps, args.threads, floor_spy, step_floor=True
+                                )
                             )
-                        )
-                    if args.cli:
-                        ran_rounds.append(run_child(servers, worlds, steps, False, cli=True))
+                        if args.cli:
+                            ran_rounds.append(run_child(servers, worlds, steps, False, cli=True))
+                except ChildFailed as failed:  # the other sizes' tables still print
+                    print(f"{SERVERS[kind]}, {worlds:,} worlds: {failed}; its rows are left out")
+                    verdicts.append(f"FAIL {SERVERS[kind]}, {worlds:,} worlds: {failed}")
+                    continue
                 result = median_round(results)
                 phases.append(phase_row(SERVERS[kind], worlds, result))
                 if args.floor:
