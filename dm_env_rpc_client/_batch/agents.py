@@ -38,7 +38,6 @@ from ..aio import AsyncConnection
 from ..batched import BatchedEnvironment
 from ..environment import DmEnvAdaptor, pack_settings
 from .closing import shut_down
-from .core import _NO_WAITER
 from .outcomes import _FAILED, _LIVE, _RESTARTING, _Failure
 from .restart import RAISE, GaveUp, RestartPolicy, back_off
 from .undo import ask as _ask
@@ -355,9 +354,6 @@ def _file_firsts(batch: AgentBatch, firsts: list[tuple[int, tuple[Any, Any, int]
     with batch._lock:
         for slot, outcome in firsts:
             batch._enqueue(slot, outcome, 0.0)
-        if batch._ready >= batch._want:
-            batch._want = _NO_WAITER
-            batch._cond.notify()
 
 
 def _answers(outcome: Any) -> int:

@@ -507,17 +507,18 @@ class BatchCore:
             if gen != self._gen[index]:
                 return  # an answer to a step dropped by a failure
             self._enqueue(index, outcome, latency)
-            if self._ready >= self._want:
-                self._want = _NO_WAITER  # notified once; recv sets it again if it waits on
-                self._cond.notify()
 
     def _enqueue(self, index: int, outcome: Any, latency: float) -> None:
-        # With _lock held: world ``index``'s step joins its queue, for recv to take.
+        # With _lock held: world ``index``'s step joins its queue, for recv to take, and wakes
+        # recv if due (it runs once the lock is let go, so steps filed in one hold go together).
         queue = self._done[index]
         if not queue:
             self._filed.append(index)
         queue.append((outcome, latency))
         self._ready += 1
+        if self._ready >= self._want:
+            self._want = _NO_WAITER  # notified once; recv sets it again if it waits on
+            self._cond.notify()
 
     def _wait(self, ready: Callable[[], bool], wanted: int, timeout: float | None) -> bool:
         # The loop notifies once as _ready reaches _want, and clears _want (not once per step
