@@ -6,8 +6,8 @@ the reference package, ``_lib/foreign_server.py``), 4 server processes serve Cat
 (8 from 16,384 worlds on, to spare the servers' CPU: ``_lib/scale_report.py``),
 each started with room for the largest batch (``--max-workers``: a stream per
 world). For each size, a fresh client process (so its RSS is its own) runs
-``BatchedEnvironment.connect`` over the 4 servers with the
-``step_timeout`` watchdog (600 s, ``STEP_TIMEOUT``) and restart policy ``"restart"``, resets, keeps two
+``BatchedEnvironment.connect`` over the 4 servers with the ``step_timeout``
+watchdog (600 s, ``STEP_TIMEOUT``) and restart policy ``"restart"``, resets, keeps two
 steps in flight per world and takes ``recv(n // 2)`` at a time, sending each
 world that came back its next step at once, for ``--steps-per-world`` steps per
 world (at least ``--min-steps``) after a warm-up of 3 per world. Reported:
@@ -126,7 +126,7 @@ PY_SPY = _BESIDE if os.access(_BESIDE, os.X_OK) else "py-spy"
 IN_FLIGHT = 2
 WARMUP_PER_WORLD = 3
 # The batch's step watchdog, as by default but with more time: 8 reference-package servers
-# sharing one core answer 16,384 worlds' 32,768 steps in flight at about 1,000 steps/s, so a
+# sharing one core answer 16,384 worlds' 32,768 steps in flight at 1,000 to 1,800 steps/s, so a
 # world's answer can wait 30 s (the default step_timeout) in their queues, and the watchdog
 # restarted worlds that were only queued (each restart more work for the same servers: a
 # warm-up of 105 steps in 60 s). The watchdog's cost per step is the same.
@@ -360,6 +360,27 @@ def run_child(
     return result
 
 
+def measure_rounds(
+    args: argparse.Namespace, servers: list[Any], worlds: int, steps: int, profile: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """One size's rounds: the SDK's client, its stepping floor and the run loop (as ``args``
+    ask), each in a fresh process; py-spy (``profile``) on the first round only."""
+    results, stepped_rounds, ran_rounds = [], [], []
+    for number in range(1 if args.connect_only else args.rounds):
+        spy = profile if number == 0 else None
+        results.append(run_child(servers, worlds, steps, args.threads, spy))
+        if args.connect_only:
+            continue
+        if args.step_floor:
+            floor_spy = spy and f"{spy}-floor"
+            stepped_rounds.append(
+                run_child(servers, worlds, steps, args.threads, floor_spy, step_floor=True)
+            )
+        if args.cli:
+            ran_rounds.append(run_child(servers, worlds, steps, False, cli=True))
+    return results, stepped_rounds, ran_rounds
+
+
 def child_main(argv: list[str]) -> None:
     threads, floor, cli = "--threads" in argv, "--step-floor" in argv, "--cli" in argv
     argv = [arg for arg in argv if arg not in ("--threads", "--step-floor", "--cli")]
@@ -496,22 +517,10 @@ def main() -> None:
                     phases.append(phase_row(f"{SERVERS[kind]}, before", worlds, before))
                 # Rounds: the SDK, its floor and the run loop in turn, each in a fresh process;
                 # the rows show each one's median round, the ratios their median and range.
-                results, stepped_rounds, ran_rounds = [], [], []
                 try:
-                    for number in range(1 if args.connect_only else args.rounds):
-                        spy = profile if number == 0 else None
-                        results.append(run_child(servers, worlds, steps, args.threads, spy))
-                        if args.connect_only:
-                            continue
-                        if args.step_floor:
-                            floor_spy = spy and f"{spy}-floor"
-                            stepped_rounds.append(
-                                run_child(
-                                    servers, worlds, steps, args.threads, floor_spy, step_floor=True
-                                )
-                            )
-                        if args.cli:
-                            ran_rounds.append(run_child(servers, worlds, steps, False, cli=True))
+                    results, stepped_rounds, ran_rounds = measure_rounds(
+                        args, servers, worlds, steps, profile
+                    )
                 except ChildFailed as failed:  # the other sizes' tables still print
                     print(f"{SERVERS[kind]}, {worlds:,} worlds: {failed}; its rows are left out")
                     verdicts.append(f"FAIL {SERVERS[kind]}, {worlds:,} worlds: {failed}")
